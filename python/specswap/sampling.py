@@ -1,0 +1,152 @@
+"""Sampling and lossless speculative acceptance.
+
+Everything here is a small pure function over batched tensors. Greedy decoding
+is not a separate code path: a row with temperature 0 gets a one-hot
+distribution at the argmax, and speculative sampling over one-hot
+distributions *is* greedy acceptance (accept while the draft equals the
+target argmax, then emit the target argmax). Sampling draws come from
+caller-owned noise buffers filled from each request's own generator, so the
+functions never touch a global RNG and never sync with the host.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "SamplingParams",
+    "logits_to_probs",
+    "sample_from_probs",
+    "accept_draft_tokens",
+]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling parameters, validated on construction.
+
+    temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1.0 means no
+    nucleus cut. ``seed`` seeds the request's own generator (None: random).
+    ``stop`` holds stop strings; generation also stops at the model's EOS.
+    """
+
+    max_new_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        stop = tuple(stop or ())
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop must be non-empty strings, got {s!r}")
+        object.__setattr__(self, "stop", stop)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_filter(self) -> bool:
+        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
+
+
+def logits_to_probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    apply_filters: bool = True,
+) -> torch.Tensor:
+    """Turn logits into the distribution each row samples from.
+
+    logits: [N, V]; temperature, top_p: [N] float; top_k: [N] int64 (0 = off).
+    Rows with temperature 0 get one-hot at the argmax. Top-k is applied before
+    top-p (top-p renormalises what top-k kept), as transformers does.
+    ``apply_filters`` False skips the sort when the caller knows no row filters.
+    Returns probs: [N, V] float32.
+    """
+    greedy = temperature <= 0  # [N]
+    scaled = logits.float() / torch.where(greedy, 1.0, temperature.float()).unsqueeze(-1)  # [N, V]
+    if apply_filters:
+        vocab_size = scaled.shape[-1]
+        sorted_logits, sorted_index = scaled.sort(dim=-1, descending=True)  # [N, V]
+        rank = torch.arange(vocab_size, device=logits.device)  # [V]
+        keep_k = torch.where(top_k > 0, top_k, vocab_size).unsqueeze(-1)  # [N, 1]
+        sorted_logits = sorted_logits.masked_fill(rank >= keep_k, -math.inf)
+        sorted_probs = sorted_logits.softmax(dim=-1)  # [N, V]
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [N, V]
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p.float().unsqueeze(-1), -math.inf)
+        scaled = torch.empty_like(scaled).scatter_(-1, sorted_index, sorted_logits)
+    probs = scaled.softmax(dim=-1)  # [N, V]
+    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(greedy.unsqueeze(-1), one_hot, probs)
+
+
+def sample_from_probs(probs: torch.Tensor, exponential_noise: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row: argmax(p / E) with E ~ Exp(1) is an exact categorical draw.
+
+    probs: [..., V]; exponential_noise: [..., V], positive (all ones for greedy
+    rows: a one-hot row then returns its hot index). Returns [...] int64.
+    """
+    return (probs / exponential_noise).argmax(dim=-1)
+
+
+def accept_draft_tokens(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    uniforms: torch.Tensor,
+    residual_noise: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lossless speculative sampling for a top-1 chain (Leviathan et al. / Chen et al.).
+
+    target_probs: [B, k+1, V] target distributions after [last, d1..dk];
+    draft_probs: [B, k, V] the distributions d1..dk were drawn from, in target
+    vocabulary (zero outside a reduced draft vocabulary); draft_tokens: [B, k];
+    uniforms: [B, k] in [0, 1); residual_noise: [B, V] positive.
+    Draft i is accepted with probability min(1, p/q); the first rejection
+    emits a draw from normalised max(0, p - q); when all k are accepted the
+    bonus token is drawn from p at position k. Every emitted token is then
+    distributed exactly as the target's.
+    Returns (accept_lengths [B] int64, accepted draft tokens, bonus excluded;
+    next_tokens [B] int64, the correction or bonus token).
+    """
+    batch_size, num_draft, _ = draft_probs.shape
+    rows = torch.arange(batch_size, device=target_probs.device)
+    if num_draft == 0:
+        accept_lengths = torch.zeros(batch_size, dtype=torch.long, device=target_probs.device)
+        return accept_lengths, sample_from_probs(target_probs[:, 0], residual_noise)
+    index = draft_tokens.unsqueeze(-1)  # [B, k, 1]
+    p_of_draft = target_probs[:, :num_draft].gather(-1, index).squeeze(-1)  # [B, k]
+    q_of_draft = draft_probs.gather(-1, index).squeeze(-1)  # [B, k]
+    accepted = uniforms * q_of_draft < p_of_draft  # u < p / q without dividing by q
+    accept_lengths = accepted.long().cumprod(dim=-1).sum(dim=-1)  # [B]
+    p_at = target_probs[rows, accept_lengths]  # [B, V]
+    all_accepted = (accept_lengths == num_draft).unsqueeze(-1)  # [B, 1]
+    q_at = draft_probs[rows, accept_lengths.clamp(max=num_draft - 1)]  # [B, V]
+    residual = torch.where(all_accepted, p_at, (p_at - q_at).clamp(min=0))  # [B, V]
+    # p == q exactly leaves no residual mass; p itself is then the right law.
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_at)
+    return accept_lengths, sample_from_probs(residual, residual_noise)

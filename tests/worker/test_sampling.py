@@ -1,0 +1,137 @@
+"""Sampling warpers and lossless acceptance, on hand-made distributions."""
+
+import math
+
+import pytest
+import torch
+
+from specswap.sampling import SamplingParams, accept_draft_tokens, logits_to_probs, sample_from_probs
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square goodness of fit; cells with expected count < 5 are pooled."""
+    total = counts.sum().item()
+    expected = probs.double() * total
+    small = expected < 5
+    observed = torch.cat([counts.double()[~small], counts.double()[small].sum().reshape(1)])
+    expected = torch.cat([expected[~small], expected[small].sum().reshape(1)])
+    keep = expected > 0
+    observed, expected = observed[keep], expected[keep]
+    if (observed[expected == 0] > 0).any():
+        return 0.0
+    statistic = ((observed - expected) ** 2 / expected).sum()
+    dof = max(int(keep.sum().item()) - 1, 1)
+    return torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic / 2).item()
+
+
+def params(n, temperature=1.0, top_k=0, top_p=1.0):
+    return (torch.full((n,), float(temperature)), torch.full((n,), top_k, dtype=torch.long),
+            torch.full((n,), float(top_p)))
+
+
+def test_greedy_rows_are_one_hot_at_argmax():
+    logits = torch.tensor([[0.1, 3.0, -1.0, 2.9], [5.0, 0.0, 0.0, 0.0]])
+    probs = logits_to_probs(logits, torch.tensor([0.0, 1.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]))
+    assert probs[0].tolist() == [0.0, 1.0, 0.0, 0.0]
+    torch.testing.assert_close(probs[1], logits[1].softmax(-1))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 3, 1.0), (1.3, 0, 0.8), (0.9, 5, 0.6)])
+def test_warpers_match_transformers(temperature, top_k, top_p):
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50) * 3
+    reference = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    if top_k:
+        reference = TopKLogitsWarper(top_k)(None, reference)
+    if top_p < 1.0:
+        reference = TopPLogitsWarper(top_p)(None, reference)
+    ours = logits_to_probs(logits, *params(6, temperature, top_k, top_p))
+    torch.testing.assert_close(ours, reference.softmax(-1))
+
+
+def test_mixed_rows_each_use_their_own_params():
+    torch.manual_seed(1)
+    logits = torch.randn(3, 20)
+    mixed = logits_to_probs(logits, torch.tensor([0.0, 1.0, 0.5]), torch.tensor([0, 4, 0]),
+                            torch.tensor([1.0, 1.0, 0.5]))
+    for row, (t, k, p) in enumerate([(0.0, 0, 1.0), (1.0, 4, 1.0), (0.5, 0, 0.5)]):
+        alone = logits_to_probs(logits[row:row + 1], *params(1, t, k, p))
+        torch.testing.assert_close(mixed[row:row + 1], alone)
+    assert (mixed[1] > 0).sum() == 4
+
+
+def test_sample_from_probs_follows_the_distribution():
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.125, 0.0])
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.empty(20000, 5).exponential_(generator=gen)
+    tokens = sample_from_probs(probs.expand(20000, 5), noise)
+    counts = torch.bincount(tokens, minlength=5)
+    assert counts[4] == 0
+    assert chi_square_pvalue(counts, probs) > 1e-3
+
+
+def test_greedy_acceptance_is_longest_matching_prefix():
+    vocab = 6
+    target_argmax = torch.tensor([[2, 4, 1, 5], [3, 3, 3, 3], [0, 1, 2, 3]])  # [B, k+1]
+    draft_tokens = torch.tensor([[2, 4, 0], [3, 3, 3], [5, 1, 2]])  # [B, k]
+    target_probs = torch.nn.functional.one_hot(target_argmax, vocab).float()
+    draft_probs = torch.nn.functional.one_hot(draft_tokens, vocab).float()
+    accept, nxt = accept_draft_tokens(target_probs, draft_probs, draft_tokens,
+                                      torch.rand(3, 3), torch.ones(3, vocab))
+    assert accept.tolist() == [2, 3, 0]
+    assert nxt.tolist() == [1, 3, 0]
+
+
+def test_zero_draft_tokens_samples_from_target():
+    target_probs = torch.nn.functional.one_hot(torch.tensor([[4]]), 6).float()
+    accept, nxt = accept_draft_tokens(target_probs, torch.zeros(1, 0, 6), torch.zeros(1, 0, dtype=torch.long),
+                                      torch.zeros(1, 0), torch.ones(1, 6))
+    assert accept.tolist() == [0] and nxt.tolist() == [4]
+
+
+def _emitted_pairs(target_probs, draft_probs, num_rows, seed, accept_fn):
+    """Run one round on num_rows independent copies; return the first two emitted tokens' joint counts."""
+    gen = torch.Generator().manual_seed(seed)
+    k, vocab = draft_probs.shape
+    q = draft_probs.expand(num_rows, k, vocab)
+    drafts = sample_from_probs(q, torch.empty(num_rows, k, vocab).exponential_(generator=gen))
+    accept, nxt = accept_fn(target_probs.expand(num_rows, k + 1, vocab), q, drafts,
+                            torch.rand(num_rows, k, generator=gen),
+                            torch.empty(num_rows, vocab).exponential_(generator=gen))
+    emitted = torch.cat([drafts, nxt.unsqueeze(-1)], dim=1)  # d1..dk then the correction/bonus token
+    emitted.scatter_(1, accept.unsqueeze(-1), nxt.unsqueeze(-1))
+    first = emitted[:, 0]
+    return first, torch.bincount(first, minlength=vocab)
+
+
+def _accept_always(target_probs, draft_probs, draft_tokens, uniforms, noise):
+    return accept_draft_tokens(target_probs, draft_probs, draft_tokens, torch.zeros_like(uniforms), noise)
+
+
+@pytest.mark.parametrize("accept_fn,should_match", [(accept_draft_tokens, True), (_accept_always, False)])
+def test_first_emitted_token_follows_target_and_biased_verifier_fails(accept_fn, should_match):
+    # p and q deliberately different; with position-independent p the first emitted token must follow p.
+    p = torch.tensor([0.40, 0.30, 0.15, 0.10, 0.05, 0.0])
+    q = torch.tensor([0.10, 0.10, 0.20, 0.20, 0.30, 0.10])
+    k = 3
+    _, counts = _emitted_pairs(p.expand(k + 1, 6), q.expand(k, 6), 40000, seed=0, accept_fn=accept_fn)
+    pvalue = chi_square_pvalue(counts, p)
+    assert (pvalue > 1e-3) == should_match, pvalue
+
+
+def test_sampling_params_reject_bad_values_by_name():
+    with pytest.raises(ValueError, match="temperature.*-0.5"):
+        SamplingParams(temperature=-0.5)
+    with pytest.raises(ValueError, match="top_p.*0"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="top_p.*1.5"):
+        SamplingParams(top_p=1.5)
+    with pytest.raises(ValueError, match="max_new_tokens.*0"):
+        SamplingParams(max_new_tokens=0)
+    with pytest.raises(ValueError, match="top_k.*-1"):
+        SamplingParams(top_k=-1)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=math.nan)
+    assert SamplingParams(stop="###").stop == ("###",)
