@@ -1,0 +1,193 @@
+// Python bindings of the C++ core: the state pool, runtime states and the
+// adaptive policy. One file registers everything (specswap._C).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/adaptive_params.h"
+#include "core/state_pool.h"
+
+namespace py = pybind11;
+
+namespace specswap {
+namespace {
+
+// A stage resource that is a Python object (an attention backend, a graph
+// runner written in Python, a dict of buffers).
+class PyObjectResource final : public StageResource {
+ public:
+  explicit PyObjectResource(py::object object) : object_(std::move(object)) {}
+  ~PyObjectResource() override {
+    if (!Py_IsInitialized()) {
+      object_.release();  // interpreter gone: leak rather than crash
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    object_ = py::object();
+  }
+  const py::object& object() const { return object_; }
+
+ private:
+  py::object object_;
+};
+
+std::shared_ptr<const StageResource> wrap_stage(py::object object) {
+  if (object.is_none()) return nullptr;
+  return std::make_shared<PyObjectResource>(std::move(object));
+}
+
+py::object unwrap_stage(const std::shared_ptr<const StageResource>& resource) {
+  if (!resource) return py::none();
+  if (auto* py_resource = dynamic_cast<const PyObjectResource*>(resource.get())) {
+    return py_resource->object();
+  }
+  // A C++-only resource (a graph runner built in C++): opaque to Python here.
+  return py::str("<C++ stage resource>");
+}
+
+using StatePtr = std::shared_ptr<RuntimeState>;
+
+StatePtr to_mutable(std::shared_ptr<const RuntimeState> state) {
+  // pybind11 holders are non-const; the object itself is still immutable
+  // (every field is const).
+  return std::const_pointer_cast<RuntimeState>(std::move(state));
+}
+
+py::dict config_to_dict(const AdaptiveConfig& config) {
+  py::dict out;
+  out["candidate_steps"] = config.candidate_steps;
+  out["ema_alpha"] = config.ema_alpha;
+  out["update_interval"] = config.update_interval;
+  out["warmup_batches"] = config.warmup_batches;
+  out["down_hysteresis"] = config.down_hysteresis;
+  out["up_hysteresis"] = config.up_hysteresis;
+  out["snap_initial_steps"] = config.snap_initial_steps;
+  return out;
+}
+
+}  // namespace
+}  // namespace specswap
+
+PYBIND11_MODULE(_C, m) {
+  using namespace specswap;
+  m.doc() = "specswap C++ core: state pool, atomic tier switch, adaptive policy";
+
+  py::class_<RuntimeState, StatePtr>(m, "SpecRuntimeState",
+      "Everything one decode round needs for one tier. Immutable.")
+      .def(py::init([](int speculative_num_steps, int speculative_num_draft_tokens,
+                       py::object draft, py::object verify, py::object draft_extend) {
+             return std::make_shared<RuntimeState>(
+                 speculative_num_steps, speculative_num_draft_tokens,
+                 wrap_stage(std::move(draft)), wrap_stage(std::move(verify)),
+                 wrap_stage(std::move(draft_extend)));
+           }),
+           py::arg("speculative_num_steps"), py::arg("speculative_num_draft_tokens"),
+           py::arg("draft") = py::none(), py::arg("verify") = py::none(),
+           py::arg("draft_extend") = py::none())
+      .def_readonly("speculative_num_steps", &RuntimeState::speculative_num_steps)
+      .def_readonly("speculative_num_draft_tokens",
+                    &RuntimeState::speculative_num_draft_tokens)
+      .def_property_readonly("draft", [](const RuntimeState& s) { return unwrap_stage(s.draft); })
+      .def_property_readonly("verify", [](const RuntimeState& s) { return unwrap_stage(s.verify); })
+      .def_property_readonly("draft_extend",
+                             [](const RuntimeState& s) { return unwrap_stage(s.draft_extend); })
+      .def("__repr__", [](const RuntimeState& s) {
+        return "SpecRuntimeState(speculative_num_steps=" +
+               std::to_string(s.speculative_num_steps) +
+               ", speculative_num_draft_tokens=" +
+               std::to_string(s.speculative_num_draft_tokens) + ")";
+      });
+
+  py::class_<StatePool>(m, "StatePool",
+      "One prebuilt runtime state per tier; acquire() is one atomic load and "
+      "activate() one atomic store.")
+      .def(py::init<>())
+      .def("register", [](StatePool& pool, StatePtr state) { pool.register_state(std::move(state)); },
+           py::arg("state"), "Add a prebuilt state; each tier once.")
+      .def("activate", &StatePool::activate, py::arg("speculative_num_steps"),
+           "Publish a registered tier; True if the active tier changed.")
+      .def("acquire", [](const StatePool& pool) -> py::object {
+             auto state = pool.acquire_shared();
+             if (!state) return py::none();
+             return py::cast(to_mutable(std::move(state)));
+           },
+           "The active state (None before the first activate).")
+      .def_property_readonly("active_steps", [](const StatePool& pool) -> py::object {
+        const int steps = pool.active_steps();
+        if (steps < 0) return py::none();
+        return py::int_(steps);
+      })
+      .def_property_readonly("num_switches", &StatePool::num_switches)
+      .def("tiers", &StatePool::tiers)
+      .def("__contains__", &StatePool::contains)
+      .def("__len__", &StatePool::size)
+      .def("stats", [](const StatePool& pool) {
+        py::list out;
+        for (const TierStats& tier : pool.stats()) {
+          py::dict row;
+          row["speculative_num_steps"] = tier.speculative_num_steps;
+          row["active"] = tier.active;
+          row["activations"] = tier.activations;
+          row["seconds_active"] = tier.seconds_active;
+          out.append(row);
+        }
+        return out;
+      }, "Per tier: steps, active, activations, seconds_active.");
+
+  py::class_<AdaptiveConfig>(m, "AdaptiveConfig",
+      "Adaptive policy settings; validated when a policy is built or validate() is called.")
+      .def(py::init([](std::vector<int> candidate_steps, double ema_alpha, int update_interval,
+                       int warmup_batches, double down_hysteresis, double up_hysteresis,
+                       bool snap_initial_steps) {
+             AdaptiveConfig config;
+             config.candidate_steps = std::move(candidate_steps);
+             config.ema_alpha = ema_alpha;
+             config.update_interval = update_interval;
+             config.warmup_batches = warmup_batches;
+             config.down_hysteresis = down_hysteresis;
+             config.up_hysteresis = up_hysteresis;
+             config.snap_initial_steps = snap_initial_steps;
+             config.validate();
+             return config;
+           }),
+           py::kw_only(),
+           py::arg("candidate_steps") = std::vector<int>{1, 3, 7},
+           py::arg("ema_alpha") = 0.2, py::arg("update_interval") = 5,
+           py::arg("warmup_batches") = 10, py::arg("down_hysteresis") = -0.25,
+           py::arg("up_hysteresis") = 0.0, py::arg("snap_initial_steps") = false)
+      .def_readonly("candidate_steps", &AdaptiveConfig::candidate_steps)
+      .def_readonly("ema_alpha", &AdaptiveConfig::ema_alpha)
+      .def_readonly("update_interval", &AdaptiveConfig::update_interval)
+      .def_readonly("warmup_batches", &AdaptiveConfig::warmup_batches)
+      .def_readonly("down_hysteresis", &AdaptiveConfig::down_hysteresis)
+      .def_readonly("up_hysteresis", &AdaptiveConfig::up_hysteresis)
+      .def_readonly("snap_initial_steps", &AdaptiveConfig::snap_initial_steps)
+      .def("validate", &AdaptiveConfig::validate)
+      .def("to_dict", &config_to_dict)
+      .def("__repr__", [](const AdaptiveConfig& c) {
+        return "AdaptiveConfig(" + py::repr(config_to_dict(c)).cast<std::string>() + ")";
+      });
+
+  py::class_<AdaptiveSpeculativeParams>(m, "AdaptiveSpeculativeParams",
+      "EMA policy over accepted draft tokens per verify.")
+      .def(py::init([](int initial_steps, py::object config) {
+             AdaptiveConfig cfg = config.is_none() ? AdaptiveConfig{} : config.cast<AdaptiveConfig>();
+             return AdaptiveSpeculativeParams(initial_steps, std::move(cfg));
+           }),
+           py::arg("initial_steps"), py::arg("config") = py::none())
+      .def("update", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths) {
+             return params.update(accept_lengths);
+           },
+           py::arg("accept_lengths"),
+           "Feed one verify (accepted draft tokens per request, bonus excluded); "
+           "True only if the step count changed.")
+      .def_property_readonly("current_steps", &AdaptiveSpeculativeParams::current_steps)
+      .def_property_readonly("ema", &AdaptiveSpeculativeParams::ema)
+      .def_property_readonly("num_batches", &AdaptiveSpeculativeParams::num_batches)
+      .def_property_readonly("candidate_steps", &AdaptiveSpeculativeParams::candidate_steps)
+      .def_property_readonly("config", &AdaptiveSpeculativeParams::config);
+
+  m.attr("MAX_STEPS") = AdaptiveConfig::kMaxSteps;
+}

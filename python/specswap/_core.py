@@ -1,0 +1,28 @@
+"""The compiled core (specswap._C), imported after torch so libtorch is loaded."""
+
+from __future__ import annotations
+
+import torch  # noqa: F401  (loads libtorch/libc10 before the extension needs them)
+
+try:
+    from specswap import _C
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        "specswap's compiled core (specswap._C) is missing or was built against another torch. "
+        "Install the package with `pip install .` (it needs torch==2.13.0 for the CPU build), "
+        "or for a source checkout run `bash tools/build_inplace.sh`."
+    ) from exc
+
+StatePool = _C.StatePool
+SpecRuntimeState = _C.SpecRuntimeState
+AdaptiveConfig = _C.AdaptiveConfig
+AdaptiveSpeculativeParams = _C.AdaptiveSpeculativeParams
+MAX_STEPS: int = _C.MAX_STEPS
+
+__all__ = [
+    "StatePool",
+    "SpecRuntimeState",
+    "AdaptiveConfig",
+    "AdaptiveSpeculativeParams",
+    "MAX_STEPS",
+]

@@ -1,0 +1,105 @@
+"""The one loader of adaptive-policy settings: a JSON file, a dict or an AdaptiveConfig.
+
+Nothing is silently ignored: an unknown key, a value of the wrong type or out of
+range raises ValueError naming the key and what would be valid.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+from typing import Any, Mapping, Union
+
+from specswap._core import MAX_STEPS, AdaptiveConfig
+
+ConfigSource = Union[None, str, "os.PathLike[str]", Mapping[str, Any], AdaptiveConfig]
+
+# key -> (kind, valid range in words)
+_SCHEMA: dict[str, tuple[str, str]] = {
+    "candidate_steps": ("steps", f"a list of at least two distinct integers in [0, {MAX_STEPS}]"),
+    "ema_alpha": ("number", "a number in (0, 1]"),
+    "update_interval": ("integer", "an integer >= 1"),
+    "warmup_batches": ("integer", "an integer >= 0"),
+    "down_hysteresis": ("number", "a finite number"),
+    "up_hysteresis": ("number", "a finite number"),
+    "snap_initial_steps": ("bool", "true or false"),
+}
+VALID_KEYS = tuple(_SCHEMA)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_value(key: str, value: Any, where: str) -> Any:
+    kind, valid = _SCHEMA[key]
+    bad = ValueError(f"{where}{key} must be {valid}, got {value!r} ({type(value).__name__})")
+    if kind == "steps":
+        if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
+            raise bad
+        return [int(v) for v in value]
+    if kind == "integer":
+        if not _is_int(value):
+            raise bad
+        return int(value)
+    if kind == "number":
+        if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
+            raise bad
+        return float(value)
+    if not isinstance(value, bool):
+        raise bad
+    return value
+
+
+def config_from_dict(values: Mapping[str, Any], *, where: str = "") -> AdaptiveConfig:
+    """Build a validated AdaptiveConfig from a flat mapping of policy keys."""
+    if not isinstance(values, Mapping):
+        raise ValueError(
+            f"{where}the adaptive config must be an object of policy keys, got {type(values).__name__}"
+        )
+    checked = {}
+    for key, value in values.items():
+        if key not in _SCHEMA:
+            hint = difflib.get_close_matches(str(key), VALID_KEYS, n=1)
+            suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ValueError(
+                f"{where}unknown adaptive config key {key!r}{suggestion}; valid keys: {', '.join(VALID_KEYS)}"
+            )
+        checked[key] = _check_value(key, value, where)
+    try:
+        return AdaptiveConfig(**checked)
+    except ValueError as exc:  # range errors from the C++ validator name the key
+        raise ValueError(f"{where}{exc}") from None
+
+
+def load_adaptive_config(source: ConfigSource = None) -> AdaptiveConfig:
+    """Return a validated AdaptiveConfig from None (defaults), a dict, a JSON file or an AdaptiveConfig."""
+    if source is None:
+        return AdaptiveConfig()
+    if isinstance(source, AdaptiveConfig):
+        source.validate()
+        return source
+    if isinstance(source, Mapping):
+        return config_from_dict(source)
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        where = f"{path}: "
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"adaptive config file not found: {path}") from None
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        if not isinstance(values, dict):
+            raise ValueError(
+                f"{where}the top level must be a JSON object of policy keys, got {type(values).__name__}"
+            )
+        return config_from_dict(values, where=where)
+    raise TypeError(
+        f"adaptive config must be None, a path, a dict or an AdaptiveConfig, got {type(source).__name__}"
+    )

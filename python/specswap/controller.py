@@ -1,0 +1,96 @@
+"""The adaptive controller: prebuilds one runtime state per tier into the C++
+state pool and switches tiers between decode rounds when the policy decides."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from specswap._core import AdaptiveSpeculativeParams, SpecRuntimeState, StatePool
+from specswap.config import ConfigSource, load_adaptive_config
+
+
+@runtime_checkable
+class AdaptiveSpecWorker(Protocol):
+    """What a worker offers the controller."""
+
+    speculative_num_steps: int  # the initial tier
+
+    def build_adaptive_runtime_state(
+        self, speculative_num_steps: int, speculative_num_draft_tokens: int
+    ) -> SpecRuntimeState: ...
+
+    def apply_runtime_state(self, state: SpecRuntimeState) -> None: ...
+
+
+class AdaptiveController:
+    """Owns the policy (C++) and the state pool (C++) for one worker.
+
+    The worker calls on_verify_complete() once per decode round, after
+    draft-extend; a switch therefore takes effect from the next round.
+    """
+
+    def __init__(self, worker: AdaptiveSpecWorker, config: ConfigSource = None):
+        for method in ("build_adaptive_runtime_state", "apply_runtime_state"):
+            if not callable(getattr(worker, method, None)):
+                raise TypeError(f"{type(worker).__name__} does not implement AdaptiveSpecWorker.{method}")
+        self.worker = worker
+        self.config = load_adaptive_config(config)
+        self.params = AdaptiveSpeculativeParams(int(worker.speculative_num_steps), self.config)
+        self.pool = StatePool()
+
+    @property
+    def candidate_steps(self) -> list[int]:
+        return list(self.params.candidate_steps)
+
+    @property
+    def current_steps(self) -> int:
+        return self.params.current_steps
+
+    @property
+    def ema(self) -> float:
+        return self.params.ema
+
+    def register(self, state: SpecRuntimeState) -> None:
+        """Add a state built elsewhere (for example the worker's start-up tier)."""
+        self._check_state(state, state.speculative_num_steps)
+        self.pool.register(state)
+
+    def init_states(self) -> None:
+        """Build one state per candidate tier (skipping registered ones) and activate the current tier."""
+        for steps in self.params.candidate_steps:
+            if steps in self.pool:
+                continue
+            state = self.worker.build_adaptive_runtime_state(steps, steps + 1)
+            self._check_state(state, steps)
+            self.pool.register(state)
+        self._activate(self.params.current_steps)
+
+    def on_verify_complete(self, accept_lengths: Sequence[int]) -> bool:
+        """Feed one verify's accepted draft counts (bonus excluded); switch tier if the policy says so."""
+        if not self.params.update(accept_lengths):
+            return False
+        self._activate(self.params.current_steps)
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "current_steps": self.params.current_steps,
+            "ema": self.params.ema,
+            "num_batches": self.params.num_batches,
+            "num_switches": self.pool.num_switches,
+            "candidate_steps": self.candidate_steps,
+            "tiers": self.pool.stats(),
+        }
+
+    def _activate(self, steps: int) -> None:
+        self.pool.activate(steps)
+        self.worker.apply_runtime_state(self.pool.acquire())
+
+    @staticmethod
+    def _check_state(state: Any, steps: int) -> None:
+        if not isinstance(state, SpecRuntimeState):
+            raise TypeError(f"build_adaptive_runtime_state must return a SpecRuntimeState, got {type(state).__name__}")
+        if state.speculative_num_steps != steps:
+            raise ValueError(
+                f"build_adaptive_runtime_state({steps}, ...) returned a state for {state.speculative_num_steps} steps"
+            )
