@@ -1,0 +1,119 @@
+"""Adaptive config loading: every bad input raises ValueError naming the key and the valid range."""
+
+import json
+
+import pytest
+
+from specswap import AdaptiveConfig, load_adaptive_config
+
+
+def write(tmp_path, payload, name="adaptive.json"):
+    path = tmp_path / name
+    path.write_text(payload if isinstance(payload, str) else json.dumps(payload))
+    return path
+
+
+def test_full_file_round_trip(tmp_path):
+    values = {
+        "candidate_steps": [1, 2, 4, 8],
+        "ema_alpha": 0.3,
+        "update_interval": 2,
+        "warmup_batches": 0,
+        "down_hysteresis": -0.5,
+        "up_hysteresis": 0.1,
+        "snap_initial_steps": True,
+    }
+    config = load_adaptive_config(write(tmp_path, values))
+    assert config.to_dict() == values
+
+
+def test_partial_file_keeps_defaults(tmp_path):
+    config = load_adaptive_config(str(write(tmp_path, {"ema_alpha": 0.5})))
+    assert config.ema_alpha == 0.5
+    assert config.candidate_steps == [1, 3, 7]
+    assert config.warmup_batches == 10
+
+
+def test_none_dict_and_config_sources():
+    assert load_adaptive_config(None).to_dict() == AdaptiveConfig().to_dict()
+    assert load_adaptive_config({"update_interval": 3}).update_interval == 3
+    config = AdaptiveConfig(ema_alpha=0.4)
+    assert load_adaptive_config(config) is config
+
+
+def test_integer_alpha_accepted():
+    assert load_adaptive_config({"ema_alpha": 1}).ema_alpha == 1.0
+
+
+@pytest.mark.parametrize(
+    "values, key, valid",
+    [
+        ({"ema_alpa": 0.5}, "ema_alpa", "valid keys"),
+        ({"ema_alpha": "0.5"}, "ema_alpha", r"\(0, 1\]"),
+        ({"update_interval": "5"}, "update_interval", ">= 1"),
+        ({"candidate_steps": "1,3,7"}, "candidate_steps", "list"),
+        ({"candidate_steps": 3}, "candidate_steps", "list"),
+        ({"ema_alpha": 0.0}, "ema_alpha", r"\(0, 1\]"),
+        ({"ema_alpha": 1.5}, "ema_alpha", r"\(0, 1\]"),
+        ({"ema_alpha": -0.1}, "ema_alpha", r"\(0, 1\]"),
+        ({"candidate_steps": [3]}, "candidate_steps", "at least two"),
+        ({"candidate_steps": [3, 3]}, "candidate_steps", "at least two"),
+        ({"candidate_steps": []}, "candidate_steps", "at least two"),
+        ({"candidate_steps": [1, -3]}, "candidate_steps", r"\[0, 64\]"),
+        ({"candidate_steps": [1, 2.5]}, "candidate_steps", "integers"),
+        ({"candidate_steps": [1, 3.0]}, "candidate_steps", "integers"),
+        ({"candidate_steps": [1, True]}, "candidate_steps", "integers"),
+        ({"candidate_steps": [1, 100]}, "candidate_steps", r"\[0, 64\]"),
+        ({"update_interval": 0}, "update_interval", ">= 1"),
+        ({"update_interval": 2.0}, "update_interval", ">= 1"),
+        ({"warmup_batches": -1}, "warmup_batches", ">= 0"),
+        ({"warmup_batches": True}, "warmup_batches", ">= 0"),
+        ({"down_hysteresis": "low"}, "down_hysteresis", "finite"),
+        ({"up_hysteresis": None}, "up_hysteresis", "finite"),
+        ({"up_hysteresis": float("inf")}, "up_hysteresis", "finite"),
+        ({"snap_initial_steps": "yes"}, "snap_initial_steps", "true or false"),
+    ],
+)
+def test_bad_values_name_key_and_range(tmp_path, values, key, valid):
+    path = write(tmp_path, values) if all(v != float("inf") for v in values.values()) else None
+    for source in filter(None, [values, path]):
+        with pytest.raises(ValueError, match=key) as info:
+            load_adaptive_config(source)
+        assert __import__("re").search(valid, str(info.value)), str(info.value)
+
+
+def test_error_from_file_names_the_file(tmp_path):
+    path = write(tmp_path, {"ema_alpha": 2})
+    with pytest.raises(ValueError, match=str(path)):
+        load_adaptive_config(path)
+
+
+def test_unknown_key_suggests_the_close_one():
+    with pytest.raises(ValueError, match="did you mean 'warmup_batches'"):
+        load_adaptive_config({"warmup_batch": 3})
+
+
+@pytest.mark.parametrize("payload", ["[1, 3, 7]", '"ema_alpha"', "3", "null"])
+def test_top_level_must_be_object(tmp_path, payload):
+    with pytest.raises(ValueError, match="top level must be a JSON object"):
+        load_adaptive_config(write(tmp_path, payload))
+
+
+def test_invalid_json_reports_position(tmp_path):
+    with pytest.raises(ValueError, match="not valid JSON.*line 1"):
+        load_adaptive_config(write(tmp_path, '{"ema_alpha": }'))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        load_adaptive_config(tmp_path / "nope.json")
+
+
+def test_wrong_source_type():
+    with pytest.raises(TypeError, match="path, a dict"):
+        load_adaptive_config(42)
+
+
+def test_config_constructor_validates():
+    with pytest.raises(ValueError, match="ema_alpha"):
+        AdaptiveConfig(ema_alpha=0.0)

@@ -1,0 +1,118 @@
+"""The adaptive controller driving a worker through the AdaptiveSpecWorker protocol."""
+
+import pytest
+
+from specswap import AdaptiveController, AdaptiveSpecWorker, SpecRuntimeState
+
+
+class RecordingWorker:
+    def __init__(self, speculative_num_steps=3):
+        self.speculative_num_steps = speculative_num_steps
+        self.speculative_num_draft_tokens = speculative_num_steps + 1
+        self.built = []
+        self.applied = []
+
+    def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens):
+        self.built.append((speculative_num_steps, speculative_num_draft_tokens))
+        return SpecRuntimeState(
+            speculative_num_steps,
+            speculative_num_draft_tokens,
+            draft=f"draft{speculative_num_steps}",
+            verify=f"verify{speculative_num_steps}",
+            draft_extend=f"extend{speculative_num_steps}",
+        )
+
+    def apply_runtime_state(self, state):
+        self.speculative_num_steps = state.speculative_num_steps
+        self.speculative_num_draft_tokens = state.speculative_num_draft_tokens
+        self.applied.append(state.speculative_num_steps)
+
+
+FAST = {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1}
+
+
+def test_protocol_is_checkable():
+    assert isinstance(RecordingWorker(), AdaptiveSpecWorker)
+
+
+def test_init_states_builds_every_candidate_once():
+    worker = RecordingWorker(3)
+    controller = AdaptiveController(worker, None)
+    controller.init_states()
+    assert worker.built == [(1, 2), (3, 4), (7, 8)]
+    assert worker.applied == [3]
+    controller.init_states()  # idempotent: nothing rebuilt
+    assert len(worker.built) == 3
+
+
+def test_initial_tier_added_not_leaked():
+    worker = RecordingWorker(2)
+    controller = AdaptiveController(worker, None)
+    controller.init_states()
+    assert [k for k, _ in worker.built] == [1, 2, 3, 7]
+    assert controller.current_steps == 2
+
+
+def test_switches_apply_the_prebuilt_state():
+    worker = RecordingWorker(3)
+    controller = AdaptiveController(worker, FAST)
+    controller.init_states()
+    assert controller.on_verify_complete([3, 3]) is True
+    assert worker.speculative_num_steps == 7 and worker.speculative_num_draft_tokens == 8
+    assert controller.on_verify_complete([0]) is True
+    assert worker.speculative_num_steps == 1
+    assert controller.on_verify_complete([]) is False
+    assert worker.applied == [3, 7, 1]
+    assert len(worker.built) == 3  # nothing built after start-up
+    stats = controller.stats()
+    assert stats["num_switches"] == 2 and stats["current_steps"] == 1
+
+
+def test_thousands_of_switches_build_nothing_new():
+    worker = RecordingWorker(3)
+    controller = AdaptiveController(worker, FAST)
+    controller.init_states()
+    for i in range(3000):
+        controller.on_verify_complete([6] if i % 2 else [0])
+    assert len(worker.built) == 3
+    assert controller.stats()["num_switches"] == 3000
+
+
+def test_registered_state_is_reused():
+    worker = RecordingWorker(3)
+    controller = AdaptiveController(worker, None)
+    controller.register(worker.build_adaptive_runtime_state(3, 4))
+    controller.init_states()
+    assert worker.built == [(3, 4), (1, 2), (7, 8)]
+
+
+def test_config_from_path(tmp_path):
+    path = tmp_path / "adaptive.json"
+    path.write_text('{"candidate_steps": [2, 4]}')
+    worker = RecordingWorker(4)
+    controller = AdaptiveController(worker, path)
+    assert controller.candidate_steps == [2, 4]
+
+
+def test_bad_config_fails_before_building():
+    worker = RecordingWorker(3)
+    with pytest.raises(ValueError, match="ema_alpha"):
+        AdaptiveController(worker, {"ema_alpha": 3})
+    assert worker.built == []
+
+
+def test_worker_must_implement_protocol():
+    class NotAWorker:
+        speculative_num_steps = 3
+
+    with pytest.raises(TypeError, match="build_adaptive_runtime_state"):
+        AdaptiveController(NotAWorker(), None)
+
+
+def test_wrong_state_from_worker():
+    class LyingWorker(RecordingWorker):
+        def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens):
+            return SpecRuntimeState(5, 6)
+
+    with pytest.raises(ValueError, match="returned a state for 5 steps"):
+        AdaptiveController(LyingWorker(3), None).init_states()
