@@ -1,0 +1,86 @@
+"""EAGLE-1 style draft head that shares the target's embedding and LM head.
+
+At head position j the head consumes (embed(x_{j+1}), f_j), where f_j is the
+target's hidden state at position j (or, while drafting, the head's own
+previous output), and predicts f_{j+1}, whose logits score x_{j+2}.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import EagleConfig
+from .kv_cache import KVCache
+from .layers import DecoderLayer, RMSNorm, RotaryEmbedding, plan_attention
+from .llama import check_cache
+from .outputs import ModelOutput
+
+
+class EagleHead(nn.Module):
+    """embed -> concat features -> fc (2H -> H) -> one decoder layer -> norm -> shared LM head.
+
+    ``token_map``: LongTensor[Vd], draft id -> target id, restricting the logits to a reduced draft
+    vocabulary (None = the full target vocabulary, draft id == target id).
+    The shared embedding and LM head belong to the target: they are not parameters of the head, are not
+    saved with it, and move with the target, not with ``head.to()``.
+    """
+
+    def __init__(self, config: EagleConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear,
+                 token_map: torch.Tensor | None = None):
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
+        self.layers = nn.ModuleList([DecoderLayer(config.decoder_config())])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        # plain attributes, so the target's modules are neither registered nor saved here
+        object.__setattr__(self, "embed_tokens", embed_tokens)
+        object.__setattr__(self, "lm_head", lm_head)
+        self.token_map: torch.Tensor | None = None
+        self._draft_lm_weight: torch.Tensor | None = None
+        self.set_token_map(token_map)
+
+    def set_token_map(self, token_map: torch.Tensor | None, source: str = "token_map") -> None:
+        """Restrict the draft logits to ``token_map`` (draft id -> target id); None restores the full vocab."""
+        if token_map is None:
+            self.token_map, self._draft_lm_weight = None, None
+            return
+        token_map = token_map.to(dtype=torch.long, device=self.lm_head.weight.device)
+        vocab = self.config.target_vocab_size
+        if token_map.dim() != 1 or token_map.numel() == 0:
+            raise ValueError(f"{source}: token_map must be a non-empty 1-D tensor; got shape {tuple(token_map.shape)}")
+        bad = token_map[(token_map < 0) | (token_map >= vocab)]
+        if bad.numel():
+            raise ValueError(f"{source}: token_map holds target ids out of range {bad[:5].tolist()}; "
+                             f"valid ids are 0..{vocab - 1}")
+        self.token_map = token_map
+        # rows of the shared LM head for the draft vocabulary, gathered once rather than every step
+        self._draft_lm_weight = self.lm_head.weight.detach()[token_map]
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.target_vocab_size if self.token_map is None else self.token_map.numel()
+
+    def finish_loading(self, device: torch.device | str) -> None:
+        self.rotary.reset(device)
+
+    def make_cache(self, max_batch_size: int, capacity: int, dtype: torch.dtype | None = None,
+                   device: torch.device | str | None = None) -> KVCache:
+        weight = self.fc.weight
+        return KVCache(1, max_batch_size, self.config.num_key_value_heads, capacity, self.config.head_dim,
+                       dtype=dtype or weight.dtype, device=device or weight.device)
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                slots: torch.Tensor, key_length: int | None = None) -> ModelOutput:
+        """input_ids, positions: [B, T]; features: [B, T, H]; slots: [B] -> logits [B, T, Vd], hidden [B, T, H]."""
+        check_cache(cache, 1, input_ids, slots)
+        embeds = self.embed_tokens(input_ids).to(features.dtype)          # [B, T, H]
+        hidden = self.fc(torch.cat((embeds, features), dim=-1))           # [B, T, H]
+        plan = plan_attention(positions, cache, key_length)
+        cos, sin = self.rotary(positions, hidden.dtype)
+        hidden = self.layers[0](hidden, cos, sin, cache.keys[0], cache.values[0], slots, positions, plan)
+        hidden = self.norm(hidden)
+        lm_weight = self.lm_head.weight if self._draft_lm_weight is None else self._draft_lm_weight
+        return ModelOutput(logits=F.linear(hidden, lm_weight), hidden=hidden)

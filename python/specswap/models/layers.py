@@ -1,0 +1,201 @@
+"""Building blocks shared by every architecture: RMSNorm, rotary embedding,
+attention over a ``KVCache``, gated MLP and the pre-norm decoder layer.
+
+Each piece is parameterised where architectures differ (norm weight offset,
+activation, attention scale, sliding window) so a second model family reuses
+them instead of copying them. Parameter names follow Hugging Face so
+checkpoints load by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import LlamaConfig, RopeConfig
+from .kv_cache import KVCache
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * (offset + weight), computed in fp32 like the reference models."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, weight_offset: float = 0.0):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size) if weight_offset == 0.0 else torch.zeros(hidden_size))
+        self.eps = eps
+        self.weight_offset = weight_offset  # Gemma stores (weight - 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., H]
+        input_dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight_offset == 0.0:
+            return self.weight * x32.to(input_dtype)
+        return (x32 * (self.weight_offset + self.weight.float())).to(input_dtype)
+
+
+def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """inv_freq: [head_dim / 2] in fp32, with llama3 frequency scaling when configured."""
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.rope_type == "default":
+        return inv_freq
+    # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between interpolated
+    low_freq_wavelen = rope.original_max_position_embeddings / rope.low_freq_factor
+    high_freq_wavelen = rope.original_max_position_embeddings / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (rope.original_max_position_embeddings / wavelen - rope.low_freq_factor) / (
+        rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for absolute positions, computed once per forward and shared by all layers."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int):
+        super().__init__()
+        self.rope = rope
+        self.head_dim = head_dim
+        self.register_buffer("inv_freq", rope_inverse_frequencies(rope, head_dim), persistent=False)
+
+    def reset(self, device: torch.device | str) -> None:
+        """Recompute inv_freq (after weights were loaded onto a meta-initialised model)."""
+        self.inv_freq = rope_inverse_frequencies(self.rope, self.head_dim).to(device)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [B, T] -> cos, sin: [B, 1, T, head_dim] (broadcast over heads)
+        freqs = positions.float()[..., None] * self.inv_freq  # [B, T, head_dim/2]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None]
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, heads, T, head_dim]; cos, sin: [B, 1, T, head_dim]
+    return x * cos + rotate_half(x) * sin
+
+
+@dataclass
+class AttentionPlan:
+    """What every layer of one forward shares: the key range to read and the mask."""
+
+    key_length: int         # keys at positions [0, key_length) are read
+    mask: torch.Tensor      # [B, 1, T, key_length] bool, True = may attend
+
+
+def plan_attention(positions: torch.Tensor, cache: KVCache, key_length: int | None = None,
+                   sliding_window: int | None = None) -> AttentionPlan:
+    """Build the causal mask from absolute positions: a query sees keys of its slot at positions <= its own.
+
+    ``key_length`` (max position + 1 or more) may be passed by a caller that already knows it, which avoids a
+    device-to-host sync; otherwise it is read from ``positions``.
+    """
+    # positions: [B, T]
+    if key_length is None:
+        key_length = int(positions.max().item()) + 1
+    if key_length > cache.capacity:
+        raise ValueError(f"position {key_length - 1} does not fit the KV cache (capacity {cache.capacity}); "
+                         f"valid positions are 0..{cache.capacity - 1}")
+    key_positions = cache.key_positions[:key_length]              # [L]
+    query_positions = positions[:, None, :, None]                 # [B, 1, T, 1]
+    mask = key_positions <= query_positions                       # [B, 1, T, L]
+    if sliding_window is not None:
+        mask = mask & (key_positions > query_positions - sliding_window)
+    return AttentionPlan(key_length=key_length, mask=mask)
+
+
+def write_kv(key_buffer: torch.Tensor, value_buffer: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+             keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Store new keys/values at (slot, position) in place."""
+    # key_buffer: [max_batch, kv_heads, capacity, head_dim]; keys: [B, kv_heads, T, head_dim]
+    # slots[:, None] and positions broadcast to [B, T]; the indexed view is [B, T, kv_heads, head_dim]
+    key_buffer[slots[:, None], :, positions] = keys.transpose(1, 2)
+    value_buffer[slots[:, None], :, positions] = values.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with grouped KV heads, reading and writing a per-layer KV buffer."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False,
+                 scale: float | None = None):
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale if scale is not None else head_dim ** -0.5
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_buffer: torch.Tensor,
+                value_buffer: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                plan: AttentionPlan) -> torch.Tensor:
+        # hidden: [B, T, H]
+        batch, length, _ = hidden.shape
+        q = self.q_proj(hidden).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        # q: [B, heads, T, D]; k, v: [B, kv_heads, T, D]
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        write_kv(key_buffer, value_buffer, slots, positions, k, v)
+        # past + new keys of each request's slot: [B, kv_heads, L, D]
+        keys = key_buffer[slots, :, :plan.key_length]
+        values = value_buffer[slots, :, :plan.key_length]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask, scale=self.scale,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        # out: [B, heads, T, D] -> [B, T, heads * D]
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str = "silu", bias: bool = False):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation {activation!r} is not supported; valid: {sorted(ACTIVATIONS)}")
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act = ACTIVATIONS[activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Llama block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                                   config.head_dim, bias=config.attention_bias)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, "silu", bias=config.mlp_bias)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_buffer: torch.Tensor,
+                value_buffer: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                plan: AttentionPlan) -> torch.Tensor:
+        # hidden: [B, T, H]
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, key_buffer, value_buffer, slots,
+                                         positions, plan)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))

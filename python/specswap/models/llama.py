@@ -1,0 +1,97 @@
+"""Llama decoder for the runtime: forward over (input_ids, positions, cache, slots)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import LlamaConfig
+from .kv_cache import KVCache
+from .layers import DecoderLayer, RMSNorm, RotaryEmbedding, plan_attention
+from .outputs import ModelOutput
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm (``model.*`` in Hugging Face checkpoints)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama with a static KV cache.
+
+    Requests of different lengths share a batch through their positions; each
+    row of the batch reads and writes the cache row ``slots[b]``.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        self.tie_weights()
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def finish_loading(self, device: torch.device | str) -> None:
+        """Re-tie weights and rebuild non-persistent buffers after ``load_state_dict(assign=True)``."""
+        self.tie_weights()
+        self.rotary.reset(device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def make_cache(self, max_batch_size: int, capacity: int, dtype: torch.dtype | None = None,
+                   device: torch.device | str | None = None) -> KVCache:
+        return KVCache(self.config.num_hidden_layers, max_batch_size, self.config.num_key_value_heads, capacity,
+                       self.config.head_dim, dtype=dtype or self.dtype, device=device or self.device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor,
+                key_length: int | None = None) -> ModelOutput:
+        """Run T new tokens per request, writing their keys/values into the cache rows ``slots``.
+
+        input_ids: [B, T] int64; positions: [B, T] int64 absolute positions, consecutive within a row;
+        slots: [B] int64 cache rows. ``key_length`` (> every position) skips a host sync when given.
+        """
+        check_cache(cache, self.config.num_hidden_layers, input_ids, slots)
+        hidden = self.model.embed_tokens(input_ids)  # [B, T, H]
+        return self.forward_hidden(hidden, positions, cache, slots, key_length)
+
+    def forward_hidden(self, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor,
+                       key_length: int | None = None) -> ModelOutput:
+        """The decoder and LM head applied to input embeddings ``hidden``: [B, T, H]."""
+        plan = plan_attention(positions, cache, key_length)
+        cos, sin = self.rotary(positions, hidden.dtype)
+        for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
+            hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plan)
+        hidden = self.model.norm(hidden)
+        return ModelOutput(logits=self.lm_head(hidden), hidden=hidden)
+
+
+def check_cache(cache: KVCache, num_layers: int, input_ids: torch.Tensor, slots: torch.Tensor) -> None:
+    """Cheap shape checks (no device sync) that turn index errors deep in attention into clear messages."""
+    if cache.num_layers != num_layers:
+        raise ValueError(f"KV cache has {cache.num_layers} layers but the model has {num_layers}; "
+                         "make the cache with this model's make_cache()")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, T]; got shape {tuple(input_ids.shape)}")
+    if slots.shape != input_ids.shape[:1]:
+        raise ValueError(f"slots must be [B] = [{input_ids.shape[0]}]; got shape {tuple(slots.shape)}")
+    if input_ids.shape[0] > cache.max_batch_size:
+        raise ValueError(f"batch of {input_ids.shape[0]} exceeds the cache's max_batch_size {cache.max_batch_size}")

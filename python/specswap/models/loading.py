@@ -1,0 +1,211 @@
+"""Load and save checkpoints: ``config.json`` + ``model.safetensors`` (or a sharded index) with Hugging Face names.
+
+``load_model`` dispatches on ``model_type`` through ``MODEL_ARCHITECTURES``; a new family registers its config
+reader and model class with ``register_architecture`` and reuses the shared layers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .config import CheckpointError, EagleConfig, LlamaConfig, read_config_json
+from .eagle import EagleHead
+from .llama import LlamaForCausalLM
+
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+# keys some older checkpoints carry that this runtime recomputes
+IGNORED_KEY_SUFFIXES = ("rotary_emb.inv_freq",)
+TOKEN_MAP_KEY = "token_map"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    config_from_dict: Callable[[dict[str, Any], str], Any]
+    model_class: type[nn.Module]
+
+
+MODEL_ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture(LlamaConfig.from_dict, LlamaForCausalLM),
+}
+
+
+def register_architecture(model_type: str, config_from_dict: Callable[[dict[str, Any], str], Any],
+                          model_class: type[nn.Module]) -> None:
+    """Make ``load_model`` build ``model_class`` for checkpoints whose config.json says ``model_type``."""
+    MODEL_ARCHITECTURES[model_type] = Architecture(config_from_dict, model_class)
+
+
+def _checkpoint_dir(path: str | Path) -> Path:
+    directory = Path(path)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: checkpoint directory does not exist")
+    return directory
+
+
+def _load_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(file), device="cpu")
+    except Exception as error:  # safetensors raises several types for truncated or foreign files
+        raise CheckpointError(f"{file}: cannot read safetensors weights ({error})") from error
+
+
+def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory, from model.safetensors or the shards its index names."""
+    directory = _checkpoint_dir(directory)
+    single = directory / WEIGHTS_FILE
+    if single.is_file():
+        return _load_safetensors(single)
+    index_file = directory / WEIGHTS_INDEX_FILE
+    if not index_file.is_file():
+        raise CheckpointError(f"{directory}: missing weights; expected {WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE}")
+    try:
+        weight_map: dict[str, str] = json.loads(index_file.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError) as error:
+        raise CheckpointError(f"{index_file}: not a safetensors index with a 'weight_map' ({error})") from error
+    weights: dict[str, torch.Tensor] = {}
+    for shard_name in sorted(set(weight_map.values())):
+        shard = directory / shard_name
+        if not shard.is_file():
+            raise CheckpointError(f"{index_file}: names shard {shard_name!r}, which is missing from {directory}")
+        weights.update(_load_safetensors(shard))
+    absent = sorted(set(weight_map) - set(weights))
+    if absent:
+        raise CheckpointError(f"{index_file}: {len(absent)} indexed tensors are absent from their shards, "
+                              f"e.g. {absent[:5]}")
+    return weights
+
+
+def _match_state_dict(model: nn.Module, weights: dict[str, torch.Tensor], source: str,
+                      optional: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Check names and shapes against the model; return the tensors to load."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    given = {name: t for name, t in weights.items() if not name.endswith(IGNORED_KEY_SUFFIXES)}
+    missing = sorted(set(expected) - set(given) - optional)
+    unexpected = sorted(set(given) - set(expected))
+    if missing or unexpected:
+        problems = []
+        if missing:
+            problems.append(f"{len(missing)} missing keys, e.g. {missing[:5]}")
+        if unexpected:
+            problems.append(f"{len(unexpected)} unexpected keys, e.g. {unexpected[:5]}")
+        raise CheckpointError(f"{source}: weights do not match the config: {'; '.join(problems)}")
+    wrong_shapes = [f"{name}: checkpoint {tuple(t.shape)} vs config {expected[name]}"
+                    for name, t in given.items() if tuple(t.shape) != expected[name]]
+    if wrong_shapes:
+        raise CheckpointError(f"{source}: shape mismatch for {len(wrong_shapes)} tensors, e.g. {wrong_shapes[:3]}")
+    return {name: t for name, t in given.items() if name not in optional}
+
+
+def _assign_weights(model: nn.Module, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                    device: torch.device | str, source: str) -> None:
+    converted = {name: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+                 for name, t in weights.items()}
+    model.load_state_dict(converted, strict=False, assign=True)
+    model.finish_loading(device)
+    still_meta = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if still_meta:
+        raise CheckpointError(f"{source}: no weights loaded for {still_meta[:5]}")
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> LlamaForCausalLM:
+    """Build the model named by ``config.json``'s model_type and load its weights."""
+    directory = _checkpoint_dir(path)
+    source = str(directory / "config.json")
+    raw = read_config_json(directory)
+    model_type = raw.get("model_type")
+    if model_type not in MODEL_ARCHITECTURES:
+        raise CheckpointError(f"{source}: model_type {model_type!r} is not supported; "
+                              f"supported: {sorted(MODEL_ARCHITECTURES)}")
+    architecture = MODEL_ARCHITECTURES[model_type]
+    config = architecture.config_from_dict(raw, source)
+    with torch.device("meta"):
+        model = architecture.model_class(config)
+    # a tied lm_head is the embedding; checkpoints usually omit it
+    optional = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    weights = _match_state_dict(model, read_weights(directory), str(directory / WEIGHTS_FILE), optional)
+    _assign_weights(model, weights, dtype, device, str(directory))
+    return model.eval()
+
+
+def load_eagle_head(path: str | Path, target: LlamaForCausalLM, dtype: torch.dtype | None = None,
+                    device: torch.device | str | None = None) -> EagleHead:
+    """Load an EAGLE head that shares ``target``'s embedding and LM head; dtype/device default to the target's."""
+    directory = _checkpoint_dir(path)
+    source = str(directory / "config.json")
+    config = EagleConfig.from_dict(read_config_json(directory), source)
+    if config.hidden_size != target.config.hidden_size:
+        raise CheckpointError(f"{source}: draft hidden_size {config.hidden_size} does not match the target's "
+                              f"hidden_size {target.config.hidden_size}")
+    if config.target_vocab_size != target.config.vocab_size:
+        raise CheckpointError(f"{source}: draft target_vocab_size {config.target_vocab_size} does not match the "
+                              f"target's vocab_size {target.config.vocab_size}")
+    dtype = dtype or target.dtype
+    device = device or target.device
+    weights = read_weights(directory)
+    weights_source = str(directory / WEIGHTS_FILE)
+    token_map = weights.pop(TOKEN_MAP_KEY, None)
+    if token_map is None and config.draft_vocab_size != config.target_vocab_size:
+        raise CheckpointError(f"{weights_source}: draft_vocab_size {config.draft_vocab_size} is smaller than the "
+                              f"target vocabulary {config.target_vocab_size} but no '{TOKEN_MAP_KEY}' tensor is stored")
+    if token_map is not None and token_map.numel() != config.draft_vocab_size:
+        raise CheckpointError(f"{weights_source}: {TOKEN_MAP_KEY} has {token_map.numel()} entries but config "
+                              f"draft_vocab_size is {config.draft_vocab_size}")
+    with torch.device("meta"):
+        head = EagleHead(config, target.embed_tokens, target.lm_head)
+    weights = _match_state_dict(head, weights, weights_source)
+    _assign_weights(head, weights, dtype, device, str(directory))
+    try:
+        head.set_token_map(token_map, source=weights_source)
+    except ValueError as error:
+        raise CheckpointError(str(error)) from error
+    return head.eval()
+
+
+def load_draft_model(path: str | Path, target: LlamaForCausalLM, dtype: torch.dtype | None = None,
+                     device: torch.device | str | None = None) -> LlamaForCausalLM:
+    """Load a standalone draft model and check that it speaks the target's vocabulary."""
+    draft = load_model(path, dtype=dtype or target.dtype, device=device or target.device)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise CheckpointError(f"{Path(path) / 'config.json'}: draft vocab_size {draft.config.vocab_size} does not "
+                              f"match the target's vocab_size {target.config.vocab_size}")
+    return draft
+
+
+def _contiguous_cpu(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    return {name: (t.to(dtype) if dtype is not None and t.is_floating_point() else t).detach().cpu().contiguous()
+            for name, t in state.items()}
+
+
+def save_model(model: LlamaForCausalLM, path: str | Path, dtype: torch.dtype | None = None) -> None:
+    """Write config.json + model.safetensors that both this runtime and transformers load."""
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    config = model.config.to_hf_dict()
+    if dtype is not None:
+        config["dtype"] = str(dtype).removeprefix("torch.")
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(_contiguous_cpu(state, dtype), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+def save_eagle_head(head: EagleHead, path: str | Path, dtype: torch.dtype | None = None) -> None:
+    """Write the head's own weights (not the shared embedding / LM head) and its token_map, if any."""
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = dict(head.state_dict())
+    if head.token_map is not None:
+        state[TOKEN_MAP_KEY] = head.token_map
+    config = replace(head.config, draft_vocab_size=head.draft_vocab_size)
+    (directory / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    save_file(_contiguous_cpu(state, dtype), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
