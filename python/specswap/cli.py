@@ -1,0 +1,90 @@
+"""The `specswap` command line."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from typing import Sequence
+
+
+def _simulated_accepts(rng: random.Random, acceptance: float, steps: int, batch: int) -> list[int]:
+    # accepted draft tokens per request: a chain stops at the first rejection
+    counts = []
+    for _ in range(batch):
+        accepted = 0
+        while accepted < steps and rng.random() < acceptance:
+            accepted += 1
+        counts.append(accepted)
+    return counts
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Drive the C++ policy and state pool through phases of low and high acceptance."""
+    from specswap import AdaptiveController, SpecRuntimeState
+
+    class DemoWorker:
+        speculative_num_steps = args.initial_steps
+
+        def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens):
+            stages = {name: f"{name}[k={speculative_num_steps}]" for name in ("draft", "verify", "draft_extend")}
+            return SpecRuntimeState(speculative_num_steps, speculative_num_draft_tokens, **stages)
+
+        def apply_runtime_state(self, state):
+            self.speculative_num_steps = state.speculative_num_steps
+
+    worker = DemoWorker()
+    controller = AdaptiveController(worker, args.config)
+    controller.init_states()
+    rng = random.Random(args.seed)
+    phases = [("low", 0.15), ("high", 0.92), ("low", 0.15), ("high", 0.92)]
+    print(f"tiers {controller.candidate_steps}, start at {controller.current_steps}")
+    print(f"{'phase':<6} {'acceptance':>10} {'rounds':>6}  tier trace (one char per {args.rounds // 40} rounds)")
+    switch_seconds = []
+    for name, acceptance in phases:
+        trace = []
+        for round_index in range(args.rounds):
+            accepts = _simulated_accepts(rng, acceptance, worker.speculative_num_steps, args.batch_size)
+            start = time.perf_counter()
+            switched = controller.on_verify_complete(accepts)
+            if switched:
+                switch_seconds.append(time.perf_counter() - start)
+            if round_index % max(1, args.rounds // 40) == 0:
+                trace.append(str(worker.speculative_num_steps))
+        print(f"{name:<6} {acceptance:>10.2f} {args.rounds:>6}  {''.join(trace)}")
+    stats = controller.stats()
+    print(f"switches: {stats['num_switches']}, final tier {stats['current_steps']}, EMA {stats['ema']:.2f}")
+    for row in stats["tiers"]:
+        print(f"  tier {row['speculative_num_steps']}: activated {row['activations']}x, "
+              f"active {row['seconds_active'] * 1e3:.1f} ms")
+    if switch_seconds:
+        print(f"mean on_verify_complete with a switch (Python, incl. apply): "
+              f"{sum(switch_seconds) / len(switch_seconds) * 1e6:.1f} us")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specswap", description="Adaptive speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="show the adaptive policy switching prebuilt tiers on a simulated workload")
+    demo.add_argument("--rounds", type=int, default=400, help="decode rounds per phase")
+    demo.add_argument("--batch-size", type=int, default=4)
+    demo.add_argument("--initial-steps", type=int, default=3)
+    demo.add_argument("--config", default=None, help="adaptive config JSON (see docs/policy.md)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"specswap {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
