@@ -61,3 +61,13 @@ def test_position_beyond_capacity_is_a_clear_error(model):
 def test_cache_from_other_model_is_rejected(model):
     with pytest.raises(ValueError, match="layers"):
         run(model, KVCache(5, 1, 2, 8, 8), [1], 0)
+
+
+def test_cacheless_training_forward_matches_cached_forward(model):
+    ids = torch.tensor([[1, 4, 9, 16, 25, 36], [2, 3, 5, 7, 11, 13]])
+    positions = torch.arange(6).expand(2, 6)
+    with torch.no_grad():
+        cached = model(ids, positions, model.make_cache(2, 8), torch.arange(2))
+        cacheless = model(ids, positions, None, None)
+    torch.testing.assert_close(cacheless.logits, cached.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cacheless.hidden, cached.hidden, atol=1e-5, rtol=0)

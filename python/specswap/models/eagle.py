@@ -72,15 +72,18 @@ class EagleHead(nn.Module):
         return KVCache(1, max_batch_size, self.config.num_key_value_heads, capacity, self.config.head_dim,
                        dtype=dtype or weight.dtype, device=device or weight.device)
 
-    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                slots: torch.Tensor, key_length: int | None = None) -> ModelOutput:
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                cache: KVCache | None, slots: torch.Tensor | None, key_length: int | None = None) -> ModelOutput:
         """input_ids, positions: [B, T]; features: [B, T, H]; slots: [B] -> logits [B, T, Vd], hidden [B, T, H]."""
-        check_cache(cache, 1, input_ids, slots)
         embeds = self.embed_tokens(input_ids).to(features.dtype)          # [B, T, H]
         hidden = self.fc(torch.cat((embeds, features), dim=-1))           # [B, T, H]
-        plan = plan_attention(positions, cache, key_length)
         cos, sin = self.rotary(positions, hidden.dtype)
-        hidden = self.layers[0](hidden, cos, sin, cache.keys[0], cache.values[0], slots, positions, plan)
+        if cache is None:  # training: causal attention within the T tokens
+            hidden = self.layers[0](hidden, cos, sin, None, None, None, positions, None)
+        else:
+            check_cache(cache, 1, input_ids, slots)
+            plan = plan_attention(positions, cache, key_length)
+            hidden = self.layers[0](hidden, cos, sin, cache.keys[0], cache.values[0], slots, positions, plan)
         hidden = self.norm(hidden)
         lm_weight = self.lm_head.weight if self._draft_lm_weight is None else self._draft_lm_weight
         return ModelOutput(logits=F.linear(hidden, lm_weight), hidden=hidden)

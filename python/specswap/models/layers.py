@@ -125,8 +125,9 @@ def write_kv(key_buffer: torch.Tensor, value_buffer: torch.Tensor, slots: torch.
     """Store new keys/values at (slot, position) in place."""
     # key_buffer: [max_batch, kv_heads, capacity, head_dim]; keys: [B, kv_heads, T, head_dim]
     # slots[:, None] and positions broadcast to [B, T]; the indexed view is [B, T, kv_heads, head_dim]
-    key_buffer[slots[:, None], :, positions] = keys.transpose(1, 2)
-    value_buffer[slots[:, None], :, positions] = values.transpose(1, 2)
+    # the cache may hold a different dtype than the compute (make_cache(dtype=...), autocast); .to is a no-op if equal
+    key_buffer[slots[:, None], :, positions] = keys.transpose(1, 2).to(key_buffer.dtype)
+    value_buffer[slots[:, None], :, positions] = values.transpose(1, 2).to(value_buffer.dtype)
 
 
 class Attention(nn.Module):
@@ -144,9 +145,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_buffer: torch.Tensor,
-                value_buffer: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-                plan: AttentionPlan) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_buffer: torch.Tensor | None,
+                value_buffer: torch.Tensor | None, slots: torch.Tensor | None, positions: torch.Tensor,
+                plan: AttentionPlan | None) -> torch.Tensor:
         # hidden: [B, T, H]
         batch, length, _ = hidden.shape
         q = self.q_proj(hidden).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
@@ -155,12 +156,18 @@ class Attention(nn.Module):
         # q: [B, heads, T, D]; k, v: [B, kv_heads, T, D]
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
-        write_kv(key_buffer, value_buffer, slots, positions, k, v)
-        # past + new keys of each request's slot: [B, kv_heads, L, D]
-        keys = key_buffer[slots, :, :plan.key_length]
-        values = value_buffer[slots, :, :plan.key_length]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask, scale=self.scale,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        gqa = self.num_heads != self.num_kv_heads
+        if plan is None:
+            # cacheless (training): causal attention within these T tokens only
+            out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=self.scale,
+                                                 enable_gqa=gqa)
+        else:
+            write_kv(key_buffer, value_buffer, slots, positions, k, v)
+            # past + new keys of each request's slot: [B, kv_heads, L, D]
+            keys = key_buffer[slots, :, :plan.key_length].to(q.dtype)
+            values = value_buffer[slots, :, :plan.key_length].to(q.dtype)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask, scale=self.scale,
+                                                 enable_gqa=gqa)
         # out: [B, heads, T, D] -> [B, T, heads * D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
@@ -192,9 +199,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, "silu", bias=config.mlp_bias)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_buffer: torch.Tensor,
-                value_buffer: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-                plan: AttentionPlan) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_buffer: torch.Tensor | None,
+                value_buffer: torch.Tensor | None, slots: torch.Tensor | None, positions: torch.Tensor,
+                plan: AttentionPlan | None) -> torch.Tensor:
         # hidden: [B, T, H]
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, key_buffer, value_buffer, slots,
                                          positions, plan)

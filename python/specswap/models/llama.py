@@ -62,30 +62,41 @@ class LlamaForCausalLM(nn.Module):
         return KVCache(self.config.num_hidden_layers, max_batch_size, self.config.num_key_value_heads, capacity,
                        self.config.head_dim, dtype=dtype or self.dtype, device=device or self.device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, slots: torch.Tensor | None,
                 key_length: int | None = None) -> ModelOutput:
         """Run T new tokens per request, writing their keys/values into the cache rows ``slots``.
 
         input_ids: [B, T] int64; positions: [B, T] int64 absolute positions, consecutive within a row;
         slots: [B] int64 cache rows. ``key_length`` (> every position) skips a host sync when given.
+        ``cache=None`` (training only): causal attention within the T tokens, positions must be 0..T-1 style.
         """
-        check_cache(cache, self.config.num_hidden_layers, input_ids, slots)
         hidden = self.model.embed_tokens(input_ids)  # [B, T, H]
         return self.forward_hidden(hidden, positions, cache, slots, key_length)
 
-    def forward_hidden(self, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor,
-                       key_length: int | None = None) -> ModelOutput:
-        """The decoder and LM head applied to input embeddings ``hidden``: [B, T, H]."""
-        plan = plan_attention(positions, cache, key_length)
+    def forward_hidden(self, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
+                       slots: torch.Tensor | None, key_length: int | None = None) -> ModelOutput:
+        """The decoder and LM head applied to input embeddings ``hidden``: [B, T, H].
+
+        ``cache=None`` is the training path: plain causal attention over the T tokens, nothing stored.
+        """
         cos, sin = self.rotary(positions, hidden.dtype)
-        for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
-            hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plan)
+        if cache is None:
+            for layer in self.model.layers:
+                hidden = layer(hidden, cos, sin, None, None, None, positions, None)
+        else:
+            check_cache(cache, self.config.num_hidden_layers, positions, slots)
+            plan = plan_attention(positions, cache, key_length)
+            for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
+                hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plan)
         hidden = self.model.norm(hidden)
         return ModelOutput(logits=self.lm_head(hidden), hidden=hidden)
 
 
 def check_cache(cache: KVCache, num_layers: int, input_ids: torch.Tensor, slots: torch.Tensor) -> None:
-    """Cheap shape checks (no device sync) that turn index errors deep in attention into clear messages."""
+    """Cheap shape checks (no device sync) that turn index errors deep in attention into clear messages.
+
+    input_ids (or positions): [B, T]; slots: [B].
+    """
     if cache.num_layers != num_layers:
         raise ValueError(f"KV cache has {cache.num_layers} layers but the model has {num_layers}; "
                          "make the cache with this model's make_cache()")
