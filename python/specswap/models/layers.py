@@ -134,7 +134,7 @@ class Attention(nn.Module):
     """Multi-head attention with grouped KV heads, reading and writing a per-layer KV buffer."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False,
-                 scale: float | None = None):
+                 scale: float | None = None, qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -144,6 +144,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
+        # Gemma 3: RMSNorm over each head's queries and keys before rotary (None = no such norm)
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps, qk_norm_offset) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps, qk_norm_offset) if qk_norm_eps is not None else None
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_buffer: torch.Tensor | None,
                 value_buffer: torch.Tensor | None, slots: torch.Tensor | None, positions: torch.Tensor,
@@ -154,6 +157,8 @@ class Attention(nn.Module):
         k = self.k_proj(hidden).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(hidden).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         # q: [B, heads, T, D]; k, v: [B, kv_heads, T, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         gqa = self.num_heads != self.num_kv_heads
