@@ -17,6 +17,7 @@ from torch import nn
 
 from .config import CheckpointError, EagleConfig, LlamaConfig, read_config_json
 from .eagle import EagleHead
+from .gemma3 import Gemma3Config, Gemma3ForCausalLM
 from .llama import LlamaForCausalLM
 
 WEIGHTS_FILE = "model.safetensors"
@@ -34,6 +35,7 @@ class Architecture:
 
 MODEL_ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(LlamaConfig.from_dict, LlamaForCausalLM),
+    "gemma3_text": Architecture(Gemma3Config.from_dict, Gemma3ForCausalLM),
 }
 
 
