@@ -1,0 +1,396 @@
+"""The speculative worker: one decode round (draft, verify, draft-extend) for the whole running batch.
+
+Topk = 1 chains. Alignment for a request whose committed tokens are
+x_0..x_{m-1} (x_{m-1} sampled but not yet fed to the target):
+
+- target KV is valid through position m-2;
+- verify feeds [x_{m-1}, d_1..d_k] at positions m-1..m+k-1 (T = k+1) and
+  accepts a drafts plus one correction/bonus token b, so m grows by a+1;
+- EAGLE head position j consumes (embed(x_{j+1}), f_j), f_j the target hidden
+  at j. Its KV is valid through m-2, and the head output at m-2 (the logits
+  for d_1 and the hidden that feeds step 2) is kept per request. Draft step
+  i >= 2 feeds (d_{i-1}, previous head hidden) at position m+i-3.
+  Draft-extend feeds [d_1..d_a, b] with the verify hidden f_{m-1}..f_{m+a-1}
+  at positions m-1..m+a-1, padded to T = k+1 with the rejected drafts; the
+  output at index a is next round's step 1. Entries past a are stale and are
+  overwritten before they can be read (attention reads positions <= query).
+- a standalone draft's KV is valid through m-3; step 1 feeds the two tokens
+  [x_{m-2}, x_{m-1}] at m-2, m-1 (rewriting m-2 is harmless), steps 2..k feed
+  d_1..d_{k-1}. After accepting a the draft holds x_{m-1}, d_1..d_{a-1} at
+  m-1..m+a-2 = m'-3, so no extra forward is needed when all are accepted.
+- rollback is forgetting lengths: nothing is copied.
+
+Tier k = 0 verifies [x_{m-1}] alone (plain decoding) and still runs one
+draft-extend/draft forward so the draft stays in step for a later switch up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from specswap.sampling import SamplingParams, accept_draft_tokens, logits_to_probs, sample_from_probs
+
+SPECULATIVE_ALGORITHMS = ("EAGLE", "STANDALONE", None)
+
+
+@dataclass
+class DraftStage:
+    """Per-tier drafting buffers, allocated once when the tier is built."""
+
+    draft_tokens: torch.Tensor   # [max_batch, k] int64, target ids
+    draft_probs: torch.Tensor    # [max_batch, k, V] float32, in target vocabulary (0 outside a token_map)
+    draft_noise: torch.Tensor    # [max_batch, k, Vd] float32, Exp(1) draws (1.0 for greedy rows)
+    noise_dirty: bool = False    # rows hold draws from sampling requests; greedy rows need ones again
+
+
+@dataclass
+class VerifyStage:
+    """Per-tier verify buffers."""
+
+    input_ids: torch.Tensor        # [max_batch, k+1] int64: [x_{m-1}, d_1..d_k]
+    offsets: torch.Tensor          # [k+1] int64: 0..k
+    uniforms: torch.Tensor         # [max_batch, k] float32
+    residual_noise: torch.Tensor   # [max_batch, V] float32
+
+
+@dataclass
+class DraftExtendStage:
+    """Per-tier draft-extend buffers."""
+
+    input_ids: torch.Tensor  # [max_batch, k+1] int64: [d_1..d_a, b, stale...]
+
+
+@dataclass
+class TierState:
+    """Everything one tier needs; what a SpecRuntimeState carries for this worker."""
+
+    speculative_num_steps: int
+    speculative_num_draft_tokens: int
+    draft: DraftStage
+    verify: VerifyStage
+    draft_extend: DraftExtendStage
+
+
+@dataclass
+class RoundResult:
+    """One decode round: per running request (in the order given) its new tokens and accepted drafts."""
+
+    new_tokens: list[list[int]]   # d_1..d_a then the correction/bonus token
+    accept_lengths: list[int]     # a, bonus excluded
+    speculative_num_steps: int
+
+
+class EAGLEWorker:
+    """Drafts, verifies and draft-extends for a batch of cache slots; implements AdaptiveSpecWorker.
+
+    ``target``: LlamaForCausalLM. ``draft``: an EagleHead (speculative_algorithm "EAGLE"), a
+    LlamaForCausalLM with the target's vocabulary ("STANDALONE"), or None (speculative_algorithm None:
+    target-only, one token per round). Caches hold max_seq_len plus room for the largest tier in
+    ``tiers`` (never just the active one), so switching up can never overflow them.
+    """
+
+    def __init__(self, target, draft=None, speculative_algorithm: str | None = "EAGLE",
+                 speculative_num_steps: int = 3, max_batch_size: int = 8, max_seq_len: int = 512,
+                 tiers: Sequence[int] = ()):
+        if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+            raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
+                             f"valid: {SPECULATIVE_ALGORITHMS}")
+        if speculative_algorithm is not None and draft is None:
+            raise ValueError(f"speculative_algorithm {speculative_algorithm!r} needs a draft model; got draft=None")
+        if speculative_algorithm is None:
+            speculative_num_steps, tiers = 0, ()
+        for steps in (speculative_num_steps, *tiers):
+            if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+                raise ValueError(f"speculative_num_steps must be an int >= 0; got {steps!r}")
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
+        if max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be >= 2; got {max_seq_len}")
+        self.target = target
+        self.draft = draft
+        self.speculative_algorithm = speculative_algorithm
+        self.speculative_num_steps = speculative_num_steps  # initial tier (AdaptiveSpecWorker protocol)
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self.max_steps = max((speculative_num_steps, *tiers))
+        self.device = target.device
+        self.vocab_size = target.config.vocab_size
+        self.token_map = getattr(draft, "token_map", None) if speculative_algorithm == "EAGLE" else None
+        self.draft_vocab_size = self.vocab_size if self.token_map is None else self.token_map.numel()
+        if speculative_algorithm == "STANDALONE" and draft.config.vocab_size != self.vocab_size:
+            raise ValueError(f"standalone draft vocab_size {draft.config.vocab_size} does not match the target's "
+                             f"{self.vocab_size}")
+        # Writes reach position m+k-1 with m <= max_seq_len: room for the largest tier.
+        self.cache_capacity = max_seq_len + self.max_steps + 1
+        self.target_cache = target.make_cache(max_batch_size, self.cache_capacity)
+        self.draft_cache = draft.make_cache(max_batch_size, self.cache_capacity) if draft is not None else None
+
+        # Per-slot request state, indexed by cache row.
+        long = dict(dtype=torch.long, device=self.device)
+        self.seq_lens = torch.zeros(max_batch_size, **long)     # [S] m: committed tokens
+        self.last_tokens = torch.zeros(max_batch_size, **long)  # [S] x_{m-1}
+        self.prev_tokens = torch.zeros(max_batch_size, **long)  # [S] x_{m-2} (standalone step 1)
+        self.temperature = torch.zeros(max_batch_size, device=self.device)
+        self.top_p = torch.ones(max_batch_size, device=self.device)
+        self.top_k = torch.zeros(max_batch_size, **long)
+        if speculative_algorithm == "EAGLE":
+            hidden_size = target.config.hidden_size
+            self.next_draft_logits = torch.zeros(max_batch_size, self.draft_vocab_size, dtype=target.dtype,
+                                                 device=self.device)  # [S, Vd] head output at m-2
+            self.next_draft_hidden = torch.zeros(max_batch_size, hidden_size, dtype=target.dtype,
+                                                 device=self.device)  # [S, H]
+        self.host_seq_lens = [0] * max_batch_size
+        self.params: list[SamplingParams | None] = [None] * max_batch_size
+        self.generators: list[torch.Generator | None] = [None] * max_batch_size
+        self.controller = None  # an AdaptiveController, set by whoever owns one
+        self.accept_fn: Callable = accept_draft_tokens
+        self.state: TierState | Any = None
+        self.apply_runtime_state(self._build_tier(speculative_num_steps))
+
+    # ---- AdaptiveSpecWorker protocol -------------------------------------------------------------
+
+    def build_adaptive_runtime_state(self, speculative_num_steps: int, speculative_num_draft_tokens: int):
+        """Preallocate one tier's buffers and wrap them in the core's immutable SpecRuntimeState."""
+        from specswap._core import SpecRuntimeState
+
+        if speculative_num_draft_tokens != speculative_num_steps + 1:
+            raise ValueError(f"a top-1 chain verifies speculative_num_steps + 1 tokens; got steps "
+                             f"{speculative_num_steps} with {speculative_num_draft_tokens} draft tokens")
+        if speculative_num_steps > self.max_steps:
+            raise ValueError(f"tier {speculative_num_steps} exceeds the largest tier {self.max_steps} the caches were "
+                             f"sized for; pass it in tiers= when building the worker")
+        tier = self._build_tier(speculative_num_steps)
+        return SpecRuntimeState(speculative_num_steps, speculative_num_draft_tokens, draft=tier.draft,
+                                verify=tier.verify, draft_extend=tier.draft_extend)
+
+    def apply_runtime_state(self, state) -> None:
+        """Swap the active tier (a reference swap, between rounds)."""
+        self.state = state
+
+    @property
+    def active_steps(self) -> int:
+        """The tier the next round runs."""
+        return self.state.speculative_num_steps
+
+    def _build_tier(self, steps: int) -> TierState:
+        batch, device = self.max_batch_size, self.device
+        draft = DraftStage(
+            draft_tokens=torch.zeros(batch, steps, dtype=torch.long, device=device),
+            draft_probs=torch.zeros(batch, steps, self.vocab_size, device=device),
+            draft_noise=torch.ones(batch, steps, self.draft_vocab_size, device=device),
+        )
+        verify = VerifyStage(
+            input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device),
+            offsets=torch.arange(steps + 1, device=device),
+            uniforms=torch.zeros(batch, steps, device=device),
+            residual_noise=torch.ones(batch, self.vocab_size, device=device),
+        )
+        extend = DraftExtendStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device))
+        return TierState(steps, steps + 1, draft, verify, extend)
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams],
+                generators: Sequence[torch.Generator | None] | None = None) -> list[int]:
+        """Run prompts through target (and draft) in cache rows ``slots``; return each one's first new token.
+
+        Prompts of different lengths share one forward, right-padded: padding lands at positions past a
+        prompt's end, which no real token attends to and the next round overwrites.
+        """
+        generators = list(generators) if generators is not None else [None] * len(slots)
+        if not (len(slots) == len(prompts) == len(params) == len(generators)):
+            raise ValueError(f"prefill needs one prompt, params and generator per slot; got {len(slots)} slots, "
+                             f"{len(prompts)} prompts, {len(params)} params, {len(generators)} generators")
+        for slot, prompt in zip(slots, prompts):
+            self.check_prompt(prompt)
+            if not 0 <= slot < self.max_batch_size:
+                raise ValueError(f"slot {slot} is out of range; valid slots are 0..{self.max_batch_size - 1}")
+        if not slots:
+            return []
+        for slot, request_params, generator in zip(slots, params, generators):
+            self.params[slot] = request_params
+            self.generators[slot] = generator
+            self.temperature[slot] = request_params.temperature
+            self.top_p[slot] = request_params.top_p
+            self.top_k[slot] = request_params.top_k
+        batch, padded_len = len(slots), max(len(p) for p in prompts)
+        prompt_lens = torch.tensor([len(p) for p in prompts], device=self.device)            # [B]
+        slot_index = torch.tensor(list(slots), device=self.device)                           # [B]
+        input_ids = torch.tensor([list(p) + [0] * (padded_len - len(p)) for p in prompts],
+                                 dtype=torch.long, device=self.device)                        # [B, P]
+        positions = torch.arange(padded_len, device=self.device).expand(batch, -1)           # [B, P]
+        rows = torch.arange(batch, device=self.device)
+        out = self.target(input_ids, positions, self.target_cache, slot_index, key_length=padded_len)
+        last_logits = out.logits[rows, prompt_lens - 1]                                       # [B, V]
+        probs = logits_to_probs(last_logits, self.temperature[slot_index], self.top_k[slot_index],
+                                self.top_p[slot_index], any(p.needs_filter for p in params))  # [B, V]
+        noise = torch.ones_like(probs)
+        for row, (request_params, generator) in enumerate(zip(params, generators)):
+            if not request_params.greedy:
+                noise[row].exponential_(generator=generator)
+        first_tokens = sample_from_probs(probs, noise)                                        # [B]
+        if self.speculative_algorithm == "EAGLE":
+            # head position j consumes (x_{j+1}, f_j): tokens x_1..x_P with features f_0..f_{P-1}
+            head_ids = torch.cat((input_ids[:, 1:], input_ids[:, :1]), dim=1)                # [B, P]
+            head_ids.scatter_(1, (prompt_lens - 1).unsqueeze(-1), first_tokens.unsqueeze(-1))
+            head_out = self.draft(head_ids, out.hidden, positions, self.draft_cache, slot_index,
+                                  key_length=padded_len)
+            self.next_draft_logits[slot_index] = head_out.logits[rows, prompt_lens - 1]
+            self.next_draft_hidden[slot_index] = head_out.hidden[rows, prompt_lens - 1]
+        elif self.speculative_algorithm == "STANDALONE":
+            self.draft(input_ids, positions, self.draft_cache, slot_index, key_length=padded_len)
+        self.seq_lens[slot_index] = prompt_lens + 1
+        self.last_tokens[slot_index] = first_tokens
+        self.prev_tokens[slot_index] = input_ids[rows, prompt_lens - 1]
+        for slot, prompt in zip(slots, prompts):
+            self.host_seq_lens[slot] = len(prompt) + 1
+        return first_tokens.tolist()
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """Raise ValueError naming the problem if a prompt cannot be served."""
+        prompt_len = len(prompt_ids)
+        if not 1 <= prompt_len < self.max_seq_len:
+            raise ValueError(f"prompt of {prompt_len} tokens does not fit; it needs 1..{self.max_seq_len - 1} tokens "
+                             f"(max_seq_len {self.max_seq_len})")
+        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary 0..{self.vocab_size - 1}")
+
+    def release(self, slot: int) -> None:
+        """Forget a finished or aborted request; its cache row is free for the next one."""
+        self.params[slot] = None
+        self.generators[slot] = None
+        self.host_seq_lens[slot] = 0
+
+    # ---- one decode round ------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def decode_round(self, slots: Sequence[int]) -> RoundResult:
+        """Draft k tokens per request, verify them in one target forward, draft-extend, roll back.
+
+        ``slots``: the running requests' cache rows (each prefilled, each with room for k more tokens).
+        """
+        state = self.state
+        steps = state.speculative_num_steps
+        batch = len(slots)
+        if batch == 0:
+            return RoundResult([], [], steps)
+        slot_index = torch.tensor(slots, device=self.device)        # [B]
+        seq_lens = self.seq_lens[slot_index]                         # [B] m
+        key_length = max(self.host_seq_lens[s] for s in slots) + steps  # > every position written this round
+        temperature, top_k, top_p = self.temperature[slot_index], self.top_k[slot_index], self.top_p[slot_index]
+        apply_filters = any(self.params[s].needs_filter for s in slots)
+        self._draw_noise(state, slots)
+
+        draft_tokens = state.draft.draft_tokens[:batch]   # [B, k]
+        draft_probs = state.draft.draft_probs[:batch]     # [B, k, V]
+        if self.speculative_algorithm == "EAGLE":
+            self._draft_eagle(state, slot_index, seq_lens, key_length, temperature, top_k, top_p, apply_filters)
+        elif self.speculative_algorithm == "STANDALONE":
+            self._draft_standalone(state, slot_index, seq_lens, key_length, temperature, top_k, top_p, apply_filters)
+
+        # verify: [x_{m-1}, d_1..d_k] at positions m-1..m+k-1
+        verify_ids = state.verify.input_ids[:batch]                   # [B, k+1]
+        verify_ids[:, 0] = self.last_tokens[slot_index]
+        verify_ids[:, 1:] = draft_tokens
+        positions = (seq_lens - 1).unsqueeze(-1) + state.verify.offsets  # [B, k+1]
+        out = self.target(verify_ids, positions, self.target_cache, slot_index, key_length=key_length)
+        target_probs = logits_to_probs(
+            out.logits.reshape(batch * (steps + 1), -1), temperature.repeat_interleave(steps + 1),
+            top_k.repeat_interleave(steps + 1), top_p.repeat_interleave(steps + 1), apply_filters,
+        ).view(batch, steps + 1, -1)                                   # [B, k+1, V]
+        accept_lengths, next_tokens = self.accept_fn(
+            target_probs, draft_probs, draft_tokens, state.verify.uniforms[:batch],
+            state.verify.residual_noise[:batch])                       # [B], [B]
+
+        if self.speculative_algorithm == "EAGLE":
+            self._draft_extend(state, slot_index, positions, out.hidden, accept_lengths, next_tokens, key_length)
+
+        # commit: m += a + 1; the rejected tail is forgotten, not erased
+        self.seq_lens[slot_index] = seq_lens + accept_lengths + 1
+        self.prev_tokens[slot_index] = verify_ids.gather(1, accept_lengths.unsqueeze(-1)).squeeze(-1)
+        self.last_tokens[slot_index] = next_tokens
+
+        accept_list = accept_lengths.tolist()  # the round's one host sync
+        draft_list = draft_tokens.tolist()
+        next_list = next_tokens.tolist()
+        new_tokens = []
+        for row, slot in enumerate(slots):
+            accepted = accept_list[row]
+            self.host_seq_lens[slot] += accepted + 1
+            new_tokens.append(draft_list[row][:accepted] + [next_list[row]])
+        if self.controller is not None and self.speculative_algorithm is not None:
+            self.controller.on_verify_complete(accept_list)  # a switch applies from the next round
+        return RoundResult(new_tokens, accept_list, steps)
+
+    def _draw_noise(self, state, slots: Sequence[int]) -> None:
+        """Fill this round's random draws from each sampling request's own generator (ones for greedy)."""
+        steps = state.speculative_num_steps
+        draft, verify = state.draft, state.verify
+        sampling_rows = [(row, self.generators[s]) for row, s in enumerate(slots) if not self.params[s].greedy]
+        if not sampling_rows and not draft.noise_dirty:
+            return
+        batch = len(slots)
+        draft.draft_noise[:batch].fill_(1.0)
+        verify.residual_noise[:batch].fill_(1.0)
+        for row, generator in sampling_rows:
+            if steps:
+                draft.draft_noise[row].exponential_(generator=generator)
+                verify.uniforms[row].uniform_(generator=generator)
+            verify.residual_noise[row].exponential_(generator=generator)
+        draft.noise_dirty = bool(sampling_rows)
+
+    def _sample_draft(self, state, step: int, logits, temperature, top_k, top_p, apply_filters) -> torch.Tensor:
+        """Draw draft token ``step`` from draft logits [B, Vd]; record it and its law in target vocabulary."""
+        batch = logits.shape[0]
+        draft_law = logits_to_probs(logits, temperature, top_k, top_p, apply_filters)  # [B, Vd]
+        draft_ids = sample_from_probs(draft_law, state.draft.draft_noise[:batch, step])  # [B] draft vocab
+        if self.token_map is None:
+            state.draft.draft_probs[:batch, step] = draft_law
+            tokens = draft_ids
+        else:
+            # columns outside the map stay 0 forever (zeroed at set-up)
+            state.draft.draft_probs[:batch, step].index_copy_(-1, self.token_map, draft_law)
+            tokens = self.token_map[draft_ids]
+        state.draft.draft_tokens[:batch, step] = tokens
+        return tokens
+
+    def _draft_eagle(self, state, slot_index, seq_lens, key_length, temperature, top_k, top_p, apply_filters):
+        steps = state.speculative_num_steps
+        logits = self.next_draft_logits[slot_index]  # [B, Vd] head output at m-2: the law of d_1
+        hidden = self.next_draft_hidden[slot_index]  # [B, H]
+        for step in range(steps):
+            tokens = self._sample_draft(state, step, logits, temperature, top_k, top_p, apply_filters)
+            if step + 1 < steps:
+                # head position m-1+step consumes (d_{step+1}, its own previous hidden)
+                positions = (seq_lens - 1 + step).unsqueeze(-1)  # [B, 1]
+                out = self.draft(tokens.unsqueeze(-1), hidden.unsqueeze(1), positions, self.draft_cache, slot_index,
+                                 key_length=key_length)
+                logits, hidden = out.logits[:, 0], out.hidden[:, 0]
+
+    def _draft_standalone(self, state, slot_index, seq_lens, key_length, temperature, top_k, top_p, apply_filters):
+        steps = state.speculative_num_steps
+        # step 1: [x_{m-2}, x_{m-1}] at m-2, m-1
+        input_ids = torch.stack((self.prev_tokens[slot_index], self.last_tokens[slot_index]), dim=-1)  # [B, 2]
+        positions = (seq_lens - 2).unsqueeze(-1) + torch.arange(2, device=self.device)                   # [B, 2]
+        out = self.draft(input_ids, positions, self.draft_cache, slot_index, key_length=key_length)
+        for step in range(steps):
+            tokens = self._sample_draft(state, step, out.logits[:, -1], temperature, top_k, top_p, apply_filters)
+            if step + 1 < steps:
+                positions = (seq_lens + step).unsqueeze(-1)  # d_{step+1} sits at m+step
+                out = self.draft(tokens.unsqueeze(-1), positions, self.draft_cache, slot_index, key_length=key_length)
+
+    def _draft_extend(self, state, slot_index, positions, target_hidden, accept_lengths, next_tokens, key_length):
+        """Head over [d_1..d_a, b] with target features f_{m-1}..f_{m+a-1}; keep its output at index a."""
+        batch, steps = positions.shape[0], state.speculative_num_steps
+        input_ids = state.draft_extend.input_ids[:batch]  # [B, k+1]
+        input_ids[:, :steps] = state.draft.draft_tokens[:batch]
+        input_ids.scatter_(1, accept_lengths.unsqueeze(-1), next_tokens.unsqueeze(-1))
+        out = self.draft(input_ids, target_hidden, positions, self.draft_cache, slot_index, key_length=key_length)
+        rows = torch.arange(batch, device=self.device)
+        self.next_draft_logits[slot_index] = out.logits[rows, accept_lengths]
+        self.next_draft_hidden[slot_index] = out.hidden[rows, accept_lengths]

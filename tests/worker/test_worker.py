@@ -1,0 +1,242 @@
+"""EAGLEWorker: greedy outputs equal target-only decoding for every tier, draft alignment, sampling law."""
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import (bigram_pair, random_eagle_head, random_target, reference_eagle_drafts, reference_greedy,
+                      run_to_completion)
+from specswap.sampling import SamplingParams, logits_to_probs, sample_from_probs
+from specswap.worker import EAGLEWorker
+
+PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [9, 9, 9, 9, 2]]
+MAX_NEW = 14
+
+
+def perturbed_copy(target, scale=0.02, seed=5):
+    copy = random_target(target.config.vocab_size, target.config.hidden_size, target.config.num_hidden_layers)
+    copy.load_state_dict(target.state_dict())
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in copy.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return copy.eval()
+
+
+def make_pair(name):
+    """(target, draft, speculative_algorithm) for the draft kinds the worker supports."""
+    if name == "eagle_random":
+        target = random_target()
+        return target, random_eagle_head(target), "EAGLE"
+    if name == "eagle_token_map":
+        target = random_target()
+        return target, random_eagle_head(target, token_map=list(range(1, 64, 3))), "EAGLE"
+    if name == "eagle_exact":  # accepts every draft
+        return (*bigram_pair(), "EAGLE")
+    if name == "eagle_partial":
+        return (*bigram_pair(head_noise=0.1), "EAGLE")
+    if name == "standalone_self":  # the target drafting for itself accepts everything
+        target = random_target()
+        return target, target, "STANDALONE"
+    if name == "standalone_copy":
+        target = random_target()
+        return target, perturbed_copy(target), "STANDALONE"
+    raise KeyError(name)
+
+
+PAIRS = ["eagle_random", "eagle_token_map", "eagle_exact", "eagle_partial", "standalone_self", "standalone_copy"]
+_pair_cache = {}
+
+
+def pair(name):
+    if name not in _pair_cache:
+        _pair_cache[name] = make_pair(name)
+    return _pair_cache[name]
+
+
+def target_only(target, prompts, max_new_tokens):
+    worker = EAGLEWorker(target, None, None, max_seq_len=64)
+    return run_to_completion(worker, prompts, max_new_tokens)[0]
+
+
+def test_target_only_matches_full_recompute_greedy():
+    target = random_target()
+    expected = [reference_greedy(target, p, MAX_NEW) for p in PROMPTS]
+    assert target_only(target, PROMPTS, MAX_NEW) == expected
+
+
+@pytest.mark.parametrize("name", PAIRS)
+@pytest.mark.parametrize("steps", range(0, 8))
+def test_greedy_equals_target_only_for_every_tier(name, steps):
+    target, draft, algorithm = pair(name)
+    worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=steps, max_seq_len=64)
+    tokens, accepts, _ = run_to_completion(worker, PROMPTS, MAX_NEW)
+    assert tokens == target_only(target, PROMPTS, MAX_NEW)
+    flat = list(itertools.chain(*accepts))
+    assert all(0 <= a <= steps for a in flat)
+    if name in ("eagle_exact", "standalone_self"):
+        # every draft accepted: each round but a truncated last one takes k + 1 tokens
+        assert all(a == steps for a in flat)
+    if name == "eagle_partial" and steps >= 3:
+        assert 0 < sum(flat) < steps * len(flat)
+
+
+@pytest.mark.parametrize("name", ["eagle_random", "eagle_token_map", "eagle_partial"])
+def test_eagle_drafts_follow_the_alignment(name):
+    """Each round's drafts equal a from-scratch recompute of the head over the committed tokens."""
+    target, head, _ = pair(name)
+    steps = 4
+    worker = EAGLEWorker(target, head, "EAGLE", speculative_num_steps=steps, max_seq_len=64)
+    params = SamplingParams(max_new_tokens=MAX_NEW)
+    slots = list(range(len(PROMPTS)))
+    first = worker.prefill(slots, PROMPTS, [params] * len(PROMPTS))
+    committed = [list(p) + [token] for p, token in zip(PROMPTS, first)]
+    for _ in range(4):
+        expected = [reference_eagle_drafts(target, head, c, steps) for c in committed]
+        result = worker.decode_round(slots)
+        assert worker.state.draft.draft_tokens[:len(slots)].tolist() == expected
+        for c, new in zip(committed, result.new_tokens):
+            c.extend(new)
+
+
+SWITCH_PAIRS = ["eagle_partial", "eagle_random", "standalone_self", "standalone_copy", "eagle_token_map"]
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(SWITCH_PAIRS),
+    prompts=st.lists(st.lists(st.integers(0, 63), min_size=1, max_size=12), min_size=1, max_size=4),
+    max_new_tokens=st.integers(1, 20),
+    pattern=st.lists(st.integers(0, 7), min_size=1, max_size=6),
+)
+def test_greedy_equals_target_only_under_any_switch_pattern(name, prompts, max_new_tokens, pattern):
+    target, draft, algorithm = pair(name)
+    worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=pattern[0], max_seq_len=40,
+                         tiers=range(8))
+    tiers = {k: worker._build_tier(k) for k in set(pattern)}
+    switched = []
+
+    def switch(round_index):
+        steps = pattern[round_index % len(pattern)]
+        switched.append(steps)
+        return steps
+
+    worker._build_tier = tiers.__getitem__
+    tokens, _, used = run_to_completion(worker, prompts, max_new_tokens, switch=switch)
+    assert used == switched
+    assert tokens == target_only(target, prompts, max_new_tokens)
+
+
+def test_caches_are_sized_for_the_largest_tier():
+    target, draft, _ = pair("standalone_self")
+    worker = EAGLEWorker(target, draft, "STANDALONE", speculative_num_steps=1, max_seq_len=24, tiers=(1, 3, 7))
+    assert worker.target_cache.capacity >= 24 + 7 and worker.draft_cache.capacity >= 24 + 7
+    with pytest.raises(ValueError, match="tier 9 exceeds the largest tier 7"):
+        worker.build_adaptive_runtime_state(9, 10)
+    # fill to the last position at tier 7: verify writes reach max_seq_len + 6
+    prompt = list(range(20))
+    state7 = worker.build_adaptive_runtime_state(7, 8)
+    worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=4)])
+    worker.apply_runtime_state(state7)
+    while worker.host_seq_lens[0] < 24:
+        worker.decode_round([0])
+
+
+def test_bad_worker_arguments_are_named():
+    target = random_target()
+    with pytest.raises(ValueError, match="'MEDUSA'"):
+        EAGLEWorker(target, None, "MEDUSA")
+    with pytest.raises(ValueError, match="needs a draft model"):
+        EAGLEWorker(target, None, "EAGLE")
+    worker = EAGLEWorker(target, None, None, max_seq_len=16)
+    with pytest.raises(ValueError, match="prompt of 0 tokens"):
+        worker.check_prompt([])
+    with pytest.raises(ValueError, match="prompt of 16 tokens"):
+        worker.check_prompt(list(range(16)))
+    with pytest.raises(ValueError, match=r"\[64\]"):
+        worker.prefill([0], [[1, 64]], [SamplingParams()])
+
+
+# ---- sampling: the emitted sequences follow the target's law --------------------------------------
+
+VOCAB = 6
+PROMPT = [1, 4, 2]
+NUM_NEW = 3
+
+
+def chi_square_pvalue(counts, probs):
+    from test_sampling import chi_square_pvalue as pvalue
+    return pvalue(counts, probs)
+
+
+def exact_law(target, params):
+    """P(t_1..t_3 | prompt) for every continuation, by enumeration: [V ** 3]."""
+    continuations = torch.tensor(list(itertools.product(range(VOCAB), repeat=NUM_NEW)))  # [C, 3]
+    count = continuations.shape[0]
+    inputs = torch.cat((torch.tensor(PROMPT).expand(count, -1), continuations), dim=1)  # [C, P+3]
+    cache = target.make_cache(count, inputs.shape[1])
+    with torch.no_grad():
+        logits = target(inputs, torch.arange(inputs.shape[1]).expand(count, -1), cache, torch.arange(count)).logits
+    n = len(PROMPT)
+    law = torch.ones(count, dtype=torch.float64)
+    for i in range(NUM_NEW):
+        step_logits = logits[:, n - 1 + i]
+        probs = logits_to_probs(
+            step_logits, torch.full((count,), params.temperature), torch.full((count,), params.top_k),
+            torch.full((count,), params.top_p))
+        law *= probs.gather(1, continuations[:, i:i + 1]).squeeze(1).double()
+    return law
+
+
+def sample_continuations(worker, params, num_samples, seed):
+    counts = torch.zeros(VOCAB ** NUM_NEW, dtype=torch.long)
+    slots = list(range(worker.max_batch_size))
+    base = torch.Generator().manual_seed(seed)
+    for _ in range(num_samples // len(slots)):
+        generators = [torch.Generator().manual_seed(int(torch.randint(0, 2 ** 62, (1,), generator=base)))
+                      for _ in slots]
+        first = worker.prefill(slots, [PROMPT] * len(slots), [params] * len(slots), generators)
+        outputs = [[token] for token in first]
+        while any(len(o) < NUM_NEW for o in outputs):
+            running = [s for s in slots if len(outputs[s]) < NUM_NEW]
+            result = worker.decode_round(running)
+            for slot, new in zip(running, result.new_tokens):
+                outputs[slot].extend(new)
+        for o in outputs:
+            a, b, c = o[:NUM_NEW]
+            counts[(a * VOCAB + b) * VOCAB + c] += 1
+    return counts
+
+
+def _accept_always(target_probs, draft_probs, draft_tokens, uniforms, noise):
+    """A biased verifier: takes every draft, then the bonus token from the target."""
+    batch, steps = draft_tokens.shape
+    return torch.full((batch,), steps), sample_from_probs(target_probs[:, steps], noise)
+
+
+@pytest.mark.parametrize("algorithm,params,biased", [
+    ("STANDALONE", SamplingParams(max_new_tokens=3, temperature=1.0), False),
+    ("STANDALONE", SamplingParams(max_new_tokens=3, temperature=1.0), True),
+    ("EAGLE", SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), False),
+    ("EAGLE", SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), True),
+])
+def test_sampled_continuations_follow_the_target_law(algorithm, params, biased):
+    # sharp, clearly different target and draft laws so that a biased verifier shows
+    target = random_target(VOCAB, 16, num_layers=1, seed=3, logit_scale=4.0)
+    if algorithm == "STANDALONE":
+        draft = random_target(VOCAB, 16, num_layers=1, seed=4, logit_scale=4.0)
+    else:
+        draft = random_eagle_head(target, seed=4, token_map=[0, 2, 3, 5])
+    worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=2, max_batch_size=8, max_seq_len=16)
+    if biased:
+        worker.accept_fn = _accept_always
+    counts = sample_continuations(worker, params, num_samples=4000, seed=11)
+    pvalue = chi_square_pvalue(counts, exact_law(target, params))
+    print(f"{algorithm} biased={biased} chi-square p-value {pvalue:.3g}")
+    if biased:
+        assert pvalue < 1e-4, pvalue
+    else:
+        assert pvalue > 1e-3, pvalue
