@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import (bigram_pair, random_eagle_head, random_target, reference_eagle_drafts, reference_greedy,
+from spec_helpers import (bigram_pair, random_eagle_head, random_target, reference_eagle_drafts, reference_greedy,
                       run_to_completion)
 from specswap.sampling import SamplingParams, logits_to_probs, sample_from_probs
 from specswap.worker import EAGLEWorker

@@ -1,0 +1,380 @@
+"""The engine: requests in, tokens out, with continuous batching over a speculative worker.
+
+A request waits in a FIFO queue until a cache slot is free, joins the running
+batch with a prefill, takes part in one decode round per ``step()``, and leaves
+when it hits EOS, a stop string, its token budget or ``abort()``. Requests
+never share randomness: each has its own seeded generator. The engine owns the
+adaptive controller (when enabled) and never imports a server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from specswap.sampling import SamplingParams
+from specswap.worker import SPECULATIVE_ALGORITHMS, EAGLEWorker
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DEFAULT_MAX_SEQ_LEN = 2048
+
+
+@dataclass
+class RequestOutput:
+    """A request's state as the engine reports it; ``finish_reason`` is None while it runs."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]                  # generated tokens only (an EOS that ended the request included)
+    text: str                             # decoded tokens, cut before a matched stop string
+    finish_reason: str | None             # "length" | "stop" | "abort" | None
+    num_verify_rounds: int
+    accept_lengths: list[int]             # accepted draft tokens per verify round, bonus excluded
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class _Request:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int                       # max_new_tokens capped by what fits in max_seq_len
+    generator: torch.Generator | None
+    slot: int | None = None
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    accept_lengths: list[int] = field(default_factory=list)
+    stop_string_hit: bool = False         # text was cut at a stop string
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True when /proc/cpuinfo lists avx512_bf16 or AMX (bf16 matmuls run natively)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
+    """"auto": bf16 on accelerators and on CPUs with fast bf16, else fp32."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; valid: 'auto', {', '.join(map(repr, DTYPES))}")
+        return dtype
+    if dtype == "auto":
+        if torch.device(device).type != "cpu":
+            return torch.bfloat16
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; valid: 'auto', {', '.join(map(repr, DTYPES))}")
+    return DTYPES[dtype]
+
+
+def resolve_checkpoint(name: str | Path) -> Path:
+    """A checkpoint directory, or the shipped model a zoo name refers to."""
+    path = Path(name)
+    if path.is_dir():
+        return path
+    try:
+        from specswap import zoo
+        zoo_path = getattr(zoo, "path", None)
+    except ImportError:
+        zoo_path = None
+    if zoo_path is None:
+        raise ValueError(f"model {str(name)!r} is not a checkpoint directory (and the model zoo is not available)")
+    try:
+        return Path(zoo_path(str(name)))
+    except (KeyError, ValueError, FileNotFoundError) as error:
+        raise ValueError(f"model {str(name)!r} is neither a checkpoint directory nor a zoo model: {error}") from error
+
+
+class Engine:
+    """Serve generate() / add_request()+step() over one target, with EAGLE, standalone or no speculation.
+
+    ``model``: a checkpoint directory, a zoo name ("tiny"), or a LlamaForCausalLM already built (then
+    ``draft`` must be a built model too and ``tokenizer`` may be given; ``dtype``/``device`` are not
+    applied). With a zoo name and no ``draft``, "<name>-eagle" (EAGLE) or "<name>-draft" (STANDALONE)
+    is used. ``speculative_adaptive_config`` (path or dict) requires ``speculative_adaptive=True``.
+    """
+
+    def __init__(self, model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",
+                 speculative_num_steps: int = 3, speculative_adaptive: bool = False,
+                 speculative_adaptive_config: Any = None, device: str | torch.device = "cpu",
+                 dtype: str | torch.dtype = "auto", max_batch_size: int = 8, max_seq_len: int | None = None,
+                 tokenizer: Any = None):
+        if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+            raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
+                             f"valid: {SPECULATIVE_ALGORITHMS}")
+        if speculative_adaptive_config is not None and not speculative_adaptive:
+            raise ValueError("speculative_adaptive_config was given but speculative_adaptive is False; pass "
+                             "speculative_adaptive=True to use it (the config is never silently ignored)")
+        if speculative_adaptive and speculative_algorithm is None:
+            raise ValueError("speculative_adaptive=True needs a speculative_algorithm ('EAGLE' or 'STANDALONE'); "
+                             "got None")
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be an int >= 1; got {max_batch_size!r}")
+        target, draft, self.tokenizer = self._load(model, draft, speculative_algorithm, device, dtype, tokenizer)
+        if max_seq_len is None:
+            max_seq_len = min(target.config.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
+        self.speculative_algorithm = speculative_algorithm
+        self.max_seq_len = max_seq_len
+        self.max_batch_size = max_batch_size
+        self.target, self.draft = target, draft
+
+        self.controller = None
+        tiers: tuple[int, ...] = ()
+        adaptive_config = None
+        if speculative_adaptive:
+            from specswap.config import load_adaptive_config
+            adaptive_config = load_adaptive_config(speculative_adaptive_config)
+            tiers = tuple(adaptive_config.candidate_steps)
+        self.worker = EAGLEWorker(target, draft, speculative_algorithm, speculative_num_steps, max_batch_size,
+                                  max_seq_len, tiers=tiers)
+        if speculative_adaptive:
+            from specswap.controller import AdaptiveController
+            self.controller = AdaptiveController(self.worker, adaptive_config)
+            self.worker.controller = self.controller
+            self.controller.init_states()
+
+        eos = set(getattr(self.tokenizer, "eos_token_ids", None) or ()) or set(target.config.eos_token_id or ())
+        self.eos_token_ids = frozenset(eos)
+        self._ids = itertools.count()
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._free_slots = list(range(max_batch_size - 1, -1, -1))
+        self.finished: dict[int, RequestOutput] = {}  # finished, not yet collected by generate()
+        self._rounds_per_tier: Counter[int] = Counter()
+        self._accepted_total = 0
+        self._verified_total = 0
+        self._generated_tokens = 0
+        self._busy_seconds = 0.0
+
+    # ---- loading ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _load(model, draft, algorithm, device, dtype, tokenizer):
+        if isinstance(model, torch.nn.Module):
+            if algorithm is not None and not isinstance(draft, torch.nn.Module):
+                raise ValueError(f"with a built target model, speculative_algorithm {algorithm!r} needs a built "
+                                 f"draft model; got draft={draft!r}")
+            return model, draft, tokenizer
+        from specswap.models import load_draft_model, load_eagle_head, load_model, load_tokenizer
+
+        torch_dtype = resolve_dtype(dtype, device)
+        target_path = resolve_checkpoint(model)
+        if algorithm is not None and draft is None:
+            if Path(str(model)).is_dir():
+                raise ValueError(f"speculative_algorithm {algorithm!r} needs draft=<checkpoint directory>; "
+                                 f"only zoo models come with a default draft")
+            draft = f"{model}-eagle" if algorithm == "EAGLE" else f"{model}-draft"
+        target = load_model(target_path, dtype=torch_dtype, device=device)
+        if algorithm == "EAGLE":
+            draft = load_eagle_head(resolve_checkpoint(draft), target)
+        elif algorithm == "STANDALONE":
+            draft = load_draft_model(resolve_checkpoint(draft), target)
+        else:
+            draft = None
+        return target, draft, tokenizer or load_tokenizer(target_path)
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids for a prompt: a string is tokenized (with BOS when the tokenizer has one)."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("string prompts need a tokenizer; pass token ids or Engine(..., tokenizer=...)")
+            return self.tokenizer.encode(prompt, add_bos=self.tokenizer.bos_token_id is not None)
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                            for t in prompt):
+            raise ValueError(f"a prompt must be a string or a list of token ids; got {type(prompt).__name__}")
+        return list(prompt)
+
+    def _make_request(self, prompt, params: SamplingParams) -> _Request:
+        """Validate everything up front so that a bad request never reaches the running batch."""
+        prompt_ids = self.encode(prompt)
+        self.worker.check_prompt(prompt_ids)
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator(device=self.worker.device)
+            if params.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(params.seed)
+        max_tokens = min(params.max_new_tokens, self.max_seq_len - len(prompt_ids))
+        return _Request(next(self._ids), prompt_ids, params, max_tokens, generator)
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, **kwargs) -> int:
+        """Queue a request; returns its id. Sampling settings come as a SamplingParams or as keywords
+        (max_new_tokens, temperature, top_p, top_k, seed, stop)."""
+        if params is None:
+            params = SamplingParams(**kwargs)
+        elif kwargs:
+            raise ValueError(f"pass either params or sampling keywords, not both; got keywords {sorted(kwargs)}")
+        request = self._make_request(prompt, params)
+        self._waiting.append(request)
+        return request.request_id
+
+    def abort(self, request_id: int) -> bool:
+        """Stop a queued or running request (finish_reason "abort"); False if it is unknown or done."""
+        for request in self._waiting:
+            if request.request_id == request_id:
+                self._waiting.remove(request)
+                self._finish(request, "abort")
+                return True
+        for request in self._running:
+            if request.request_id == request_id:
+                self._finish(request, "abort")
+                self._running.remove(request)
+                return True
+        return False
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Admit waiting requests into free slots (prefill), run one decode round, retire finished ones.
+
+        Returns the outputs of every request that changed in this step.
+        """
+        start = time.perf_counter()
+        updated: list[_Request] = []
+        admitted = []
+        while self._waiting and self._free_slots:
+            request = self._waiting.popleft()
+            request.slot = self._free_slots.pop()
+            admitted.append(request)
+        if admitted:
+            first_tokens = self.worker.prefill([r.slot for r in admitted], [r.prompt_ids for r in admitted],
+                                               [r.params for r in admitted], [r.generator for r in admitted])
+            for request, token in zip(admitted, first_tokens):
+                self._running.append(request)
+                self._append(request, [token])
+                updated.append(request)
+        decoding = [r for r in self._running if r.finish_reason is None]
+        if decoding:
+            result = self.worker.decode_round([r.slot for r in decoding])
+            self._rounds_per_tier[result.speculative_num_steps] += 1
+            for request, tokens, accepted in zip(decoding, result.new_tokens, result.accept_lengths):
+                request.accept_lengths.append(accepted)
+                self._accepted_total += accepted
+                self._verified_total += 1
+                self._append(request, tokens)
+                if request not in updated:
+                    updated.append(request)
+        for request in [r for r in self._running if r.finish_reason is not None]:
+            self._running.remove(request)
+            self._free_slot(request)
+        self._busy_seconds += time.perf_counter() - start
+        return [self._output(r) for r in updated]
+
+    def _append(self, request: _Request, tokens: list[int]) -> None:
+        """Add a round's tokens, stopping at EOS, the token budget or a stop string."""
+        for token in tokens:
+            request.token_ids.append(token)
+            self._generated_tokens += 1
+            if token in self.eos_token_ids:
+                request.finish_reason = "stop"
+                break
+            if len(request.token_ids) >= request.max_tokens:
+                request.finish_reason = "length"
+                break
+        if request.params.stop and self.tokenizer is not None:
+            self._check_stop_strings(request, len(tokens))
+        if request.finish_reason is not None:
+            self._finish(request, request.finish_reason)
+
+    def _check_stop_strings(self, request: _Request, num_new: int) -> None:
+        text = self.tokenizer.decode(request.token_ids)
+        hits = [(text.find(s), s) for s in request.params.stop if s in text]
+        if not hits:
+            return
+        cut, _ = min(hits)
+        # keep the shortest token prefix whose text reaches the stop string
+        for keep in range(max(len(request.token_ids) - num_new, 0), len(request.token_ids) + 1):
+            prefix_text = self.tokenizer.decode(request.token_ids[:keep])
+            if any(s in prefix_text for s in request.params.stop):
+                del request.token_ids[keep:]
+                break
+        request.finish_reason = "stop"
+        request.stop_string_hit = True
+        request.text = text[:cut]
+
+    def _finish(self, request: _Request, reason: str) -> None:
+        request.finish_reason = reason
+        if self.tokenizer is not None and not request.stop_string_hit:
+            request.text = self.tokenizer.decode(request.token_ids)
+        if request.slot is not None and reason == "abort":
+            self._free_slot(request)
+        self.finished[request.request_id] = self._output(request)
+
+    def _free_slot(self, request: _Request) -> None:
+        if request.slot is not None:
+            self.worker.release(request.slot)
+            self._free_slots.append(request.slot)
+            request.slot = None
+
+    def _output(self, request: _Request) -> RequestOutput:
+        text = request.text
+        if request.finish_reason is None and self.tokenizer is not None:
+            text = self.tokenizer.decode(request.token_ids)
+        return RequestOutput(request.request_id, list(request.prompt_ids), list(request.token_ids), text,
+                             request.finish_reason, len(request.accept_lengths), list(request.accept_lengths))
+
+    # ---- convenience -----------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[str | Sequence[int]] | str, max_new_tokens: int = 16,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 stop: str | Sequence[str] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt (one result each, in order). Prompt i is seeded with seed + i.
+
+        All prompts and settings are validated before any is queued.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        requests = []
+        for index, prompt in enumerate(prompts):
+            params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                    top_k=top_k, seed=None if seed is None else seed + index, stop=stop or ())
+            requests.append(self._make_request(prompt, params))
+        self._waiting.extend(requests)
+        wanted = [r.request_id for r in requests]
+        while any(rid not in self.finished for rid in wanted):
+            self.step()
+        return [self.finished.pop(rid) for rid in wanted]
+
+    def stats(self) -> dict[str, Any]:
+        """Tier, EMA, switches, rounds per tier, acceptance and throughput since start."""
+        stats: dict[str, Any] = {
+            "speculative_algorithm": self.speculative_algorithm,
+            "current_steps": self.worker.active_steps,
+            "adaptive": self.controller is not None,
+            "ema": None,
+            "num_switches": 0,
+            "rounds_per_tier": dict(sorted(self._rounds_per_tier.items())),
+            "num_verify_rounds": sum(self._rounds_per_tier.values()),
+            "mean_accept_length": self._accepted_total / self._verified_total if self._verified_total else 0.0,
+            "generated_tokens": self._generated_tokens,
+            "busy_seconds": self._busy_seconds,
+            "tokens_per_second": self._generated_tokens / self._busy_seconds if self._busy_seconds else 0.0,
+            "running": len(self._running),
+            "waiting": len(self._waiting),
+        }
+        if self.controller is not None:
+            controller_stats = self.controller.stats()
+            stats["ema"] = controller_stats["ema"]
+            stats["num_switches"] = controller_stats["num_switches"]
+            stats["tiers"] = controller_stats["tiers"]
+        return stats

@@ -1,0 +1,196 @@
+"""Engine: greedy identity through continuous batching and adaptive switching, bad input, stops, abort."""
+
+import pytest
+import torch
+
+from engine_helpers import CharTokenizer, bigram_pair, random_eagle_head, random_target
+from specswap.engine import Engine, resolve_dtype
+from specswap.sampling import SamplingParams
+
+PROMPTS = [[2, 3, 4], [5, 6, 7, 8, 9, 10, 11, 12], [40], [9, 9, 9, 9, 2], [33, 17], [60, 61, 62, 63, 2, 3]]
+FORCED = {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1}
+
+_models = {}
+
+
+def models():
+    if not _models:
+        _models["target"], _models["head"] = bigram_pair(head_noise=0.2)
+        _models["random_head"] = random_eagle_head(_models["target"], seed=7)
+    return _models["target"], _models["head"], _models["random_head"]
+
+
+def engine(algorithm="EAGLE", draft=None, **kwargs):
+    target, head, _ = models()
+    kwargs.setdefault("max_seq_len", 48)
+    kwargs.setdefault("tokenizer", CharTokenizer())
+    if algorithm == "EAGLE" and draft is None:
+        draft = head
+    if algorithm == "STANDALONE" and draft is None:
+        draft = target
+    return Engine(target, draft if algorithm else None, algorithm, **kwargs)
+
+
+def target_only_tokens(prompts, max_new_tokens, **kwargs):
+    return [r.token_ids for r in engine(None, **kwargs).generate(prompts, max_new_tokens)]
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "STANDALONE"])
+@pytest.mark.parametrize("steps", [1, 2, 3, 5, 7])
+def test_greedy_identity_with_queueing_and_continuous_batching(algorithm, steps):
+    # 6 prompts of different lengths through 4 slots: requests join and leave between rounds
+    results = engine(algorithm, speculative_num_steps=steps, max_batch_size=4).generate(PROMPTS, 17)
+    assert [r.token_ids for r in results] == target_only_tokens(PROMPTS, 17)
+    assert all(r.finish_reason == "length" and len(r.token_ids) == 17 for r in results)
+    assert all(len(r.accept_lengths) == r.num_verify_rounds >= 1 for r in results)
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 3])
+def test_greedy_identity_while_the_controller_switches_tiers(max_batch_size):
+    # a head that accepts a varying part: with alpha 1 and no warmup the tier moves between 1, 3 and 7
+    target, head = bigram_pair(head_noise=0.1)
+    eng = Engine(target, head, "EAGLE", speculative_adaptive=True, speculative_adaptive_config=FORCED,
+                 max_batch_size=max_batch_size, max_seq_len=48)
+    results = eng.generate(PROMPTS, 24)
+    reference = Engine(target, None, None, max_seq_len=48).generate(PROMPTS, 24)
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    stats = eng.stats()
+    assert stats["num_switches"] >= 4, stats
+    assert len(stats["rounds_per_tier"]) >= 2, stats
+
+
+def test_greedy_identity_with_a_random_head_and_adaptive_down_to_one():
+    _, _, random_head = models()
+    eng = engine("EAGLE", draft=random_head, speculative_num_steps=7, speculative_adaptive=True,
+                 speculative_adaptive_config=FORCED)
+    results = eng.generate(PROMPTS, 12)
+    assert [r.token_ids for r in results] == target_only_tokens(PROMPTS, 12)
+    assert eng.stats()["current_steps"] == 1  # nothing accepted: the policy settles on the lowest tier
+
+
+def test_adaptive_config_without_the_flag_is_an_error():
+    with pytest.raises(ValueError, match="speculative_adaptive=True"):
+        engine("EAGLE", speculative_adaptive_config={"ema_alpha": 0.5})
+    with pytest.raises(ValueError, match="needs a speculative_algorithm"):
+        engine(None, speculative_adaptive=True)
+    with pytest.raises(ValueError, match="unknown adaptive config key 'ema_alpah'"):
+        engine("EAGLE", speculative_adaptive=True, speculative_adaptive_config={"ema_alpah": 0.5})
+    with pytest.raises(ValueError, match="'NGRAMS'"):
+        engine("NGRAMS")
+
+
+def test_caches_cover_every_candidate_tier_not_just_the_active_one():
+    eng = engine("STANDALONE", speculative_num_steps=1, speculative_adaptive=True,
+                 speculative_adaptive_config={**FORCED, "candidate_steps": [1, 3, 7]}, max_seq_len=30)
+    assert eng.worker.target_cache.capacity >= 30 + 7
+    # the self-draft accepts everything: the tier climbs 1 -> 3 -> 7 and runs to the end of the cache
+    results = eng.generate([[2, 3]], 28)
+    assert results[0].token_ids == target_only_tokens([[2, 3]], 28, max_seq_len=30)[0]
+    assert eng.stats()["current_steps"] == 7
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(prompts=[[]]), "prompt of 0 tokens"),
+    (dict(prompts=[list(range(2, 50))]), "prompt of 48 tokens does not fit"),
+    (dict(max_new_tokens=0), "max_new_tokens must be >= 1, got 0"),
+    (dict(max_new_tokens=-3), "max_new_tokens must be >= 1, got -3"),
+    (dict(temperature=-1.0), "temperature .* got -1.0"),
+    (dict(top_p=0.0), "top_p must be in \\(0, 1\\], got 0.0"),
+    (dict(top_p=1.5), "top_p must be in \\(0, 1\\], got 1.5"),
+    (dict(prompts=[[2, 3], [2, 99]]), "outside the vocabulary"),
+    (dict(prompts=[3.5]), "must be a string or a list of token ids"),
+])
+def test_bad_input_is_rejected_by_name_without_disturbing_running_requests(bad, match):
+    eng = engine("EAGLE", speculative_num_steps=3)
+    running = eng.add_request([5, 6, 7], max_new_tokens=12)
+    eng.step()
+    kwargs = dict(prompts=[[2, 3]], max_new_tokens=5)
+    kwargs.update(bad)
+    with pytest.raises(ValueError, match=match):
+        eng.generate(kwargs.pop("prompts"), **kwargs)
+    assert eng.stats()["waiting"] == 0  # nothing of the bad call was queued
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.finished[running].token_ids == target_only_tokens([[5, 6, 7]], 12)[0]
+
+
+def test_empty_string_prompt_starts_from_bos():
+    result = engine("EAGLE").generate([""], 5)[0]
+    assert result.prompt_token_ids == [0] and len(result.token_ids) == 5
+
+
+def test_budget_is_capped_by_max_seq_len():
+    result = engine("EAGLE", max_seq_len=20).generate([list(range(2, 17))], 50)[0]
+    assert len(result.token_ids) == 20 - 15 and result.finish_reason == "length"
+
+
+def test_eos_stops_like_transformers_and_stays_identical():
+    reference = target_only_tokens([PROMPTS[1]], 20)[0]
+    eos = reference[6]
+    first = reference.index(eos)
+    tokenizer = CharTokenizer()
+    tokenizer.eos_token_ids = {eos}
+    for algorithm in (None, "EAGLE", "STANDALONE"):
+        result = engine(algorithm, tokenizer=tokenizer).generate([PROMPTS[1]], 20)[0]
+        assert result.finish_reason == "stop"
+        assert result.token_ids == reference[:first + 1]  # EOS included, nothing after it
+
+
+def test_stop_string_cuts_text_and_tokens():
+    reference = engine(None).generate([PROMPTS[0]], 20)[0]
+    stop = reference.text[5:7]
+    cut = reference.text.index(stop)
+    for algorithm in (None, "EAGLE"):
+        result = engine(algorithm, speculative_num_steps=7).generate([PROMPTS[0]], 20, stop=[stop])[0]
+        assert result.finish_reason == "stop"
+        assert result.text == reference.text[:cut]
+        assert CharTokenizer().decode(result.token_ids).endswith(stop) or stop in CharTokenizer().decode(
+            result.token_ids)
+        assert result.token_ids == reference.token_ids[:len(result.token_ids)]
+
+
+def test_abort_frees_the_slot_and_leaves_others_alone():
+    eng = engine("EAGLE", max_batch_size=2)
+    keep = eng.add_request([5, 6, 7], max_new_tokens=15)
+    drop = eng.add_request([2, 3], max_new_tokens=15)
+    queued = eng.add_request([33, 17], max_new_tokens=15)
+    eng.step()
+    assert eng.abort(drop) and not eng.abort(drop) and not eng.abort(12345)
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.finished[drop].finish_reason == "abort"
+    expected = target_only_tokens([[5, 6, 7], [33, 17]], 15)
+    assert [eng.finished[keep].token_ids, eng.finished[queued].token_ids] == expected
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_batch_companions():
+    eng = engine("EAGLE", speculative_num_steps=3)
+    alone = eng.generate([[5, 6, 7]], 20, temperature=1.0, top_k=10, seed=123)[0].token_ids
+    again = eng.generate([[5, 6, 7]], 20, temperature=1.0, top_k=10, seed=123)[0].token_ids
+    # same seed, now next to a greedy request and a different sampling request
+    eng.add_request([2, 3, 4], max_new_tokens=20)
+    eng.add_request([9, 9], max_new_tokens=20, temperature=0.7, seed=5)
+    crowded = eng.generate([[5, 6, 7]], 20, temperature=1.0, top_k=10, seed=123)[0].token_ids
+    other = eng.generate([[5, 6, 7]], 20, temperature=1.0, top_k=10, seed=124)[0].token_ids
+    assert alone == again == crowded
+    assert other != alone
+
+
+def test_step_reports_progress_and_stats():
+    eng = engine("EAGLE", speculative_num_steps=2)
+    request_id = eng.add_request([5, 6, 7], SamplingParams(max_new_tokens=6))
+    outputs = eng.step()
+    assert outputs[0].request_id == request_id and outputs[0].finish_reason is None
+    while eng.has_unfinished():
+        eng.step()
+    stats = eng.stats()
+    assert stats["current_steps"] == 2 and stats["rounds_per_tier"] == {2: eng.finished[request_id].num_verify_rounds}
+    assert stats["generated_tokens"] == 6 and stats["tokens_per_second"] > 0
+    assert 0 <= stats["mean_accept_length"] <= 2
+
+
+def test_dtype_resolution():
+    assert resolve_dtype("float32", "cpu") == torch.float32
+    assert resolve_dtype("auto", "cpu") in (torch.float32, torch.bfloat16)
+    with pytest.raises(ValueError, match="'float16' is not supported"):
+        resolve_dtype("float16", "cpu")
