@@ -147,7 +147,8 @@ class Gemma3Config:
                 FULL_ATTENTION: {"rope_type": "default", "rope_theta": self.rope_global.theta},
                 SLIDING_ATTENTION: {"rope_type": "default", "rope_theta": self.rope_local.theta},
             },
-            "query_pre_attn_scalar": self.query_pre_attn_scalar,
+            "query_pre_attn_scalar": (int(self.query_pre_attn_scalar) if self.query_pre_attn_scalar.is_integer()
+                                      else self.query_pre_attn_scalar),  # transformers insists on an int
             "final_logit_softcapping": self.final_logit_softcapping,
             "attn_logit_softcapping": None,
             "tie_word_embeddings": self.tie_word_embeddings,

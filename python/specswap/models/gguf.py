@@ -120,7 +120,8 @@ def gemma3_config_from_gguf(reader, source: str) -> dict[str, Any]:
     value_dim = int(gguf_field(reader, f"{arch}.attention.value_length", head_dim))
     if value_dim != head_dim:
         raise CheckpointError(f"{source}: key_length {head_dim} != value_length {value_dim} is not supported")
-    pattern = int(gguf_field(reader, f"{arch}.attention.sliding_window_pattern", DEFAULT_SLIDING_WINDOW_PATTERN))
+    # an int period (every n-th layer global) or, in newer files, one bool per layer (True = sliding)
+    pattern = gguf_field(reader, f"{arch}.attention.sliding_window_pattern", DEFAULT_SLIDING_WINDOW_PATTERN)
     vocab = gguf_field(reader, "tokenizer.ggml.tokens")
     eos_ids = [int(gguf_field(reader, "tokenizer.ggml.eos_token_id", 1))]
     if "<end_of_turn>" in vocab:  # the reference generation_config stops on it too
@@ -136,10 +137,12 @@ def gemma3_config_from_gguf(reader, source: str) -> dict[str, Any]:
         "head_dim": head_dim,
         "rms_norm_eps": float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         "sliding_window": int(gguf_field(reader, f"{arch}.attention.sliding_window")),
-        "sliding_window_pattern": pattern,
+        **({"layer_types": ["sliding_attention" if sliding else "full_attention" for sliding in pattern]}
+           if isinstance(pattern, list) else {"sliding_window_pattern": int(pattern)}),
         "rope_theta": float(gguf_field(reader, f"{arch}.rope.freq_base")),
-        "rope_local_base_freq": float(gguf_field(reader, f"{arch}.rope.local.freq_base", DEFAULT_LOCAL_ROPE_THETA)),
-        "query_pre_attn_scalar": head_dim,
+        "rope_local_base_freq": float(gguf_field(reader, f"{arch}.rope.freq_base_swa", DEFAULT_LOCAL_ROPE_THETA)),
+        # llama.cpp's rule for the released Gemma 3 sizes below 27B (transformers' loader assumes 256)
+        "query_pre_attn_scalar": _query_pre_attn_scalar(reader, arch, head_dim),
         "final_logit_softcapping": gguf_field(reader, f"{arch}.final_logit_softcapping", None),
         "max_position_embeddings": int(gguf_field(reader, f"{arch}.context_length")),
         "tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors),
@@ -151,6 +154,14 @@ def gemma3_config_from_gguf(reader, source: str) -> dict[str, Any]:
         raw["rope_scaling"] = {"rope_type": gguf_field(reader, f"{arch}.rope.scaling.type"),
                                "factor": gguf_field(reader, f"{arch}.rope.scaling.factor", 1.0)}
     return Gemma3Config.from_dict(raw, source).to_hf_dict()
+
+
+def _query_pre_attn_scalar(reader, arch: str, head_dim: int) -> float:
+    scale = gguf_field(reader, f"{arch}.attention.scale", None)  # 1 / sqrt(query_pre_attn_scalar) when written
+    if scale is None:
+        return head_dim
+    scalar = 1.0 / float(scale) ** 2
+    return round(scalar) if abs(scalar - round(scalar)) < 1e-3 else scalar
 
 
 GEMMA3_TOP_LEVEL_NAMES = {
