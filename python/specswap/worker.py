@@ -148,7 +148,8 @@ class EAGLEWorker:
         self.controller = None  # an AdaptiveController, set by whoever owns one
         self.accept_fn: Callable = accept_draft_tokens
         self.state: TierState | Any = None
-        self.apply_runtime_state(self._build_tier(speculative_num_steps))
+        self._tiers: dict[int, TierState] = {}  # built once per tier, shared by the state the controller keeps
+        self.apply_runtime_state(self._tier(speculative_num_steps))
 
     # ---- AdaptiveSpecWorker protocol -------------------------------------------------------------
 
@@ -162,7 +163,7 @@ class EAGLEWorker:
         if speculative_num_steps > self.max_steps:
             raise ValueError(f"tier {speculative_num_steps} exceeds the largest tier {self.max_steps} the caches were "
                              f"sized for; pass it in tiers= when building the worker")
-        tier = self._build_tier(speculative_num_steps)
+        tier = self._tier(speculative_num_steps)
         return SpecRuntimeState(speculative_num_steps, speculative_num_draft_tokens, draft=tier.draft,
                                 verify=tier.verify, draft_extend=tier.draft_extend)
 
@@ -174,6 +175,12 @@ class EAGLEWorker:
     def active_steps(self) -> int:
         """The tier the next round runs."""
         return self.state.speculative_num_steps
+
+    def _tier(self, steps: int) -> TierState:
+        """The buffers of tier ``steps``, built on first use (the start-up tier is not built twice)."""
+        if steps not in self._tiers:
+            self._tiers[steps] = self._build_tier(steps)
+        return self._tiers[steps]
 
     def _build_tier(self, steps: int) -> TierState:
         batch, device = self.max_batch_size, self.device

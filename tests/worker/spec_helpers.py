@@ -44,7 +44,7 @@ def run_to_completion(worker: EAGLEWorker, prompts, max_new_tokens, params=None,
     running = [s for s in running if len(outputs[s]) < max_new_tokens]
     while running:
         if switch is not None:
-            worker.apply_runtime_state(worker._build_tier(switch(round_index)))
+            worker.apply_runtime_state(worker._tier(switch(round_index)))
         result = worker.decode_round(running)
         tiers.append(result.speculative_num_steps)
         for slot, new, accepted in zip(running, result.new_tokens, result.accept_lengths):

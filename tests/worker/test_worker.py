@@ -116,7 +116,6 @@ def test_greedy_equals_target_only_under_any_switch_pattern(name, prompts, max_n
     target, draft, algorithm = pair(name)
     worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=pattern[0], max_seq_len=40,
                          tiers=range(8))
-    tiers = {k: worker._build_tier(k) for k in set(pattern)}
     switched = []
 
     def switch(round_index):
@@ -124,7 +123,6 @@ def test_greedy_equals_target_only_under_any_switch_pattern(name, prompts, max_n
         switched.append(steps)
         return steps
 
-    worker._build_tier = tiers.__getitem__
     tokens, _, used = run_to_completion(worker, prompts, max_new_tokens, switch=switch)
     assert used == switched
     assert tokens == target_only(target, prompts, max_new_tokens)
@@ -143,6 +141,16 @@ def test_caches_are_sized_for_the_largest_tier():
     worker.apply_runtime_state(state7)
     while worker.host_seq_lens[0] < 24:
         worker.decode_round([0])
+
+
+def test_start_up_tier_is_built_once_and_shared_with_the_controller_state():
+    target, draft, _ = pair("eagle_partial")
+    worker = EAGLEWorker(target, draft, "EAGLE", speculative_num_steps=3, max_seq_len=24, tiers=(1, 3, 7))
+    state = worker.build_adaptive_runtime_state(3, 4)
+    assert state.draft is worker.state.draft and state.verify is worker.state.verify
+    assert worker.build_adaptive_runtime_state(7, 8).draft is not state.draft
+    with pytest.raises(ValueError, match="steps 3 with 5 draft tokens"):
+        worker.build_adaptive_runtime_state(3, 5)
 
 
 def test_bad_worker_arguments_are_named():
