@@ -1,6 +1,7 @@
 // Python bindings of the C++ core: the state pool, runtime states and the
 // adaptive policy. One file registers everything (specswap._C).
-#include <pybind11/pybind11.h>
+#include <torch/extension.h>
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -8,6 +9,7 @@
 
 #include "core/adaptive_params.h"
 #include "core/state_pool.h"
+#include "graph/graph_runner.h"
 
 namespace py = pybind11;
 
@@ -35,6 +37,8 @@ class PyObjectResource final : public StageResource {
 
 std::shared_ptr<const StageResource> wrap_stage(py::object object) {
   if (object.is_none()) return nullptr;
+  // A C++ graph runner is stored as itself, so a C++ loop can replay it.
+  if (py::isinstance<graph::GraphRunner>(object)) return object.cast<std::shared_ptr<graph::GraphRunner>>();
   return std::make_shared<PyObjectResource>(std::move(object));
 }
 
@@ -42,6 +46,9 @@ py::object unwrap_stage(const std::shared_ptr<const StageResource>& resource) {
   if (!resource) return py::none();
   if (auto* py_resource = dynamic_cast<const PyObjectResource*>(resource.get())) {
     return py_resource->object();
+  }
+  if (auto runner = std::dynamic_pointer_cast<const graph::GraphRunner>(resource)) {
+    return py::cast(std::const_pointer_cast<graph::GraphRunner>(runner));
   }
   // A C++-only resource (a graph runner built in C++): opaque to Python here.
   return py::str("<C++ stage resource>");
@@ -72,6 +79,7 @@ py::dict config_to_dict(const AdaptiveConfig& config) {
 
 PYBIND11_MODULE(_C, m) {
   using namespace specswap;
+  py::class_<StageResource, std::shared_ptr<StageResource>>(m, "StageResource");
   m.doc() = "specswap C++ core: state pool, atomic tier switch, adaptive policy";
 
   py::class_<RuntimeState, StatePtr>(m, "SpecRuntimeState",
@@ -190,4 +198,46 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("config", &AdaptiveSpeculativeParams::config);
 
   m.attr("MAX_STEPS") = AdaptiveConfig::kMaxSteps;
+
+  // --- graph capture and replay ---
+  py::class_<graph::GraphPool, std::shared_ptr<graph::GraphPool>>(m, "GraphPool",
+      "Memory shared by every graph runner of one model (the backend's graph pool where it has one).")
+      .def(py::init([](const c10::Device& device) { return graph::make_graph_pool(device); }), py::arg("device"))
+      .def_property_readonly("device", &graph::GraphPool::device)
+      .def("share", &graph::GraphPool::share, py::arg("tensor"),
+           "Mark a tensor's storage as shared (weights, KV caches): runners do not count it as theirs.")
+      .def("is_shared", &graph::GraphPool::is_shared, py::arg("tensor"));
+
+  py::class_<graph::GraphRunner, StageResource, std::shared_ptr<graph::GraphRunner>>(m, "GraphRunner",
+      "One captured stage of one tier at one batch bucket, with persistent buffers.")
+      .def(py::init([](const std::string& stage, int speculative_num_steps, int bucket,
+                       std::shared_ptr<graph::GraphPool> pool) {
+             return graph::make_graph_runner(graph::stage_from_name(stage), speculative_num_steps, bucket, pool);
+           }),
+           py::arg("stage"), py::arg("speculative_num_steps"), py::arg("bucket"), py::arg("pool"))
+      .def("capture", [](graph::GraphRunner& runner, py::function body) {
+             runner.capture([&body] { body(); });
+           }, py::arg("body"), "Run body once and record it (once per runner).")
+      .def("replay", &graph::GraphRunner::replay, py::call_guard<py::gil_scoped_release>())
+      .def("set_buffer", &graph::GraphRunner::set_buffer, py::arg("name"), py::arg("tensor"))
+      .def("buffer", &graph::GraphRunner::buffer, py::arg("name"))
+      .def("buffer_names", &graph::GraphRunner::buffer_names)
+      .def_property_readonly("backend", &graph::GraphRunner::backend)
+      .def_property_readonly("captured", &graph::GraphRunner::captured)
+      .def_property_readonly("stage", [](const graph::GraphRunner& r) { return graph::stage_name(r.stage()); })
+      .def_property_readonly("speculative_num_steps", &graph::GraphRunner::speculative_num_steps)
+      .def_property_readonly("bucket", &graph::GraphRunner::bucket)
+      .def_property_readonly("pool", &graph::GraphRunner::pool)
+      .def_property_readonly("capture_seconds", &graph::GraphRunner::capture_seconds)
+      .def("memory_bytes", &graph::GraphRunner::memory_bytes)
+      .def("begin_task_group", &graph::GraphRunner::begin_task_group,
+           "NPU: start a group of launches whose arguments change every round (inside capture).")
+      .def("end_task_group", &graph::GraphRunner::end_task_group, "NPU: end the group; returns its index.")
+      .def("update_task_group", [](graph::GraphRunner& runner, int group, py::function body) {
+             runner.update_task_group(group, [&body] { body(); });
+           }, py::arg("group"), py::arg("body"),
+           "NPU: re-issue a group's launches with this round's arguments before replay().");
+
+  m.def("graph_capture_count", &graph::capture_count, "Captures so far in this process, all backends.");
+  m.def("compiled_backends", &graph::compiled_backends, "Graph backends compiled into this build.");
 }

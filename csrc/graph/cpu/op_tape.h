@@ -1,0 +1,67 @@
+// CPU graphs: record the dispatcher-level operators a stage runs once, then
+// replay that tape from C++ without Python. Replay calls the very kernels
+// eager ran, so outputs are bit-identical; what it removes is Python's
+// per-op overhead, which dominates small models on the CPU.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <optional>
+#include <vector>
+
+namespace specswap::graph {
+
+class GraphPool;
+
+class OpTape {
+ public:
+  // Runs `body` with recording on. Only top-level operators are recorded
+  // (their internals re-dispatch normally at replay). Throws if the body
+  // needs a host value from a tensor (item(), a bool result), which a tape
+  // would freeze.
+  void record(const std::function<void()>& body);
+  void replay() const;
+
+  std::size_t num_ops() const noexcept { return entries_.size(); }
+  // Bytes of tensors the tape holds as constants, except shared ones and
+  // the storages in `exclude` (the runner's own buffers, counted elsewhere).
+  std::size_t constant_bytes(const GraphPool& pool, std::vector<const void*> exclude) const;
+
+  // Called by the dispatcher fallback while recording.
+  void on_operator(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+ private:
+  struct TensorRef {
+    int slot = -1;          // >= 0: produced by an earlier recorded op
+    at::Tensor constant;    // otherwise: a tensor that existed before (weights, buffers)
+  };
+  struct Arg {
+    enum class Kind { kConstant, kTensor, kTensorList, kOptionalTensorList } kind = Kind::kConstant;
+    c10::IValue constant;
+    TensorRef tensor;
+    std::vector<std::optional<TensorRef>> list;
+  };
+  struct Entry {
+    c10::OperatorHandle op;
+    std::vector<Arg> args;
+    std::vector<std::vector<int>> outputs;  // per return: slot(s) (a list return has several)
+    std::vector<bool> output_is_list;
+    std::vector<int> release_after;         // slots whose last use is this entry
+  };
+
+  TensorRef ref_for(const at::Tensor& tensor) const;
+  Arg arg_for(const c10::IValue& value) const;
+  int new_slot(const at::Tensor& tensor);
+  void finish();
+
+  std::vector<Entry> entries_;
+  int num_slots_ = 0;
+  std::size_t max_stack_ = 0;
+  // recording only: which slot holds the tensor with this TensorImpl
+  std::vector<std::pair<const void*, int>> slot_of_impl_;
+  std::vector<c10::IValue> keep_alive_;  // recorded values, so impl addresses stay unique while recording
+};
+
+}  // namespace specswap::graph

@@ -1,0 +1,119 @@
+// One captured stage (draft, verify or draft-extend) of one tier at one batch
+// bucket. Persistent input/output buffers are owned by the runner; a caller
+// copies inputs in, calls replay(), and reads the outputs. Capture happens
+// once, at start-up; capture_count() proves that nothing is captured later.
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/state_pool.h"
+
+namespace specswap::graph {
+
+enum class Stage : int { kDraft = 0, kVerify = 1, kDraftExtend = 2 };
+const char* stage_name(Stage stage);
+Stage stage_from_name(const std::string& name);
+
+// Every capture in the process, across backends.
+std::uint64_t capture_count() noexcept;
+
+// Memory shared by all runners of all tiers of one model (the backend's graph
+// memory pool, where it has one; on the CPU it only carries the device).
+class GraphPool {
+ public:
+  explicit GraphPool(c10::Device device);
+  virtual ~GraphPool() = default;
+  c10::Device device() const { return device_; }
+
+  // Storages that exist once for the whole model (weights, KV caches): a
+  // runner that reads them does not count their bytes as its own.
+  void share(const at::Tensor& tensor);
+  bool is_shared(const at::Tensor& tensor) const;
+
+ private:
+  c10::Device device_;
+  std::vector<const void*> shared_storages_;
+};
+
+class GraphRunner : public StageResource {
+ public:
+  GraphRunner(Stage stage, int speculative_num_steps, int bucket, std::shared_ptr<GraphPool> pool);
+  ~GraphRunner() override = default;
+
+  // Runs `body` once and records what it does. The body must read only the
+  // persistent buffers (or shared tensors) and write its results into the
+  // persistent output buffers. May be called once.
+  void capture(const std::function<void()>& body);
+  // Re-runs what was captured. Throws if nothing was captured.
+  void replay();
+
+  virtual const char* backend() const = 0;
+  bool captured() const noexcept { return captured_; }
+
+  // Task groups (Ascend NPU): inside capture(), wrap the launches whose
+  // arguments change every round (attention sequence lengths) in
+  // begin_task_group()/end_task_group(); before replay(), update_task_group()
+  // re-issues them with new arguments instead of re-capturing. Other backends
+  // read such arguments from persistent buffers and refuse these calls.
+  virtual void begin_task_group();
+  virtual int end_task_group();
+  virtual void update_task_group(int group, const std::function<void()>& body);
+
+  Stage stage() const noexcept { return stage_; }
+  int speculative_num_steps() const noexcept { return steps_; }
+  int bucket() const noexcept { return bucket_; }
+  const std::shared_ptr<GraphPool>& pool() const noexcept { return pool_; }
+
+  // Persistent buffers, by name. Set before capture; never replaced after.
+  void set_buffer(const std::string& name, at::Tensor tensor);
+  const at::Tensor& buffer(const std::string& name) const;
+  std::vector<std::string> buffer_names() const;
+
+  // Bytes this runner holds beyond the shared weights and caches: its
+  // buffers plus whatever the backend keeps for the captured work.
+  std::size_t memory_bytes() const;
+  double capture_seconds() const noexcept { return capture_seconds_; }
+
+ protected:
+  virtual void do_capture(const std::function<void()>& body) = 0;
+  virtual void do_replay() = 0;
+  virtual std::size_t backend_bytes() const { return 0; }
+
+ private:
+  Stage stage_;
+  int steps_;
+  int bucket_;
+  std::shared_ptr<GraphPool> pool_;
+  std::map<std::string, at::Tensor> buffers_;
+  bool captured_ = false;
+  double capture_seconds_ = 0.0;
+};
+
+// The one place that chooses the runner family from the device.
+std::shared_ptr<GraphPool> make_graph_pool(c10::Device device);
+std::shared_ptr<GraphRunner> make_graph_runner(Stage stage, int speculative_num_steps, int bucket,
+                                               const std::shared_ptr<GraphPool>& pool);
+// Backends compiled into this build, e.g. {"cpu", "cuda"}.
+std::vector<std::string> compiled_backends();
+
+// Backend constructors, defined by each backend's source (absent ones throw).
+std::shared_ptr<GraphRunner> make_cpu_runner(Stage, int, int, std::shared_ptr<GraphPool>);
+std::shared_ptr<GraphPool> make_cuda_pool(c10::Device device);
+std::shared_ptr<GraphRunner> make_cuda_runner(Stage, int, int, std::shared_ptr<GraphPool>);
+std::shared_ptr<GraphPool> make_npu_pool(c10::Device device);
+std::shared_ptr<GraphRunner> make_npu_runner(Stage, int, int, std::shared_ptr<GraphPool>);
+
+namespace detail {
+void note_capture() noexcept;
+}
+
+}  // namespace specswap::graph
