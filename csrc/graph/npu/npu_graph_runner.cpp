@@ -23,12 +23,12 @@ class NpuGraphPool final : public GraphPool {
         handle_(c10_npu::graph_pool_handle()),
         capture_stream_(c10_npu::getNPUStreamFromPool(device.index())),
         update_stream_(c10_npu::getNPUStreamFromPool(device.index())) {}
-  MempoolId_t handle() const { return handle_; }
+  c10_npu::MempoolId_t handle() const { return handle_; }
   c10_npu::NPUStream capture_stream() const { return capture_stream_; }
   c10_npu::NPUStream update_stream() const { return update_stream_; }
 
  private:
-  MempoolId_t handle_;
+  c10_npu::MempoolId_t handle_;
   c10_npu::NPUStream capture_stream_;
   c10_npu::NPUStream update_stream_;
 };
