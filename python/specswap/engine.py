@@ -100,7 +100,8 @@ def resolve_checkpoint(name: str | Path) -> Path:
 
 
 class Engine:
-    """Serve generate() / add_request()+step() over one target, with EAGLE, standalone or no speculation.
+    """Serve generate() / add_request()+step() over one target, with EAGLE, a standalone draft, NGRAM
+    (prompt lookup, no draft model) or no speculation.
 
     ``model``: a checkpoint directory, a zoo name ("tiny"), or a LlamaForCausalLM already built (then
     ``draft`` must be a built model too and ``tokenizer`` may be given; ``dtype``/``device`` are not
@@ -120,8 +121,8 @@ class Engine:
             raise ValueError("speculative_adaptive_config was given but speculative_adaptive is False; pass "
                              "speculative_adaptive=True to use it (the config is never silently ignored)")
         if speculative_adaptive and speculative_algorithm is None:
-            raise ValueError("speculative_adaptive=True needs a speculative_algorithm ('EAGLE' or 'STANDALONE'); "
-                             "got None")
+            raise ValueError("speculative_adaptive=True needs a speculative_algorithm ('EAGLE', 'STANDALONE' or "
+                             "'NGRAM'); got None")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an int >= 1; got {max_batch_size!r}")
         target, draft, self.tokenizer = self._load(model, draft, speculative_algorithm, device, dtype, tokenizer)
@@ -165,7 +166,7 @@ class Engine:
     @staticmethod
     def _load(model, draft, algorithm, device, dtype, tokenizer):
         if isinstance(model, torch.nn.Module):
-            if algorithm is not None and not isinstance(draft, torch.nn.Module):
+            if algorithm in ("EAGLE", "STANDALONE") and not isinstance(draft, torch.nn.Module):
                 raise ValueError(f"with a built target model, speculative_algorithm {algorithm!r} needs a built "
                                  f"draft model; got draft={draft!r}")
             return model, draft, tokenizer
@@ -173,7 +174,7 @@ class Engine:
 
         torch_dtype = resolve_dtype(dtype, device)
         target_path = resolve_checkpoint(model)
-        if algorithm is not None and draft is None:
+        if algorithm in ("EAGLE", "STANDALONE") and draft is None:
             if Path(str(model)).is_dir():
                 raise ValueError(f"speculative_algorithm {algorithm!r} needs draft=<checkpoint directory>; "
                                  f"only zoo models come with a default draft")

@@ -33,7 +33,10 @@ import torch
 
 from specswap.sampling import SamplingParams, accept_draft_tokens, logits_to_probs, sample_from_probs
 
-SPECULATIVE_ALGORITHMS = ("EAGLE", "STANDALONE", None)
+SPECULATIVE_ALGORITHMS = ("EAGLE", "STANDALONE", "NGRAM", None)
+# NGRAM (prompt lookup): the longest suffix of this length range that occurred before proposes what followed it
+NGRAM_MAX_MATCH = 4
+NGRAM_MIN_MATCH = 1
 
 
 @dataclass
@@ -87,8 +90,9 @@ class EAGLEWorker:
     """Drafts, verifies and draft-extends for a batch of cache slots; implements AdaptiveSpecWorker.
 
     ``target``: LlamaForCausalLM. ``draft``: an EagleHead (speculative_algorithm "EAGLE"), a
-    LlamaForCausalLM with the target's vocabulary ("STANDALONE"), or None (speculative_algorithm None:
-    target-only, one token per round). Caches hold max_seq_len plus room for the largest tier in
+    LlamaForCausalLM with the target's vocabulary ("STANDALONE"), or None: with "NGRAM" the drafts are
+    looked up in the request's own prompt and output (a one-hot draft law), with speculative_algorithm None
+    it decodes target-only, one token per round. Caches hold max_seq_len plus room for the largest tier in
     ``tiers`` (never just the active one), so switching up can never overflow them.
     """
 
@@ -98,8 +102,10 @@ class EAGLEWorker:
         if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
                              f"valid: {SPECULATIVE_ALGORITHMS}")
-        if speculative_algorithm is not None and draft is None:
+        if speculative_algorithm in ("EAGLE", "STANDALONE") and draft is None:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} needs a draft model; got draft=None")
+        if speculative_algorithm == "NGRAM" and draft is not None:
+            raise ValueError("speculative_algorithm 'NGRAM' drafts from the request's own tokens; pass draft=None")
         if speculative_algorithm is None:
             speculative_num_steps, tiers = 0, ()
         for steps in (speculative_num_steps, *tiers):
@@ -143,6 +149,7 @@ class EAGLEWorker:
             self.next_draft_hidden = torch.zeros(max_batch_size, hidden_size, dtype=target.dtype,
                                                  device=self.device)  # [S, H]
         self.host_seq_lens = [0] * max_batch_size
+        self.host_tokens: list[list[int]] = [[] for _ in range(max_batch_size)]  # NGRAM: prompt + output
         self.params: list[SamplingParams | None] = [None] * max_batch_size
         self.generators: list[torch.Generator | None] = [None] * max_batch_size
         self.controller = None  # an AdaptiveController, set by whoever owns one
@@ -255,6 +262,9 @@ class EAGLEWorker:
         self.prev_tokens[slot_index] = input_ids[rows, prompt_lens - 1]
         for slot, prompt in zip(slots, prompts):
             self.host_seq_lens[slot] = len(prompt) + 1
+        if self.speculative_algorithm == "NGRAM":
+            for slot, prompt, token in zip(slots, prompts, first_tokens.tolist()):
+                self.host_tokens[slot] = [*prompt, token]
         return first_tokens.tolist()
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
@@ -272,6 +282,7 @@ class EAGLEWorker:
         self.params[slot] = None
         self.generators[slot] = None
         self.host_seq_lens[slot] = 0
+        self.host_tokens[slot] = []
 
     # ---- one decode round ------------------------------------------------------------------------
 
@@ -299,6 +310,8 @@ class EAGLEWorker:
             self._draft_eagle(state, slot_index, seq_lens, key_length, temperature, top_k, top_p, apply_filters)
         elif self.speculative_algorithm == "STANDALONE":
             self._draft_standalone(state, slot_index, seq_lens, key_length, temperature, top_k, top_p, apply_filters)
+        elif self.speculative_algorithm == "NGRAM" and steps:
+            self._draft_ngram(state, slots)
 
         # verify: [x_{m-1}, d_1..d_k] at positions m-1..m+k-1
         verify_ids = state.verify.input_ids[:batch]                   # [B, k+1]
@@ -330,6 +343,8 @@ class EAGLEWorker:
             accepted = accept_list[row]
             self.host_seq_lens[slot] += accepted + 1
             new_tokens.append(draft_list[row][:accepted] + [next_list[row]])
+            if self.speculative_algorithm == "NGRAM":
+                self.host_tokens[slot].extend(new_tokens[-1])
         if self.controller is not None and self.speculative_algorithm is not None:
             self.controller.on_verify_complete(accept_list)  # a switch applies from the next round
         return RoundResult(new_tokens, accept_list, steps)
@@ -391,6 +406,16 @@ class EAGLEWorker:
                 positions = (seq_lens + step).unsqueeze(-1)  # d_{step+1} sits at m+step
                 out = self.draft(tokens.unsqueeze(-1), positions, self.draft_cache, slot_index, key_length=key_length)
 
+    def _draft_ngram(self, state, slots: Sequence[int]) -> None:
+        """Prompt lookup: each request's drafts continue the latest earlier match of its last tokens."""
+        batch, steps = len(slots), state.speculative_num_steps
+        proposals = [propose_ngram(self.host_tokens[slot], steps) for slot in slots]
+        draft_tokens = state.draft.draft_tokens[:batch]                        # [B, k]
+        draft_tokens.copy_(torch.tensor(proposals, dtype=torch.long))
+        # a deterministic proposal is a one-hot draft law: accept with prob p(d), else draw from p without d
+        draft_probs = state.draft.draft_probs[:batch].zero_()                  # [B, k, V]
+        draft_probs.scatter_(-1, draft_tokens.unsqueeze(-1), 1.0)
+
     def _draft_extend(self, state, slot_index, positions, target_hidden, accept_lengths, next_tokens, key_length):
         """Head over [d_1..d_a, b] with target features f_{m-1}..f_{m+a-1}; keep its output at index a."""
         batch, steps = positions.shape[0], state.speculative_num_steps
@@ -401,3 +426,17 @@ class EAGLEWorker:
         rows = torch.arange(batch, device=self.device)
         self.next_draft_logits[slot_index] = out.logits[rows, accept_lengths]
         self.next_draft_hidden[slot_index] = out.hidden[rows, accept_lengths]
+
+
+def propose_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATCH,
+                  min_match: int = NGRAM_MIN_MATCH) -> list[int]:
+    """The ``steps`` tokens that followed the latest earlier occurrence of the longest suffix of ``tokens``
+    (max_match down to min_match long); padded with the last token when the match runs out or none exists."""
+    length = len(tokens)
+    for size in range(min(max_match, length - 1), min_match - 1, -1):
+        suffix = tokens[length - size:]
+        for start in range(length - size - 1, -1, -1):  # latest first; the suffix itself is excluded
+            if tokens[start:start + size] == suffix:
+                follow = tokens[start + size:start + size + steps]
+                return follow + [follow[-1]] * (steps - len(follow))
+    return [tokens[-1]] * steps

@@ -28,14 +28,14 @@ def engine(algorithm="EAGLE", draft=None, **kwargs):
         draft = head
     if algorithm == "STANDALONE" and draft is None:
         draft = target
-    return Engine(target, draft if algorithm else None, algorithm, **kwargs)
+    return Engine(target, draft if algorithm in ("EAGLE", "STANDALONE") else None, algorithm, **kwargs)
 
 
 def target_only_tokens(prompts, max_new_tokens, **kwargs):
     return [r.token_ids for r in engine(None, **kwargs).generate(prompts, max_new_tokens)]
 
 
-@pytest.mark.parametrize("algorithm", ["EAGLE", "STANDALONE"])
+@pytest.mark.parametrize("algorithm", ["EAGLE", "STANDALONE", "NGRAM"])
 @pytest.mark.parametrize("steps", [1, 2, 3, 5, 7])
 def test_greedy_identity_with_queueing_and_continuous_batching(algorithm, steps):
     # 6 prompts of different lengths through 4 slots: requests join and leave between rounds
@@ -66,6 +66,14 @@ def test_greedy_identity_with_a_random_head_and_adaptive_down_to_one():
     results = eng.generate(PROMPTS, 12)
     assert [r.token_ids for r in results] == target_only_tokens(PROMPTS, 12)
     assert eng.stats()["current_steps"] == 1  # nothing accepted: the policy settles on the lowest tier
+
+
+def test_ngram_accepts_on_repetitive_output_and_stays_identical():
+    prompts = [[2, 3, 4, 5, 2, 3, 4, 5, 2, 3], [9, 9, 9, 9, 9]]
+    eng = engine("NGRAM", speculative_adaptive=True, speculative_adaptive_config=FORCED)
+    results = eng.generate(prompts, 30)
+    assert [r.token_ids for r in results] == target_only_tokens(prompts, 30)
+    assert eng.stats()["mean_accept_length"] > 0.5, eng.stats()
 
 
 def test_adaptive_config_without_the_flag_is_an_error():

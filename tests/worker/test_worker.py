@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from spec_helpers import (bigram_pair, random_eagle_head, random_target, reference_eagle_drafts, reference_greedy,
                       run_to_completion)
 from specswap.sampling import SamplingParams, logits_to_probs, sample_from_probs
-from specswap.worker import EAGLEWorker
+from specswap.worker import EAGLEWorker, propose_ngram
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [9, 9, 9, 9, 2]]
 MAX_NEW = 14
@@ -44,10 +44,13 @@ def make_pair(name):
     if name == "standalone_copy":
         target = random_target()
         return target, perturbed_copy(target), "STANDALONE"
+    if name == "ngram":  # the bigram target falls into loops, which prompt lookup then predicts
+        return bigram_pair()[0], None, "NGRAM"
     raise KeyError(name)
 
 
-PAIRS = ["eagle_random", "eagle_token_map", "eagle_exact", "eagle_partial", "standalone_self", "standalone_copy"]
+PAIRS = ["eagle_random", "eagle_token_map", "eagle_exact", "eagle_partial", "standalone_self", "standalone_copy",
+         "ngram"]
 _pair_cache = {}
 
 
@@ -80,7 +83,7 @@ def test_greedy_equals_target_only_for_every_tier(name, steps):
     if name in ("eagle_exact", "standalone_self"):
         # every draft accepted: each round but a truncated last one takes k + 1 tokens
         assert all(a == steps for a in flat)
-    if name == "eagle_partial" and steps >= 3:
+    if name in ("eagle_partial", "ngram") and steps >= 3:
         assert 0 < sum(flat) < steps * len(flat)
 
 
@@ -102,7 +105,7 @@ def test_eagle_drafts_follow_the_alignment(name):
             c.extend(new)
 
 
-SWITCH_PAIRS = ["eagle_partial", "eagle_random", "standalone_self", "standalone_copy", "eagle_token_map"]
+SWITCH_PAIRS = ["eagle_partial", "eagle_random", "standalone_self", "standalone_copy", "eagle_token_map", "ngram"]
 
 
 @settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -153,12 +156,22 @@ def test_start_up_tier_is_built_once_and_shared_with_the_controller_state():
         worker.build_adaptive_runtime_state(3, 5)
 
 
+def test_ngram_proposals_continue_the_latest_longest_match():
+    assert propose_ngram([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
+    assert propose_ngram([7, 1, 2, 9, 5, 2, 1, 2], 2) == [9, 5]        # longest suffix [1, 2] wins over [2]
+    assert propose_ngram([1, 2, 9, 1, 2], 4) == [9, 1, 2, 2]          # the match runs out: pad
+    assert propose_ngram([1, 2, 3], 2) == [3, 3]                       # no match: repeat the last token
+    assert propose_ngram([4, 8, 4, 6, 4], 1) == [6]                    # the latest occurrence
+
+
 def test_bad_worker_arguments_are_named():
     target = random_target()
     with pytest.raises(ValueError, match="'MEDUSA'"):
         EAGLEWorker(target, None, "MEDUSA")
     with pytest.raises(ValueError, match="needs a draft model"):
         EAGLEWorker(target, None, "EAGLE")
+    with pytest.raises(ValueError, match="pass draft=None"):
+        EAGLEWorker(target, target, "NGRAM")
     worker = EAGLEWorker(target, None, None, max_seq_len=16)
     with pytest.raises(ValueError, match="prompt of 0 tokens"):
         worker.check_prompt([])
@@ -230,12 +243,16 @@ def _accept_always(target_probs, draft_probs, draft_tokens, uniforms, noise):
     ("STANDALONE", SamplingParams(max_new_tokens=3, temperature=1.0), True),
     ("EAGLE", SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), False),
     ("EAGLE", SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), True),
+    ("NGRAM", SamplingParams(max_new_tokens=3, temperature=1.0), False),
+    ("NGRAM", SamplingParams(max_new_tokens=3, temperature=1.0), True),
 ])
 def test_sampled_continuations_follow_the_target_law(algorithm, params, biased):
     # sharp, clearly different target and draft laws so that a biased verifier shows
     target = random_target(VOCAB, 16, num_layers=1, seed=3, logit_scale=4.0)
     if algorithm == "STANDALONE":
         draft = random_target(VOCAB, 16, num_layers=1, seed=4, logit_scale=4.0)
+    elif algorithm == "NGRAM":
+        draft = None
     else:
         draft = random_eagle_head(target, seed=4, token_map=[0, 2, 3, 5])
     worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=2, max_batch_size=8, max_seq_len=16)
