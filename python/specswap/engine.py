@@ -94,9 +94,13 @@ def resolve_checkpoint(name: str | Path) -> Path:
     if zoo_path is None:
         raise ValueError(f"model {str(name)!r} is not a checkpoint directory (and the model zoo is not available)")
     try:
-        return Path(zoo_path(str(name)))
+        path = Path(zoo_path(str(name)))
     except (KeyError, ValueError, FileNotFoundError) as error:
         raise ValueError(f"model {str(name)!r} is neither a checkpoint directory nor a zoo model: {error}") from error
+    if not path.is_dir():
+        raise ValueError(f"zoo model {str(name)!r} is not built yet ({path} is missing); build it with "
+                         f"`python -m specswap.zoo train tiny` or pass a checkpoint directory")
+    return path
 
 
 class Engine:

@@ -21,6 +21,7 @@ __all__ = [
     "logits_to_probs",
     "sample_from_probs",
     "accept_draft_tokens",
+    "accept_greedy",
 ]
 
 
@@ -150,3 +151,16 @@ def accept_draft_tokens(
     # p == q exactly leaves no residual mass; p itself is then the right law.
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_at)
     return accept_lengths, sample_from_probs(residual, residual_noise)
+
+
+def accept_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The all-greedy batch shortcut of accept_draft_tokens (same result, no distributions built).
+
+    target_logits: [B, k+1, V]; draft_tokens: [B, k]. Accept the longest prefix equal to the target argmax,
+    then emit the target argmax. Returns (accept_lengths [B], next_tokens [B]).
+    """
+    num_draft = draft_tokens.shape[1]
+    target_argmax = target_logits.argmax(dim=-1)  # [B, k+1]
+    matches = draft_tokens == target_argmax[:, :num_draft]  # [B, k]
+    accept_lengths = matches.long().cumprod(dim=-1).sum(dim=-1)  # [B]
+    return accept_lengths, target_argmax.gather(1, accept_lengths.unsqueeze(-1)).squeeze(-1)

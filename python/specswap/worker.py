@@ -31,7 +31,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specswap.sampling import SamplingParams, accept_draft_tokens, logits_to_probs, sample_from_probs
+from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_greedy, logits_to_probs,
+                               sample_from_probs)
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "STANDALONE", "NGRAM", None)
 # NGRAM (prompt lookup): the longest suffix of this length range that occurred before proposes what followed it
@@ -302,16 +303,19 @@ class EAGLEWorker:
         key_length = max(self.host_seq_lens[s] for s in slots) + steps  # > every position written this round
         temperature, top_k, top_p = self.temperature[slot_index], self.top_k[slot_index], self.top_p[slot_index]
         apply_filters = any(self.params[s].needs_filter for s in slots)
+        # an all-greedy batch skips building distributions: argmax in, argmax out (same tokens)
+        all_greedy = all(self.params[s].greedy for s in slots)
         self._draw_noise(state, slots)
 
         draft_tokens = state.draft.draft_tokens[:batch]   # [B, k]
         draft_probs = state.draft.draft_probs[:batch]     # [B, k, V]
+        sampling = None if all_greedy else (temperature, top_k, top_p, apply_filters)
         if self.speculative_algorithm == "EAGLE":
-            self._draft_eagle(state, slot_index, seq_lens, key_length, temperature, top_k, top_p, apply_filters)
+            self._draft_eagle(state, slot_index, seq_lens, key_length, sampling)
         elif self.speculative_algorithm == "STANDALONE":
-            self._draft_standalone(state, slot_index, seq_lens, key_length, temperature, top_k, top_p, apply_filters)
+            self._draft_standalone(state, slot_index, seq_lens, key_length, sampling)
         elif self.speculative_algorithm == "NGRAM" and steps:
-            self._draft_ngram(state, slots)
+            self._draft_ngram(state, slots, with_law=not all_greedy)
 
         # verify: [x_{m-1}, d_1..d_k] at positions m-1..m+k-1
         verify_ids = state.verify.input_ids[:batch]                   # [B, k+1]
@@ -319,13 +323,16 @@ class EAGLEWorker:
         verify_ids[:, 1:] = draft_tokens
         positions = (seq_lens - 1).unsqueeze(-1) + state.verify.offsets  # [B, k+1]
         out = self.target(verify_ids, positions, self.target_cache, slot_index, key_length=key_length)
-        target_probs = logits_to_probs(
-            out.logits.reshape(batch * (steps + 1), -1), temperature.repeat_interleave(steps + 1),
-            top_k.repeat_interleave(steps + 1), top_p.repeat_interleave(steps + 1), apply_filters,
-        ).view(batch, steps + 1, -1)                                   # [B, k+1, V]
-        accept_lengths, next_tokens = self.accept_fn(
-            target_probs, draft_probs, draft_tokens, state.verify.uniforms[:batch],
-            state.verify.residual_noise[:batch])                       # [B], [B]
+        if all_greedy:
+            accept_lengths, next_tokens = accept_greedy(out.logits, draft_tokens)  # [B], [B]
+        else:
+            target_probs = logits_to_probs(
+                out.logits.reshape(batch * (steps + 1), -1), temperature.repeat_interleave(steps + 1),
+                top_k.repeat_interleave(steps + 1), top_p.repeat_interleave(steps + 1), apply_filters,
+            ).view(batch, steps + 1, -1)                                   # [B, k+1, V]
+            accept_lengths, next_tokens = self.accept_fn(
+                target_probs, draft_probs, draft_tokens, state.verify.uniforms[:batch],
+                state.verify.residual_noise[:batch])                       # [B], [B]
 
         if self.speculative_algorithm == "EAGLE":
             self._draft_extend(state, slot_index, positions, out.hidden, accept_lengths, next_tokens, key_length)
@@ -366,10 +373,19 @@ class EAGLEWorker:
             verify.residual_noise[row].exponential_(generator=generator)
         draft.noise_dirty = bool(sampling_rows)
 
-    def _sample_draft(self, state, step: int, logits, temperature, top_k, top_p, apply_filters) -> torch.Tensor:
-        """Draw draft token ``step`` from draft logits [B, Vd]; record it and its law in target vocabulary."""
+    def _sample_draft(self, state, step: int, logits, sampling) -> torch.Tensor:
+        """Draw draft token ``step`` from draft logits [B, Vd]; record it and its law in target vocabulary.
+
+        ``sampling``: (temperature, top_k, top_p, apply_filters) per row, or None for an all-greedy batch
+        (argmax; the law is not needed by accept_greedy and is not built).
+        """
         batch = logits.shape[0]
-        draft_law = logits_to_probs(logits, temperature, top_k, top_p, apply_filters)  # [B, Vd]
+        if sampling is None:
+            draft_ids = logits.argmax(dim=-1)  # [B]
+            tokens = draft_ids if self.token_map is None else self.token_map[draft_ids]
+            state.draft.draft_tokens[:batch, step] = tokens
+            return tokens
+        draft_law = logits_to_probs(logits, *sampling)  # [B, Vd]
         draft_ids = sample_from_probs(draft_law, state.draft.draft_noise[:batch, step])  # [B] draft vocab
         if self.token_map is None:
             state.draft.draft_probs[:batch, step] = draft_law
@@ -381,12 +397,12 @@ class EAGLEWorker:
         state.draft.draft_tokens[:batch, step] = tokens
         return tokens
 
-    def _draft_eagle(self, state, slot_index, seq_lens, key_length, temperature, top_k, top_p, apply_filters):
+    def _draft_eagle(self, state, slot_index, seq_lens, key_length, sampling):
         steps = state.speculative_num_steps
         logits = self.next_draft_logits[slot_index]  # [B, Vd] head output at m-2: the law of d_1
         hidden = self.next_draft_hidden[slot_index]  # [B, H]
         for step in range(steps):
-            tokens = self._sample_draft(state, step, logits, temperature, top_k, top_p, apply_filters)
+            tokens = self._sample_draft(state, step, logits, sampling)
             if step + 1 < steps:
                 # head position m-1+step consumes (d_{step+1}, its own previous hidden)
                 positions = (seq_lens - 1 + step).unsqueeze(-1)  # [B, 1]
@@ -394,27 +410,28 @@ class EAGLEWorker:
                                  key_length=key_length)
                 logits, hidden = out.logits[:, 0], out.hidden[:, 0]
 
-    def _draft_standalone(self, state, slot_index, seq_lens, key_length, temperature, top_k, top_p, apply_filters):
+    def _draft_standalone(self, state, slot_index, seq_lens, key_length, sampling):
         steps = state.speculative_num_steps
         # step 1: [x_{m-2}, x_{m-1}] at m-2, m-1
         input_ids = torch.stack((self.prev_tokens[slot_index], self.last_tokens[slot_index]), dim=-1)  # [B, 2]
         positions = (seq_lens - 2).unsqueeze(-1) + torch.arange(2, device=self.device)                   # [B, 2]
         out = self.draft(input_ids, positions, self.draft_cache, slot_index, key_length=key_length)
         for step in range(steps):
-            tokens = self._sample_draft(state, step, out.logits[:, -1], temperature, top_k, top_p, apply_filters)
+            tokens = self._sample_draft(state, step, out.logits[:, -1], sampling)
             if step + 1 < steps:
                 positions = (seq_lens + step).unsqueeze(-1)  # d_{step+1} sits at m+step
                 out = self.draft(tokens.unsqueeze(-1), positions, self.draft_cache, slot_index, key_length=key_length)
 
-    def _draft_ngram(self, state, slots: Sequence[int]) -> None:
+    def _draft_ngram(self, state, slots: Sequence[int], with_law: bool) -> None:
         """Prompt lookup: each request's drafts continue the latest earlier match of its last tokens."""
         batch, steps = len(slots), state.speculative_num_steps
         proposals = [propose_ngram(self.host_tokens[slot], steps) for slot in slots]
         draft_tokens = state.draft.draft_tokens[:batch]                        # [B, k]
         draft_tokens.copy_(torch.tensor(proposals, dtype=torch.long))
-        # a deterministic proposal is a one-hot draft law: accept with prob p(d), else draw from p without d
-        draft_probs = state.draft.draft_probs[:batch].zero_()                  # [B, k, V]
-        draft_probs.scatter_(-1, draft_tokens.unsqueeze(-1), 1.0)
+        if with_law:
+            # a deterministic proposal is a one-hot draft law: accept with prob p(d), else draw from p without d
+            draft_probs = state.draft.draft_probs[:batch].zero_()              # [B, k, V]
+            draft_probs.scatter_(-1, draft_tokens.unsqueeze(-1), 1.0)
 
     def _draft_extend(self, state, slot_index, positions, target_hidden, accept_lengths, next_tokens, key_length):
         """Head over [d_1..d_a, b] with target features f_{m-1}..f_{m+a-1}; keep its output at index a."""

@@ -176,12 +176,16 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batch_companions():
     alone = eng.generate([[5, 6, 7]], 20, temperature=1.0, top_k=10, seed=123)[0].token_ids
     again = eng.generate([[5, 6, 7]], 20, temperature=1.0, top_k=10, seed=123)[0].token_ids
     # same seed, now next to a greedy request and a different sampling request
-    eng.add_request([2, 3, 4], max_new_tokens=20)
+    greedy = eng.add_request([2, 3, 4], max_new_tokens=20)
     eng.add_request([9, 9], max_new_tokens=20, temperature=0.7, seed=5)
     crowded = eng.generate([[5, 6, 7]], 20, temperature=1.0, top_k=10, seed=123)[0].token_ids
     other = eng.generate([[5, 6, 7]], 20, temperature=1.0, top_k=10, seed=124)[0].token_ids
     assert alone == again == crowded
     assert other != alone
+    # a greedy request in a mixed batch (one-hot path) decodes exactly as target-only (argmax path)
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.finished[greedy].token_ids == target_only_tokens([[2, 3, 4]], 20)[0]
 
 
 def test_step_reports_progress_and_stats():

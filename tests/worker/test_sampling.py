@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from specswap.sampling import SamplingParams, accept_draft_tokens, logits_to_probs, sample_from_probs
+from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_greedy, logits_to_probs,
+                               sample_from_probs)
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -82,6 +83,23 @@ def test_greedy_acceptance_is_longest_matching_prefix():
                                       torch.rand(3, 3), torch.ones(3, vocab))
     assert accept.tolist() == [2, 3, 0]
     assert nxt.tolist() == [1, 3, 0]
+
+
+def test_greedy_shortcut_equals_one_hot_speculative_sampling():
+    gen = torch.Generator().manual_seed(3)
+    vocab, steps, batch = 5, 4, 64
+    logits = torch.randn(batch, steps + 1, vocab, generator=gen)
+    # drafts that often agree with the argmax, so every accept length occurs
+    drafts = torch.where(torch.rand(batch, steps, generator=gen) < 0.7, logits[:, :steps].argmax(-1),
+                         torch.randint(0, vocab, (batch, steps), generator=gen))
+    greedy = torch.zeros(batch * (steps + 1))
+    target_probs = logits_to_probs(logits.reshape(-1, vocab), greedy, greedy.long(), greedy + 1).view(logits.shape)
+    draft_probs = torch.nn.functional.one_hot(drafts, vocab).float()
+    slow = accept_draft_tokens(target_probs, draft_probs, drafts, torch.rand(batch, steps, generator=gen),
+                               torch.ones(batch, vocab))
+    fast = accept_greedy(logits, drafts)
+    assert slow[0].tolist() == fast[0].tolist() and slow[1].tolist() == fast[1].tolist()
+    assert set(fast[0].tolist()) == set(range(steps + 1))
 
 
 def test_zero_draft_tokens_samples_from_target():

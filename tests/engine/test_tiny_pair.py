@@ -1,0 +1,94 @@
+"""The shipped tiny pair (zoo "tiny" + "tiny-eagle" / "tiny-draft"): greedy fp32 identity with target-only
+decoding for every tier and under switching, and bf16 agreement reported (not asserted).
+
+Skipped until the zoo weights exist (``python -m specswap.zoo train tiny``).
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specswap import zoo
+from specswap.engine import Engine
+
+pytestmark = pytest.mark.skipif(
+    not all((zoo.path(name) / "model.safetensors").is_file() for name in zoo.NAMES),
+    reason="tiny zoo weights are not built (python -m specswap.zoo train tiny)")
+
+TEXTS = [
+    "def fibonacci(n):\n    ",
+    "import os\n\n\ndef main():\n    ",
+    "The purpose of this module is",
+    "Permission is hereby granted, free of charge,",
+    "for i in range(10):\n    print(",
+    "class Stack:\n    def push(self, item):\n        ",
+    "x",
+]
+MAX_SEQ_LEN = 160
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from specswap.models import load_draft_model, load_eagle_head, load_model, load_tokenizer
+    target = load_model(zoo.path("tiny"), dtype=torch.float32)
+    return dict(target=target, tokenizer=load_tokenizer(zoo.path("tiny")),
+                eagle=load_eagle_head(zoo.path("tiny-eagle"), target),
+                draft=load_draft_model(zoo.path("tiny-draft"), target))
+
+
+def make(tiny, algorithm, **kwargs):
+    draft = {"EAGLE": tiny["eagle"], "STANDALONE": tiny["draft"]}.get(algorithm)
+    return Engine(tiny["target"], draft, algorithm, tokenizer=tiny["tokenizer"], max_seq_len=MAX_SEQ_LEN, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    engine = make(tiny, None, max_batch_size=8)
+    return {text: r.token_ids for text, r in zip(TEXTS, engine.generate(TEXTS, 40))}
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "STANDALONE", "NGRAM"])
+@pytest.mark.parametrize("steps", range(1, 8))
+def test_tiny_greedy_identity_every_tier(tiny, reference, algorithm, steps):
+    engine = make(tiny, algorithm, speculative_num_steps=steps, max_batch_size=4)
+    results = engine.generate(TEXTS, 40)
+    assert [r.token_ids for r in results] == [reference[t] for t in TEXTS]
+    if algorithm != "NGRAM":
+        assert engine.stats()["mean_accept_length"] > 0.2  # the trained drafts do accept
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
+                                                                                     HealthCheck.function_scoped_fixture])
+@given(algorithm=st.sampled_from(["EAGLE", "STANDALONE"]),
+       texts=st.lists(st.sampled_from(TEXTS), min_size=1, max_size=5),
+       max_new_tokens=st.integers(1, 40),
+       max_batch_size=st.integers(1, 4),
+       policy=st.sampled_from([
+           {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1},
+           {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1, "candidate_steps": [0, 2, 5]},
+           {"ema_alpha": 0.5, "warmup_batches": 1, "update_interval": 2, "candidate_steps": [1, 4, 7]},
+       ]))
+def test_tiny_greedy_identity_under_adaptive_switching(tiny, reference, algorithm, texts, max_new_tokens,
+                                                       max_batch_size, policy):
+    engine = make(tiny, algorithm, speculative_adaptive=True, speculative_adaptive_config=policy,
+                  max_batch_size=max_batch_size)
+    results = engine.generate(texts, max_new_tokens)
+    for text, result in zip(texts, results):
+        expected = reference[text][:max_new_tokens]
+        assert result.token_ids == expected[:len(result.token_ids)]
+        assert len(result.token_ids) == len(expected) or result.finish_reason == "stop"
+
+
+def test_tiny_bf16_agreement_is_reported(tiny, capsys):
+    from specswap.models import load_eagle_head, load_model
+    target = load_model(zoo.path("tiny"), dtype=torch.bfloat16)
+    head = load_eagle_head(zoo.path("tiny-eagle"), target)
+    tokenizer = tiny["tokenizer"]
+    reference = Engine(target, None, None, tokenizer=tokenizer, max_seq_len=MAX_SEQ_LEN).generate(TEXTS, 40)
+    results = Engine(target, head, "EAGLE", speculative_num_steps=3, tokenizer=tokenizer,
+                     max_seq_len=MAX_SEQ_LEN).generate(TEXTS, 40)
+    identical = sum(r.token_ids == ref.token_ids for r, ref in zip(results, reference))
+    with capsys.disabled():
+        print(f"\nbf16 EAGLE k=3 vs bf16 target-only, greedy: {identical}/{len(TEXTS)} identical")
+    assert all(len(r.token_ids) >= 1 for r in results)
