@@ -42,12 +42,12 @@ NGRAM_MIN_MATCH = 1
 
 @dataclass
 class DraftStage:
-    """Per-tier drafting buffers, allocated once when the tier is built."""
+    """Per-tier drafting buffers, built once per tier. The vocabulary-sized ones are views of one buffer
+    sized for the largest tier (only one tier runs at a time), so tiers cost no extra memory per vocab row."""
 
     draft_tokens: torch.Tensor   # [max_batch, k] int64, target ids
     draft_probs: torch.Tensor    # [max_batch, k, V] float32, in target vocabulary (0 outside a token_map)
     draft_noise: torch.Tensor    # [max_batch, k, Vd] float32, Exp(1) draws (1.0 for greedy rows)
-    noise_dirty: bool = False    # rows hold draws from sampling requests; greedy rows need ones again
 
 
 @dataclass
@@ -155,6 +155,10 @@ class EAGLEWorker:
         self.generators: list[torch.Generator | None] = [None] * max_batch_size
         self.controller = None  # an AdaptiveController, set by whoever owns one
         self.accept_fn: Callable = accept_draft_tokens
+        # vocabulary-sized buffers, shared by every tier (each tier holds views): [S, k_max, V], [S, k_max, Vd]
+        self._draft_probs = torch.zeros(max_batch_size, self.max_steps, self.vocab_size, device=self.device)
+        self._draft_noise = torch.ones(max_batch_size, self.max_steps, self.draft_vocab_size, device=self.device)
+        self._residual_noise = torch.ones(max_batch_size, self.vocab_size, device=self.device)
         self.state: TierState | Any = None
         self._tiers: dict[int, TierState] = {}  # built once per tier, shared by the state the controller keeps
         self.apply_runtime_state(self._tier(speculative_num_steps))
@@ -194,14 +198,14 @@ class EAGLEWorker:
         batch, device = self.max_batch_size, self.device
         draft = DraftStage(
             draft_tokens=torch.zeros(batch, steps, dtype=torch.long, device=device),
-            draft_probs=torch.zeros(batch, steps, self.vocab_size, device=device),
-            draft_noise=torch.ones(batch, steps, self.draft_vocab_size, device=device),
+            draft_probs=self._draft_probs[:, :steps],
+            draft_noise=self._draft_noise[:, :steps],
         )
         verify = VerifyStage(
             input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device),
             offsets=torch.arange(steps + 1, device=device),
             uniforms=torch.zeros(batch, steps, device=device),
-            residual_noise=torch.ones(batch, self.vocab_size, device=device),
+            residual_noise=self._residual_noise,
         )
         extend = DraftExtendStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device))
         return TierState(steps, steps + 1, draft, verify, extend)
@@ -357,11 +361,14 @@ class EAGLEWorker:
         return RoundResult(new_tokens, accept_list, steps)
 
     def _draw_noise(self, state, slots: Sequence[int]) -> None:
-        """Fill this round's random draws from each sampling request's own generator (ones for greedy)."""
+        """Fill this round's random draws from each sampling request's own generator (ones for greedy rows).
+
+        An all-greedy round reads no noise (argmax path); a mixed round refills exactly the region it reads.
+        """
         steps = state.speculative_num_steps
         draft, verify = state.draft, state.verify
         sampling_rows = [(row, self.generators[s]) for row, s in enumerate(slots) if not self.params[s].greedy]
-        if not sampling_rows and not draft.noise_dirty:
+        if not sampling_rows:
             return
         batch = len(slots)
         draft.draft_noise[:batch].fill_(1.0)
@@ -371,7 +378,6 @@ class EAGLEWorker:
                 draft.draft_noise[row].exponential_(generator=generator)
                 verify.uniforms[row].uniform_(generator=generator)
             verify.residual_noise[row].exponential_(generator=generator)
-        draft.noise_dirty = bool(sampling_rows)
 
     def _sample_draft(self, state, step: int, logits, sampling) -> torch.Tensor:
         """Draw draft token ``step`` from draft logits [B, Vd]; record it and its law in target vocabulary.

@@ -59,6 +59,21 @@ def test_greedy_identity_while_the_controller_switches_tiers(max_batch_size):
     assert len(stats["rounds_per_tier"]) >= 2, stats
 
 
+def test_greedy_requests_mixed_with_sampling_ones_stay_identical_while_switching():
+    target, head = bigram_pair(head_noise=0.1)
+    eng = Engine(target, head, "EAGLE", speculative_adaptive=True, speculative_adaptive_config=FORCED,
+                 max_batch_size=3, max_seq_len=48)
+    greedy_ids = []
+    for index, prompt in enumerate(PROMPTS):
+        greedy_ids.append(eng.add_request(prompt, max_new_tokens=20))
+        eng.add_request(prompt, max_new_tokens=7 + index, temperature=1.0, top_p=0.9, seed=index)
+    while eng.has_unfinished():
+        eng.step()
+    reference = Engine(target, None, None, max_seq_len=48).generate(PROMPTS, 20)
+    assert [eng.finished[i].token_ids for i in greedy_ids] == [r.token_ids for r in reference]
+    assert eng.stats()["num_switches"] >= 2
+
+
 def test_greedy_identity_with_a_random_head_and_adaptive_down_to_one():
     _, _, random_head = models()
     eng = engine("EAGLE", draft=random_head, speculative_num_steps=7, speculative_adaptive=True,
