@@ -130,8 +130,12 @@ class Engine:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an int >= 1; got {max_batch_size!r}")
         target, draft, self.tokenizer = self._load(model, draft, speculative_algorithm, device, dtype, tokenizer)
+        max_positions = target.config.max_position_embeddings
         if max_seq_len is None:
-            max_seq_len = min(target.config.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
+            max_seq_len = min(max_positions, DEFAULT_MAX_SEQ_LEN)
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or not 2 <= max_seq_len <= max_positions:
+            raise ValueError(f"max_seq_len must be an int in 2..{max_positions} (the model's max_position_embeddings); "
+                             f"got {max_seq_len!r}")
         self.speculative_algorithm = speculative_algorithm
         self.max_seq_len = max_seq_len
         self.max_batch_size = max_batch_size

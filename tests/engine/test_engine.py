@@ -137,6 +137,19 @@ def test_bad_input_is_rejected_by_name_without_disturbing_running_requests(bad, 
     assert eng.finished[running].token_ids == target_only_tokens([[5, 6, 7]], 12)[0]
 
 
+def test_bad_engine_sizes_are_named():
+    with pytest.raises(ValueError, match="max_seq_len must be an int in 2..512.*got 4096"):
+        engine("EAGLE", max_seq_len=4096)
+    with pytest.raises(ValueError, match="max_batch_size must be an int >= 1; got 0"):
+        engine("EAGLE", max_batch_size=0)
+
+
+def test_max_new_tokens_one_finishes_at_prefill():
+    results = engine("EAGLE").generate(PROMPTS[:2], 1)
+    assert [len(r.token_ids) for r in results] == [1, 1] and all(r.num_verify_rounds == 0 for r in results)
+    assert [r.token_ids for r in results] == target_only_tokens(PROMPTS[:2], 1)
+
+
 def test_empty_string_prompt_starts_from_bos():
     result = engine("EAGLE").generate([""], 5)[0]
     assert result.prompt_token_ids == [0] and len(result.token_ids) == 5
