@@ -146,6 +146,22 @@ def test_caches_are_sized_for_the_largest_tier():
         worker.decode_round([0])
 
 
+def test_worker_satisfies_the_controller_protocol():
+    from specswap.controller import AdaptiveController, AdaptiveSpecWorker
+    target, draft, _ = pair("standalone_self")
+    worker = EAGLEWorker(target, draft, "STANDALONE", speculative_num_steps=2, max_seq_len=24, tiers=(1, 3, 7))
+    assert isinstance(worker, AdaptiveSpecWorker)
+    controller = AdaptiveController(worker, {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1})
+    controller.init_states()
+    assert controller.candidate_steps == [1, 2, 3, 7] and worker.active_steps == 2
+    worker.controller = controller
+    worker.prefill([0], [[1, 2, 3]], [SamplingParams(max_new_tokens=8)])
+    worker.decode_round([0])  # the self-draft accepts both drafts: ema 2 > 2 - 0.5, the policy moves up
+    assert worker.active_steps == 3
+    worker.decode_round([0])  # ema 3 > 3 - 0.5: up again
+    assert worker.active_steps == 7
+
+
 def test_start_up_tier_is_built_once_and_shared_with_the_controller_state():
     target, draft, _ = pair("eagle_partial")
     worker = EAGLEWorker(target, draft, "EAGLE", speculative_num_steps=3, max_seq_len=24, tiers=(1, 3, 7))
