@@ -35,7 +35,12 @@ if [ "$variant" = cuda ]; then
   nvidia=$("$venv/bin/python" -c "import nvidia, os; print(os.path.dirname(nvidia.__path__[0]) + '/nvidia/cu13')")
   export CPATH="$nvidia/include${CPATH:+:$CPATH}"
   export LIBRARY_PATH="$nvidia/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  defines+=(-Ccmake.define.CUDA_nvrtc_LIBRARY="$(ls "$nvidia"/lib/libnvrtc.so.* | head -1)")
   export PATH="$cuda_root/bin:$PATH"
+  # a fixed arch list skips torch's GPU probe (there is no GPU here); 9.0 = Hopper (H100/H200)
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+  # CMake 3.25 cannot drive nvcc 13 in C++20 mode; a newer CMake from PyPI can
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "cmake>=3.31"
 fi
 
 torch_version=$("$venv/bin/python" -c "import torch; print(torch.__version__.split('+')[0])")

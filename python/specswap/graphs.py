@@ -1,0 +1,165 @@
+"""Captured forwards for the worker's stages, on the C++ graph runners of ``specswap._C``.
+
+A stage of a tier (draft, verify, draft-extend) runs one model forward with a
+fixed number of tokens per request. ``StageGraphs`` captures that forward once
+per (batch bucket, key-length bucket) at start-up into a ``GraphRunner`` with
+persistent input/output buffers; at run time a call copies its inputs into the
+smallest bucket that fits, pads the rest with a scratch cache row, and replays.
+
+On the CPU a runner records the dispatcher-level operators of the forward and
+replays them from C++ (same kernels, so the output is bit-identical to eager at
+the same key length); on CUDA and Ascend NPU it is a device graph. Weights and
+KV caches are shared by every runner (never copied), and capturing happens only
+here: ``specswap._C.graph_capture_count()`` does not move after start-up.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Sequence
+
+import torch
+
+from specswap._core import _C
+from specswap.models import ModelOutput
+
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8)
+SMALLEST_KEY_BUCKET = 64
+
+
+def key_buckets(capacity: int, smallest: int = SMALLEST_KEY_BUCKET) -> tuple[int, ...]:
+    """Key lengths graphs are captured for: powers of two from ``smallest``, ending at the cache capacity.
+
+    Attention reads keys [0, key_length), so a short request replays a short graph.
+    """
+    buckets = []
+    length = smallest
+    while length < capacity:
+        buckets.append(length)
+        length *= 2
+    buckets.append(capacity)
+    return tuple(buckets)
+
+
+def batch_buckets(max_batch_size: int, candidates: Sequence[int] = DEFAULT_BATCH_BUCKETS) -> tuple[int, ...]:
+    """Batch buckets up to ``max_batch_size`` (which is always one)."""
+    return tuple(sorted({b for b in candidates if b < max_batch_size} | {max_batch_size}))
+
+
+class GraphContext:
+    """What every StageGraphs of one worker shares: the pool, the buckets and the scratch cache row."""
+
+    def __init__(self, device: torch.device, max_batch_size: int, cache_capacity: int,
+                 batch_bucket_sizes: Sequence[int] = DEFAULT_BATCH_BUCKETS):
+        self.pool = _C.GraphPool(torch.device(device))
+        self.batch_buckets = batch_buckets(max_batch_size, batch_bucket_sizes)
+        self.key_buckets = key_buckets(cache_capacity)
+        self.scratch_slot = max_batch_size  # caches have one extra row that padded batch rows write into
+
+    def share(self, *tensors: torch.Tensor) -> None:
+        for tensor in tensors:
+            self.pool.share(tensor)
+
+    def share_model(self, model: torch.nn.Module, cache) -> None:
+        """Mark weights and KV buffers as shared so no runner reports them as its own memory."""
+        self.share(*model.parameters(), *model.buffers(), *cache.keys, *cache.values, cache.key_positions)
+
+
+class StageGraphs:
+    """One stage of one tier: a model forward over ``num_tokens`` tokens per request, captured per bucket."""
+
+    def __init__(self, context: GraphContext, stage: str, speculative_num_steps: int, model: torch.nn.Module,
+                 cache, num_tokens: int, with_features: bool):
+        self.context = context
+        self.stage = stage
+        self.speculative_num_steps = speculative_num_steps
+        self.model = model
+        self.cache = cache
+        self.num_tokens = num_tokens
+        self.with_features = with_features
+        self.runners: dict[tuple[int, int], _C.GraphRunner] = {}
+        self.device = cache.keys[0].device
+        self.dtype = next(model.parameters()).dtype
+        self._offsets = torch.arange(num_tokens, device=self.device)
+
+    def capture(self) -> None:
+        """Capture every (batch bucket, key bucket) once."""
+        for batch in self.context.batch_buckets:
+            for key_length in self.context.key_buckets:
+                if key_length < self.num_tokens:
+                    continue
+                self.runners[(batch, key_length)] = self._capture_one(batch, key_length)
+
+    @torch.inference_mode()
+    def _capture_one(self, batch: int, key_length: int) -> _C.GraphRunner:
+        model, device, tokens, dtype = self.model, self.device, self.num_tokens, self.dtype
+        runner = _C.GraphRunner(self.stage, self.speculative_num_steps, batch, self.context.pool)
+        input_ids = torch.zeros(batch, tokens, dtype=torch.long, device=device)          # [b, T]
+        positions = self._offsets.expand(batch, -1).clone()                               # [b, T]
+        slots = torch.full((batch,), self.context.scratch_slot, dtype=torch.long, device=device)  # [b]
+        hidden_size = model.config.hidden_size
+        logits_width = self._logits_width()
+        logits = torch.zeros(batch, tokens, logits_width, dtype=dtype, device=device)  # [b, T, V]
+        hidden = torch.zeros(batch, tokens, hidden_size, dtype=dtype, device=device)   # [b, T, H]
+        for name, tensor in (("input_ids", input_ids), ("positions", positions), ("slots", slots),
+                             ("logits", logits), ("hidden", hidden)):
+            runner.set_buffer(name, tensor)
+        if self.with_features:
+            features = torch.zeros(batch, tokens, hidden_size, dtype=dtype, device=device)
+            runner.set_buffer("features", features)
+
+            def body():
+                out = model(input_ids, features, positions, self.cache, slots, key_length=key_length)
+                logits.copy_(out.logits)
+                hidden.copy_(out.hidden)
+        else:
+            def body():
+                out = model(input_ids, positions, self.cache, slots, key_length=key_length)
+                logits.copy_(out.logits)
+                hidden.copy_(out.hidden)
+        runner.capture(body)
+        return runner
+
+    def _logits_width(self) -> int:
+        token_map = getattr(self.model, "token_map", None)
+        return self.model.config.vocab_size if token_map is None else token_map.numel()
+
+    def runner_for(self, batch: int, key_length: int) -> tuple[int, int]:
+        """The (batch bucket, key bucket) that serves ``batch`` requests reading ``key_length`` keys."""
+        batches, keys = self.context.batch_buckets, self.context.key_buckets
+        b = bisect.bisect_left(batches, batch)
+        k = bisect.bisect_left(keys, max(key_length, self.num_tokens))
+        if b == len(batches) or k == len(keys):
+            raise ValueError(f"{self.stage} graphs cover batch <= {batches[-1]} and key_length <= {keys[-1]}; "
+                             f"got batch {batch}, key_length {key_length}")
+        return batches[b], keys[k]
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, key_length: int,
+                 features: torch.Tensor | None = None) -> ModelOutput:
+        """Replay the forward for these inputs; returns views of the runner's outputs (valid until its next replay)."""
+        # input_ids, positions: [B, T]; slots: [B]; features: [B, T, H] (EAGLE head)
+        batch = input_ids.shape[0]
+        runner = self.runners[self.runner_for(batch, key_length)]
+        runner.buffer("input_ids")[:batch].copy_(input_ids)
+        runner.buffer("positions")[:batch].copy_(positions)
+        runner.buffer("slots")[:batch].copy_(slots)
+        if runner.bucket > batch:
+            # padded rows write only the scratch cache row, at positions inside the key bucket
+            runner.buffer("slots")[batch:].fill_(self.context.scratch_slot)
+            runner.buffer("positions")[batch:].copy_(self._offsets)
+        if features is not None:
+            runner.buffer("features")[:batch].copy_(features)
+        runner.replay()
+        return ModelOutput(logits=runner.buffer("logits")[:batch], hidden=runner.buffer("hidden")[:batch])
+
+    def memory_bytes(self) -> int:
+        return sum(runner.memory_bytes() for runner in self.runners.values())
+
+
+def capture_count() -> int:
+    """Graph captures so far in this process (all backends)."""
+    return _C.graph_capture_count()
+
+
+def compiled_backends() -> list[str]:
+    return list(_C.compiled_backends())

@@ -1,0 +1,210 @@
+"""Graph capture and replay: replay == eager, buckets, padding, capture counting, memory, backend choice."""
+
+import pytest
+import torch
+
+from specswap import SpecRuntimeState, StatePool
+from specswap._core import _C
+from specswap.graphs import GraphContext, StageGraphs, batch_buckets, capture_count, key_buckets
+from specswap.models import EagleConfig, EagleHead, LlamaConfig, LlamaForCausalLM
+
+MAX_BATCH = 4
+CAPACITY = 160
+
+
+def small_target(seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
+    return LlamaForCausalLM(config).eval()
+
+
+def small_head(target, token_map=None):
+    torch.manual_seed(1)
+    config = EagleConfig.for_target(target.config, None if token_map is None else len(token_map))
+    return EagleHead(config, target.embed_tokens, target.lm_head,
+                     None if token_map is None else torch.tensor(token_map)).eval()
+
+
+def test_buckets():
+    assert key_buckets(160) == (64, 128, 160)
+    assert key_buckets(64) == (64,)
+    assert batch_buckets(8) == (1, 2, 4, 8)
+    assert batch_buckets(6) == (1, 2, 4, 6)
+    assert batch_buckets(1) == (1,)
+
+
+def _fill_cache(model, cache, lengths):
+    """Eager prefill of random prompts into slots 0..len-1."""
+    for slot, length in enumerate(lengths):
+        ids = torch.randint(0, model.config.vocab_size, (1, length))
+        model(ids, torch.arange(length)[None], cache, torch.tensor([slot]))
+
+
+@pytest.mark.parametrize("num_tokens", [1, 4])
+@torch.inference_mode()
+def test_target_replay_equals_eager_in_every_bucket(num_tokens):
+    target = small_target()
+    cache_graph = target.make_cache(MAX_BATCH + 1, CAPACITY)
+    cache_eager = target.make_cache(MAX_BATCH + 1, CAPACITY)
+    torch.manual_seed(5)
+    lengths = [7, 30, 70, 100]
+    state = torch.get_rng_state()
+    _fill_cache(target, cache_graph, lengths)
+    torch.set_rng_state(state)
+    _fill_cache(target, cache_eager, lengths)
+    context = GraphContext(torch.device("cpu"), MAX_BATCH, CAPACITY)
+    graphs = StageGraphs(context, "verify", num_tokens - 1, target, cache_graph, num_tokens, with_features=False)
+    graphs.capture()
+    assert set(graphs.runners) == {(b, k) for b in (1, 2, 4) for k in (64, 128, 160)}
+    for batch in (1, 2, 3, 4):
+        slots = torch.arange(batch)
+        starts = torch.tensor(lengths[:batch])
+        positions = starts[:, None] + torch.arange(num_tokens)                # [B, T]
+        input_ids = torch.randint(0, 96, (batch, num_tokens))
+        key_length = int(positions.max()) + 1
+        out = graphs(input_ids, positions, slots, key_length)
+        bucket_keys = graphs.runner_for(batch, key_length)[1]
+        ref = target(input_ids, positions, cache_eager, slots, key_length=bucket_keys)
+        if graphs.runner_for(batch, key_length)[0] == batch:
+            # the same kernels on the same shapes: bit-identical
+            assert torch.equal(out.logits, ref.logits), (batch, num_tokens)
+            assert torch.equal(out.hidden, ref.hidden)
+        else:
+            # a padded batch runs the matmuls at another M, which may block the sums differently
+            torch.testing.assert_close(out.logits, ref.logits, rtol=0, atol=1e-5)
+        assert torch.equal(out.logits.argmax(-1), ref.logits.argmax(-1))
+        for slot in range(batch):  # the caches of real requests agree; padding only touched the scratch row
+            for layer in range(target.config.num_hidden_layers):
+                torch.testing.assert_close(cache_graph.keys[layer][slot], cache_eager.keys[layer][slot],
+                                           rtol=0, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_stale_rows_of_a_larger_batch_never_write_real_slots():
+    target = small_target()
+    cache = target.make_cache(MAX_BATCH + 1, CAPACITY)
+    _fill_cache(target, cache, [10, 10, 10, 10])
+    context = GraphContext(torch.device("cpu"), MAX_BATCH, CAPACITY)
+    graphs = StageGraphs(context, "verify", 0, target, cache, 1, with_features=False)
+    graphs.capture()
+    # a batch of 4, then a batch of 3 through the same bucket: slot 3 must not be written again
+    graphs(torch.zeros(4, 1, dtype=torch.long), torch.full((4, 1), 10), torch.arange(4), 11)
+    snapshot = [k[3].clone() for k in cache.keys]
+    graphs(torch.ones(3, 1, dtype=torch.long), torch.full((3, 1), 11), torch.arange(3), 12)
+    assert all(torch.equal(k[3], s) for k, s in zip(cache.keys, snapshot))
+
+
+@torch.inference_mode()
+def test_eagle_head_with_token_map_replays():
+    target = small_target()
+    head = small_head(target, token_map=list(range(0, 96, 2)))
+    cache = head.make_cache(MAX_BATCH + 1, CAPACITY)
+    context = GraphContext(torch.device("cpu"), MAX_BATCH, CAPACITY)
+    graphs = StageGraphs(context, "draft_extend", 3, head, cache, 4, with_features=True)
+    graphs.capture()
+    ids = torch.randint(0, 96, (2, 4))
+    features = torch.randn(2, 4, 32)
+    positions = torch.arange(4).expand(2, -1)
+    out = graphs(ids, positions, torch.arange(2), 4, features)
+    assert out.logits.shape == (2, 4, 48)
+    ref_cache = head.make_cache(MAX_BATCH + 1, CAPACITY)
+    ref = head(ids, features, positions, ref_cache, torch.arange(2), key_length=64)
+    assert torch.equal(out.logits, ref.logits)
+
+
+@torch.inference_mode()
+def test_capture_count_unchanged_by_thousands_of_switches():
+    target = small_target()
+    cache = target.make_cache(MAX_BATCH + 1, CAPACITY)
+    context = GraphContext(torch.device("cpu"), MAX_BATCH, CAPACITY)
+    context.share_model(target, cache)
+    pool = StatePool()
+    tiers = {}
+    for steps in (1, 3):
+        graphs = StageGraphs(context, "verify", steps, target, cache, steps + 1, with_features=False)
+        graphs.capture()
+        tiers[steps] = graphs
+        pool.register(SpecRuntimeState(steps, steps + 1, verify=graphs))
+    captured = capture_count()
+    for i in range(1000):
+        steps = (1, 3)[i % 2]
+        pool.activate(steps)
+        graphs = pool.acquire().verify
+        graphs(torch.zeros(1, steps + 1, dtype=torch.long), torch.arange(steps + 1)[None] + 5, torch.tensor([0]), 9)
+    assert capture_count() == captured
+    assert pool.num_switches == 999
+
+
+@torch.inference_mode()
+def test_memory_reported_without_shared_weights():
+    target = small_target()
+    cache = target.make_cache(MAX_BATCH + 1, CAPACITY)
+    context = GraphContext(torch.device("cpu"), MAX_BATCH, CAPACITY)
+    unshared = StageGraphs(context, "verify", 1, target, cache, 2, with_features=False)
+    unshared.capture()
+    unshared_bytes = unshared.memory_bytes()
+    context.share_model(target, cache)
+    shared = StageGraphs(context, "verify", 1, target, cache, 2, with_features=False)
+    shared.capture()
+    weights = sum(p.numel() * p.element_size() for p in target.parameters())
+    # its own buffers only: no weights, no KV cache
+    assert 0 < shared.memory_bytes() < weights
+    assert unshared_bytes > shared.memory_bytes() + weights
+    assert unshared.memory_bytes() == shared.memory_bytes()
+
+
+def test_runner_contract():
+    pool = _C.GraphPool(torch.device("cpu"))
+    runner = _C.GraphRunner("verify", 3, 2, pool)
+    assert runner.backend == "cpu" and runner.stage == "verify" and runner.bucket == 2
+    with pytest.raises(RuntimeError, match="before capture"):
+        runner.replay()
+    x = torch.zeros(2)
+    runner.set_buffer("x", x)
+    runner.capture(lambda: x.add_(1))
+    runner.replay()
+    assert x.tolist() == [2.0, 2.0]
+    with pytest.raises(RuntimeError, match="already captured"):
+        runner.capture(lambda: None)
+    with pytest.raises(RuntimeError, match="after capture"):
+        runner.set_buffer("y", torch.zeros(1))
+    with pytest.raises(IndexError, match="no buffer 'nope'"):
+        runner.buffer("nope")
+    with pytest.raises(ValueError, match="unknown stage"):
+        _C.GraphRunner("decode", 1, 1, pool)
+    with pytest.raises(RuntimeError, match="Ascend NPU feature"):
+        runner.begin_task_group()
+
+
+def test_host_sync_inside_capture_is_refused():
+    pool = _C.GraphPool(torch.device("cpu"))
+    runner = _C.GraphRunner("draft", 1, 1, pool)
+    x = torch.ones(3)
+    with pytest.raises(RuntimeError, match="host value"):
+        runner.capture(lambda: x.sum().item())
+    assert not runner.captured
+
+
+def test_replay_runs_the_recorded_ops_on_new_data():
+    pool = _C.GraphPool(torch.device("cpu"))
+    runner = _C.GraphRunner("verify", 1, 1, pool)
+    a, b, out = torch.randn(4, 4), torch.randn(4, 4), torch.empty(4, 4)
+    runner.capture(lambda: out.copy_(torch.softmax(a @ b + 1.0, dim=-1)))
+    a.copy_(torch.randn(4, 4))
+    runner.replay()
+    assert torch.equal(out, torch.softmax(a @ b + 1.0, dim=-1))
+
+
+def test_backend_choice_per_device():
+    backends = _C.compiled_backends()
+    assert "cpu" in backends
+    assert _C.GraphRunner("verify", 1, 1, _C.GraphPool(torch.device("cpu"))).backend == "cpu"
+    if "cuda" not in backends:
+        with pytest.raises(RuntimeError, match="SPECSWAP_WITH_CUDA=ON"):
+            _C.GraphPool(torch.device("cuda"))
+    if "npu" not in backends:
+        with pytest.raises(RuntimeError, match="SPECSWAP_WITH_NPU=ON"):
+            _C.GraphPool(torch.device("privateuseone"))
+    with pytest.raises(ValueError, match="no graph runner for device meta"):
+        _C.GraphPool(torch.device("meta"))
