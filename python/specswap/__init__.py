@@ -19,6 +19,10 @@ _EXPORTS = {
     "load_adaptive_config": "specswap.config",
     "AdaptiveController": "specswap.controller",
     "AdaptiveSpecWorker": "specswap.controller",
+    "EAGLEWorker": "specswap.worker",
+    "SamplingParams": "specswap.sampling",
+    "Engine": "specswap.engine",
+    "RequestOutput": "specswap.engine",
 }
 
 __all__ = ["__version__", *_EXPORTS]
