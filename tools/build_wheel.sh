@@ -58,4 +58,4 @@ echo "[build_wheel] $variant: compiling (this takes a few minutes)"
   -Cbuild-dir="$root/build/wheel-$variant" "$stage"
 wheel=$(ls -t dist/specswap-"$base_version+$tag"-*.whl | head -1)
 echo "[build_wheel] built $wheel (torch==$torch_version)"
-bash tools/check_wheel.sh "$variant" "$wheel"
+bash tools/check_wheel.sh "$variant" "$wheel" "$venv"

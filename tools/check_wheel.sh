@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks a built wheel: its metadata pins torch; cpu: installs in a fresh venv
-# and passes the test suite; cuda: installs and imports (no GPU needed to
-# import); npu: lists the ACL / NPU graph symbols the extension links (nothing
-# runs without CANN and Ascend hardware).
+# and passes the test suite; cuda: installs (beside the build environment's
+# CUDA torch, no second 5 GB copy) and imports, no GPU needed; npu: lists the
+# ACL / NPU graph symbols the extension links (nothing runs without CANN and
+# Ascend hardware). Usage: tools/check_wheel.sh VARIANT WHEEL [BUILD_VENV]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 variant=${1:?usage: tools/check_wheel.sh cpu|cuda|npu WHEEL}
@@ -13,17 +14,19 @@ trap 'rm -rf "$tmp"' EXIT
 unzip -q "$wheel" -d "$tmp/unpacked"
 so=$(ls "$tmp"/unpacked/specswap/_C*.so)
 case "$variant" in
-  cpu|cuda)
+  cuda)
+    venv=${3:?the cuda check needs the build venv (with torch 2.14.1) as third argument}
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --target "$tmp/site" "$wheel"
+    (cd "$tmp" && PYTHONPATH="$tmp/site" "$venv/bin/python" -c "import specswap, specswap._core as c; print('[check_wheel] imports:', specswap.__version__, 'backends', c._C.compiled_backends(), 'from', c._C.__file__)")
+    echo "[check_wheel] CUDA graph symbols linked:"
+    nm -DC --undefined-only "$so" | grep -E 'CUDAGraph|graph_pool_handle|getStreamFromPool' | sed 's/^ *U /  /' ;;
+  cpu)
     venv=$tmp/venv
     python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check -c .ci/constraints.txt "$wheel"
     (cd "$tmp" && "$venv/bin/python" -c "import specswap, specswap._core as c; print('[check_wheel] imports:', specswap.__version__, 'backends', c._C.compiled_backends())")
-    if [ "$variant" = cpu ]; then
-      "$venv/bin/python" -m pip install -q --disable-pip-version-check -c .ci/constraints.txt pytest hypothesis transformers google-benchmark
-      (cd "$tmp" && cp -r "$OLDPWD/tests" . && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
-    else
-      echo "[check_wheel] CUDA symbols linked: $(nm -D --undefined-only "$so" | grep -c -E 'CUDAGraph|cuda') "
-    fi ;;
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -c .ci/constraints.txt pytest hypothesis transformers google-benchmark
+    (cd "$tmp" && cp -r "$OLDPWD/tests" . && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests) ;;
   npu)
     echo "[check_wheel] ACL / NPU graph symbols the extension links:"
     nm -DC --undefined-only "$so" | grep -E 'NPUGraph|graph_task|graph_pool_handle|getNPUStreamFromPool' | sed 's/^ *U /  /'
