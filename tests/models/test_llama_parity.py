@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_reference import hf_greedy, make_hf_llama, specswap_greedy
+from model_reference import hf_greedy, make_hf_llama, specswap_greedy, transformers
 from specswap.models import load_model
 
 NEW_TOKENS = 32
@@ -70,3 +70,16 @@ def test_loads_transformers_checkpoint_in_bf16_and_agrees_roughly(tmp_path):
     torch.testing.assert_close(out.logits.float(), ref.logits, atol=0.1, rtol=0.05)
     agreement = (out.logits.argmax(-1) == ref.logits.argmax(-1)).float().mean()
     assert agreement >= 0.9
+
+
+def test_shipped_tiny_matches_transformers():
+    from specswap import zoo
+    directory = zoo.path("tiny")
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    assert type(hf_model).__name__ == "LlamaForCausalLM"
+    model = load_model(directory)
+    prompt = [model.config.bos_token_id, 100, 300, 7, 1500, 42]
+    hf_tokens, hf_logits = hf_greedy(hf_model, prompt, NEW_TOKENS)
+    tokens, logits = specswap_greedy(model, prompt, NEW_TOKENS)
+    assert tokens == hf_tokens
+    torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=0)
