@@ -64,6 +64,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Load the model once and serve it over HTTP until interrupted."""
+    from specswap.server.loading import build_engine, check_speculative_flags, load_models
+
+    check_speculative_flags(args, args.speculative_adaptive)
+    if args.api_key is not None and not args.api_key:
+        raise ValueError("--api-key must not be empty")
+    try:
+        import uvicorn
+
+        from specswap.server.app import create_app
+    except ImportError as error:
+        raise ValueError(f"serving needs FastAPI, uvicorn and prometheus-client: pip install \"specswap[serve]\" "
+                         f"({error})") from error
+    if args.disable_cuda_graph:
+        print("specswap serve: --disable-cuda-graph: graphs are not used by this server yet; nothing to disable")
+    algorithm = args.speculative_algorithm
+    models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device)
+    engine = build_engine(models, algorithm, args.speculative_num_steps, args.speculative_adaptive,
+                          args.speculative_adaptive_config, args.max_batch_size, args.max_seq_len)
+    server_args = {key: value for key, value in vars(args).items() if key not in ("func", "api_key")}
+    app = create_app(engine, args.served_model_name or args.model, api_key=args.api_key,
+                     max_body_bytes=args.max_body_bytes, server_args=server_args)
+    print(f"specswap serve: {args.model} ({sum(p.numel() for p in models.target.parameters()) / 1e6:.1f}M, "
+          f"{models.dtype}), speculative {algorithm}{' adaptive' if args.speculative_adaptive else ''}, "
+          f"max batch {engine.max_batch_size}, max_seq_len {engine.max_seq_len}; http://{args.host}:{args.port}/v1",
+          flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """The phased workload benchmark (see docs/bench.md)."""
+    from specswap.bench.cli import run_from_args
+    return run_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specswap", description="Adaptive speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +111,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", default=None, help="adaptive config JSON (see docs/policy.md)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_demo)
+
+    from specswap.server.loading import add_model_arguments
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with live adaptive metrics (docs/serving.md)")
+    add_model_arguments(serve, default_algorithm="NONE")
+    serve.add_argument("--speculative-adaptive", action="store_true",
+                       help="let the adaptive controller pick the draft steps per round")
+    serve.add_argument("--disable-cuda-graph", action="store_true", help="accepted for SGLang compatibility")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=30000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every request")
+    serve.add_argument("--served-model-name", default=None, help="the model id clients see (default: --model)")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    serve.add_argument("--log-level", default="warning")
+    serve.set_defaults(func=cmd_serve)
+
+    bench = sub.add_parser("bench", help="phased workload benchmark: baseline, static tiers and adaptive side by side "
+                                         "(docs/bench.md)")
+    add_model_arguments(bench, default_algorithm=None)
+    from specswap.bench.cli import add_bench_arguments
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -1,0 +1,171 @@
+"""``specswap bench``: the phased workload, every mode side by side in one run, the oracle, JSON and a plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from specswap.bench import report
+from specswap.bench.workloads import WORKLOADS, build_workload
+
+DEFAULT_STATIC_STEPS = (1, 3, 7)
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", default="transition", choices=list(WORKLOADS),
+                        help="low, high, or transition (low, high, low, high)")
+    parser.add_argument("--requests-per-phase", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=2, help="requests in flight (the batch size)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--low-temperature", type=float, default=1.0, help="sampling temperature of low phases")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="warm-up requests per mode, on a throwaway engine with the same settings (0: none)")
+    parser.add_argument("--modes", nargs="+", default=None,
+                        help="subset of: baseline, static<k>, adaptive (default: baseline, one static mode per "
+                             "candidate tier, adaptive)")
+    parser.add_argument("--seed", type=int, default=0, help="request i of a mode is seeded with seed + i")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--output", default=None, help="write the results as JSON (schema: docs/bench.md)")
+    parser.add_argument("--plot", default=None, help="write a PNG of tier and throughput over time per mode")
+    parser.add_argument("--server", action="append", default=None, metavar="[NAME=]URL",
+                        help="benchmark running server(s) instead of an in-process engine (repeatable; NAME "
+                             "names the mode, e.g. static3=http://127.0.0.1:30000)")
+    parser.add_argument("--api-key", default=None, help="bearer token for --server")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def candidate_steps(config_path: str | None) -> list[int]:
+    """The adaptive config's candidate tiers (the static modes to compare against)."""
+    if config_path is None:
+        return list(DEFAULT_STATIC_STEPS)
+    from specswap.config import load_adaptive_config
+    return [int(k) for k in load_adaptive_config(config_path).candidate_steps if int(k) > 0]
+
+
+def mode_settings(modes: list[str] | None, algorithm: str | None, steps: list[int], initial_steps: int,
+                  adaptive_config: str | None) -> dict[str, dict[str, Any]]:
+    """Mode name -> build_engine keyword arguments."""
+    available: dict[str, dict[str, Any]] = {"baseline": {"speculative_algorithm": None}}
+    if algorithm is not None:
+        for k in steps:
+            available[f"static{k}"] = {"speculative_algorithm": algorithm, "speculative_num_steps": k}
+        available["adaptive"] = {"speculative_algorithm": algorithm, "speculative_num_steps": initial_steps,
+                                 "speculative_adaptive": True, "speculative_adaptive_config": adaptive_config}
+    if modes is None:
+        return available
+    for name in modes:
+        if name.startswith("static") and name[6:].isdigit() and algorithm is not None:
+            available.setdefault(name, {"speculative_algorithm": algorithm, "speculative_num_steps": int(name[6:])})
+    unknown = [name for name in modes if name not in available]
+    if unknown:
+        raise ValueError(f"unknown bench mode(s) {unknown}; valid: {', '.join(available)} (or static<k>)")
+    return {name: available[name] for name in modes}
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="req", disable=not enabled, file=sys.stderr, leave=False)
+
+
+def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progress) -> dict[str, dict]:
+    """Every mode on engines built over the same loaded weights, one after another."""
+    from specswap.bench.runner import run_engine
+    from specswap.server.loading import build_engine
+
+    batch_size = min(args.max_batch_size, args.concurrency)
+    summaries = {}
+    for name, settings in modes.items():
+        progress.set_description(name)
+        if args.warmup > 0:  # a throwaway engine: warms the kernels without moving this mode's controller
+            warm = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
+            warm_phases = build_workload("transition", 1, args.low_temperature)[:2]
+            for index in range(args.warmup):
+                phase = warm_phases[index % 2]
+                warm.generate([phase.prompts[0]], max_new_tokens=min(16, args.max_new_tokens),
+                              temperature=phase.temperature, seed=index)
+            del warm
+        engine = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
+        run = run_engine(engine, phases, args.concurrency, args.max_new_tokens, args.seed,
+                         on_request_done=lambda: progress.update(1))
+        summaries[name] = report.summarize(run)
+        summaries[name]["settings"] = {k: v for k, v in settings.items() if v is not None}
+    return summaries
+
+
+def run_servers(args, phases, progress) -> dict[str, dict]:
+    from specswap.bench.runner import run_server
+    summaries = {}
+    for index, spec in enumerate(args.server):
+        name, _, url = spec.partition("=") if "=" in spec.split("://")[0] else ("", "", spec)
+        name = name or ("server" if len(args.server) == 1 else f"server{index}")
+        progress.set_description(name)
+        run = run_server(url, phases, args.concurrency, args.max_new_tokens, args.seed, api_key=args.api_key,
+                         on_request_done=lambda: progress.update(1))
+        summaries[name] = report.summarize(run)
+        summaries[name]["settings"] = {"server": url}
+    return summaries
+
+
+def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
+    """Run the benchmark described by ``args``; ``models`` (LoadedModels) skips loading (tests, reuse)."""
+    import torch
+
+    from specswap.server.loading import check_speculative_flags, load_models
+
+    check_speculative_flags(args, adaptive_flag=True)  # the config applies to the adaptive mode
+    for flag in ("requests_per_phase", "concurrency", "max_new_tokens"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    phases = build_workload(args.workload, args.requests_per_phase, args.low_temperature)
+    requests = sum(len(phase.prompts) for phase in phases)
+    result: dict[str, Any] = {
+        "workload": args.workload,
+        "phases": [phase.name for phase in phases],
+        "settings": {"requests_per_phase": args.requests_per_phase, "concurrency": args.concurrency,
+                     "max_new_tokens": args.max_new_tokens, "low_temperature": args.low_temperature,
+                     "warmup": args.warmup, "seed": args.seed, "threads": torch.get_num_threads()},
+    }
+    start = time.perf_counter()
+    if args.server:
+        progress = _progress(requests * len(args.server), not args.no_progress)
+        with progress:
+            result["modes"] = run_servers(args, phases, progress)
+        result["model"] = None
+    else:
+        if models is None:
+            algorithm = None if args.speculative_algorithm is None else args.speculative_algorithm
+            models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device)
+        steps = candidate_steps(args.speculative_adaptive_config)
+        modes = mode_settings(args.modes, models.speculative_algorithm, steps, args.speculative_num_steps,
+                              args.speculative_adaptive_config)
+        result.update(model=models.name, speculative_algorithm=models.speculative_algorithm, dtype=str(models.dtype),
+                      num_parameters=sum(p.numel() for p in models.target.parameters()))
+        progress = _progress(requests * len(modes), not args.no_progress)
+        with progress:
+            result["modes"] = run_in_process(models, args, modes, phases, progress)
+    result["wall_s"] = time.perf_counter() - start
+    result["oracle"] = report.oracle(result["modes"])
+    result["ratios"] = report.ratios(result["modes"], result["oracle"])
+    return result
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    result = run_bench(args)
+    print(f"workload {result['workload']} ({', '.join(result['phases'])}), model {result.get('model')}, "
+          f"{result.get('speculative_algorithm')}, {result.get('dtype')}, {result['settings']['requests_per_phase']} "
+          f"requests/phase, concurrency {result['settings']['concurrency']}, {result['settings']['max_new_tokens']} "
+          f"new tokens, {result['settings']['threads']} threads, {result['wall_s']:.1f} s")
+    print(report.format_table(result))
+    if args.output:
+        with open(args.output, "w") as handle:
+            json.dump(result, handle, indent=1)
+        print(f"wrote {args.output}")
+    if args.plot:
+        report.plot(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

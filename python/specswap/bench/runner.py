@@ -1,0 +1,151 @@
+"""Run a phased workload against an in-process engine or a running server and record what happened.
+
+A run is a plain dict (JSON-ready):
+
+    {"phases": [{"name", "temperature", "start_s", "end_s",
+                 "requests": [{"latency_s", "tokens", "verify_rounds", "accepted_draft_tokens"}]}],
+     "trace": [[t_s, tier, tokens_in_step, phase_index], ...]}
+
+Times are seconds from the start of the mode's run. Phases run back to back on the same engine, so the
+adaptive controller carries its state from one phase into the next, as it would in production.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from specswap.bench.workloads import Phase
+
+
+def run_engine(engine, phases: list[Phase], concurrency: int, max_new_tokens: int, seed: int = 0,
+               on_request_done: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Keep ``concurrency`` requests in flight per phase on ``engine`` (continuous batching via add_request/step)."""
+    speculative = engine.speculative_algorithm is not None
+    run: dict[str, Any] = {"phases": [], "trace": []}
+    t0 = time.perf_counter()
+    request_index = 0
+    for phase_index, phase in enumerate(phases):
+        pending = deque(phase.prompts)
+        started: dict[int, float] = {}
+        seen_tokens: dict[int, int] = {}
+        records = []
+        phase_start = time.perf_counter() - t0
+        while pending or started:
+            while pending and len(started) < concurrency:
+                prompt = pending.popleft()
+                request_id = engine.add_request(prompt, max_new_tokens=max_new_tokens, temperature=phase.temperature,
+                                                seed=seed + request_index)
+                request_index += 1
+                started[request_id] = time.perf_counter()
+                seen_tokens[request_id] = 0
+            tier = engine.worker.active_steps if speculative else 0
+            outputs = engine.step()
+            now = time.perf_counter()
+            step_tokens = 0
+            for output in outputs:
+                step_tokens += len(output.token_ids) - seen_tokens.get(output.request_id, 0)
+                seen_tokens[output.request_id] = len(output.token_ids)
+                if output.finished:
+                    records.append({"latency_s": now - started.pop(output.request_id),
+                                    "tokens": len(output.token_ids),
+                                    "verify_rounds": output.num_verify_rounds,
+                                    "accepted_draft_tokens": sum(output.accept_lengths)})
+                    if on_request_done is not None:
+                        on_request_done()
+            run["trace"].append([now - t0, tier, step_tokens, phase_index])
+        engine.finished.clear()
+        run["phases"].append({"name": phase.name, "temperature": phase.temperature, "start_s": phase_start,
+                              "end_s": time.perf_counter() - t0, "requests": records})
+    return run
+
+
+def _metric_value(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{}"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def run_server(url: str, phases: list[Phase], concurrency: int, max_new_tokens: int, seed: int = 0,
+               api_key: str | None = None, model: str | None = None, poll_seconds: float = 0.1,
+               timeout_s: float = 600.0, on_request_done: Callable[[], None] | None = None) -> dict[str, Any]:
+    """The same workload over HTTP (``POST /v1/completions``, not streamed). The tier trace comes from polling
+    ``/server_info``; accept lengths per phase from the ``spec_accept_length`` histogram in ``/metrics``."""
+    import httpx
+
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    client = httpx.Client(base_url=base, headers=headers, timeout=timeout_s)
+    if model is None:
+        model = client.get("/v1/models").raise_for_status().json()["data"][0]["id"]
+    run: dict[str, Any] = {"phases": [], "trace": []}
+    t0 = time.perf_counter()
+    phase_now = [0]
+    stop_polling = threading.Event()
+
+    def poll() -> None:
+        last_tokens = None
+        while not stop_polling.is_set():
+            try:
+                info = client.get("/server_info").json()
+            except httpx.HTTPError:
+                info = None
+            if info is not None:
+                tokens = info.get("generated_tokens", 0)
+                delta = 0 if last_tokens is None else tokens - last_tokens
+                last_tokens = tokens
+                run["trace"].append([time.perf_counter() - t0, info.get("speculative_num_steps", 0), delta,
+                                     phase_now[0]])
+            stop_polling.wait(poll_seconds)
+
+    def histogram() -> tuple[float, float]:
+        text = client.get("/metrics").text
+        return _metric_value(text, "spec_accept_length_sum"), _metric_value(text, "spec_accept_length_count")
+
+    def one(prompt: str, temperature: float, request_seed: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        response = client.post("/v1/completions", json={
+            "model": model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": temperature,
+            "seed": request_seed})
+        if response.status_code != 200:
+            raise RuntimeError(f"{base}/v1/completions answered {response.status_code}: {response.text[:300]}")
+        body = response.json()
+        if on_request_done is not None:
+            on_request_done()
+        return {"latency_s": time.perf_counter() - start, "tokens": body["usage"]["completion_tokens"]}
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    request_index = 0
+    try:
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            for phase_index, phase in enumerate(phases):
+                phase_now[0] = phase_index
+                sum_before, count_before = histogram()
+                phase_start = time.perf_counter() - t0
+                futures = [pool.submit(one, prompt, phase.temperature, seed + request_index + i)
+                           for i, prompt in enumerate(phase.prompts)]
+                request_index += len(phase.prompts)
+                records = [future.result() for future in futures]
+                phase_end = time.perf_counter() - t0
+                sum_after, count_after = histogram()
+                rounds = count_after - count_before
+                # the histogram holds accepted + 1 per request-round: split it back into rounds and accepted drafts
+                for record in records:
+                    share = record["tokens"] / max(1, sum(r["tokens"] for r in records))
+                    record["verify_rounds"] = rounds * share
+                    record["accepted_draft_tokens"] = (sum_after - sum_before - rounds) * share
+                run["phases"].append({"name": phase.name, "temperature": phase.temperature, "start_s": phase_start,
+                                      "end_s": phase_end, "requests": records})
+    finally:
+        stop_polling.set()
+        poller.join()
+        client.close()
+    return run
+

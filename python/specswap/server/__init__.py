@@ -1,0 +1,21 @@
+"""``specswap serve``: an OpenAI-compatible HTTP server over the engine, with live adaptive metrics.
+
+    loading.py    model flags shared with the bench; load a model pair once, build engines over it
+    protocol.py   request validation, chat template, OpenAI error bodies (pure)
+    scheduler.py  the one thread that owns the engine (continuous batching through add_request/step)
+    metrics.py    Prometheus registry: tier, draft tokens, accept-length histogram, switches, tokens, queues
+    app.py        FastAPI routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /server_info, /metrics
+
+The server imports the engine; the engine never imports the server. Needs ``pip install "specswap[serve]"``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["create_app"]
+
+
+def __getattr__(name: str):
+    if name == "create_app":  # lazy: importing the package must not need fastapi
+        from specswap.server.app import create_app
+        return create_app
+    raise AttributeError(name)

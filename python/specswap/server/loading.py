@@ -1,0 +1,134 @@
+"""Model flags shared by ``specswap serve`` and ``specswap bench``, and loading a model pair once.
+
+Both commands take the same SGLang-style flags (``--model``, ``--draft-model``, ``--speculative-algorithm``,
+``--dtype``, ...). ``load_models`` turns them into built modules (target, draft, tokenizer) so that several
+engines can share one copy of the weights; ``build_engine`` wraps them in an ``Engine``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "gemma-3-270m"
+GEMMA_NAMES = ("gemma-3-270m",)
+ALGORITHM_CHOICES = ("EAGLE", "STANDALONE", "NGRAM", "NONE")
+
+
+@dataclass
+class LoadedModels:
+    """Built modules shared by every engine of a process; ``draft`` is None for NGRAM / no speculation."""
+
+    name: str
+    target: Any                         # a built causal LM (torch.nn.Module)
+    draft: Any                          # a built EAGLE head / draft model, or None
+    tokenizer: Any
+    speculative_algorithm: str | None   # what the draft supports: "EAGLE", "STANDALONE", "NGRAM" or None
+    dtype: Any                          # torch.dtype
+    device: str
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str | None) -> None:
+    """The model flags, spelled as SGLang spells them."""
+    parser.add_argument("--model", "--model-path", dest="model", default=DEFAULT_MODEL,
+                        help=f"zoo name ('tiny', 'gemma-3-270m') or checkpoint directory (default {DEFAULT_MODEL})")
+    parser.add_argument("--draft-model", "--speculative-draft-model-path", dest="draft_model", default=None,
+                        help="draft checkpoint (EAGLE head or standalone model); zoo models default to <model>-eagle "
+                             "/ <model>-draft")
+    parser.add_argument("--speculative-algorithm", type=str.upper, choices=ALGORITHM_CHOICES,
+                        default=default_algorithm,
+                        help="EAGLE, STANDALONE, NGRAM (prompt lookup, no draft model) or NONE"
+                             + ("" if default_algorithm else " (default: EAGLE when the model has a head, else NGRAM)"))
+    parser.add_argument("--speculative-num-steps", type=int, default=3, help="draft steps per round (static tier)")
+    parser.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft tree width; only 1 is supported")
+    parser.add_argument("--speculative-adaptive-config", default=None,
+                        help="adaptive policy JSON (docs/policy.md); needs --speculative-adaptive")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (cache slots)")
+    parser.add_argument("--max-seq-len", type=int, default=None,
+                        help="prompt + completion tokens per request (default: the model's, capped at 2048)")
+
+
+def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> None:
+    """Start-up errors for flag combinations that would otherwise be silently ignored."""
+    if args.speculative_eagle_topk != 1:
+        raise ValueError(f"--speculative-eagle-topk {args.speculative_eagle_topk} is not supported; only 1 (a draft "
+                         f"chain) is implemented")
+    if args.speculative_num_steps < 1:
+        raise ValueError(f"--speculative-num-steps must be >= 1, got {args.speculative_num_steps}")
+    if args.speculative_adaptive_config is not None and not adaptive_flag:
+        raise ValueError("--speculative-adaptive-config was given without --speculative-adaptive; add "
+                         "--speculative-adaptive (the config is never silently ignored)")
+    if args.speculative_adaptive_config is not None and not Path(args.speculative_adaptive_config).is_file():
+        raise FileNotFoundError(f"--speculative-adaptive-config {args.speculative_adaptive_config}: no such file")
+    if adaptive_flag and args.speculative_algorithm == "NONE":
+        raise ValueError("--speculative-adaptive needs a --speculative-algorithm (EAGLE, STANDALONE or NGRAM); got NONE")
+
+
+def _target_directory(name: str, dtype) -> Path:
+    if name in GEMMA_NAMES:
+        from specswap.zoo import gemma
+        try:
+            return gemma.resolve(name, dtype)
+        except ImportError as error:
+            raise ValueError(f"model {name!r} is not available: {error}. For a quick start without it, pass "
+                             f"--model tiny") from error
+    from specswap.engine import resolve_checkpoint
+    return resolve_checkpoint(name)
+
+
+def _draft_directory(model: str, draft: str | None, algorithm: str) -> Path:
+    from specswap.engine import resolve_checkpoint
+    if draft is not None:
+        return resolve_checkpoint(draft)
+    if Path(model).is_dir():
+        raise ValueError(f"--speculative-algorithm {algorithm} with a checkpoint directory needs --draft-model")
+    name = f"{model}-eagle" if algorithm == "EAGLE" else f"{model}-draft"
+    try:
+        return resolve_checkpoint(name)
+    except ValueError as error:
+        raise ValueError(f"model {model!r} has no {algorithm} draft ({error}); pass --draft-model, or use "
+                         f"--speculative-algorithm NGRAM (prompt lookup, needs no draft)") from error
+
+
+def load_models(model: str, draft: str | None = None, speculative_algorithm: str | None = "EAGLE",
+                dtype: str = "auto", device: str = "cpu") -> LoadedModels:
+    """Load the target (and draft) once. ``speculative_algorithm=None`` picks EAGLE when a head is found, else
+    NGRAM; "NONE" loads no draft."""
+    from specswap.engine import resolve_dtype
+    from specswap.models import load_draft_model, load_eagle_head, load_model, load_tokenizer
+
+    torch_dtype = resolve_dtype(dtype, device)
+    algorithm = speculative_algorithm
+    if algorithm is None:
+        try:
+            _draft_directory(model, draft, "EAGLE")
+            algorithm = "EAGLE"
+        except ValueError:
+            algorithm = "NGRAM"
+    target_dir = _target_directory(model, torch_dtype)
+    draft_dir = _draft_directory(model, draft, algorithm) if algorithm in ("EAGLE", "STANDALONE") else None
+    target = load_model(target_dir, dtype=torch_dtype, device=device)
+    drafter = None
+    if algorithm == "EAGLE":
+        drafter = load_eagle_head(draft_dir, target)
+    elif algorithm == "STANDALONE":
+        drafter = load_draft_model(draft_dir, target)
+    return LoadedModels(str(model), target, drafter, load_tokenizer(target_dir),
+                        None if algorithm == "NONE" else algorithm, torch_dtype, device)
+
+
+def build_engine(models: LoadedModels, speculative_algorithm: str | None, speculative_num_steps: int = 3,
+                 speculative_adaptive: bool = False, speculative_adaptive_config: Any = None,
+                 max_batch_size: int = 8, max_seq_len: int | None = None):
+    """An Engine over already loaded modules (no weights are copied). ``speculative_algorithm`` None or "NONE":
+    target only."""
+    from specswap.engine import Engine
+    algorithm = None if speculative_algorithm in (None, "NONE") else speculative_algorithm
+    draft = models.draft if algorithm in ("EAGLE", "STANDALONE") else None
+    return Engine(models.target, draft, algorithm, speculative_num_steps=speculative_num_steps,
+                  speculative_adaptive=speculative_adaptive, speculative_adaptive_config=speculative_adaptive_config,
+                  max_batch_size=max_batch_size, max_seq_len=max_seq_len, tokenizer=models.tokenizer)

@@ -1,0 +1,82 @@
+"""Prometheus metrics for the server, on a registry of its own (several servers may live in one process).
+
+Engine state (tier, EMA, switches, queue sizes) is read at scrape time from the scheduler's snapshot;
+per-round accept lengths are observed by the scheduler thread as rounds complete.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+ACCEPT_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _EngineCollector:
+    """Gauges and totals derived from the scheduler's stats snapshot."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def collect(self):
+        stats = self.scheduler.snapshot
+        counters = self.scheduler.counters
+        speculative = stats.get("speculative_algorithm") is not None
+        steps = stats.get("current_steps", 0) if speculative else 0
+
+        def gauge(name, documentation, value):
+            family = GaugeMetricFamily(name, documentation)
+            family.add_metric([], value)
+            return family
+
+        yield gauge("spec_num_steps", "Draft steps per verify round in the active tier (0: no speculation)", steps)
+        yield gauge("spec_num_draft_tokens", "Tokens verified per request per round in the active tier (steps + 1; "
+                    "0 without speculation)", steps + 1 if speculative else 0)
+        yield gauge("spec_adaptive_enabled", "1 when the adaptive controller picks the tier", int(stats.get("adaptive", False)))
+        yield gauge("spec_adaptive_ema", "The controller's EMA of accepted draft tokens per verify (NaN when static)",
+                    float("nan") if stats.get("ema") is None else stats["ema"])
+        switches = CounterMetricFamily("spec_tier_switches", "Tier switches made by the adaptive controller")
+        switches.add_metric([], stats.get("num_switches", 0))
+        yield switches
+        yield gauge("spec_num_requests_running", "Requests in the running batch", stats.get("running", 0))
+        yield gauge("spec_num_requests_waiting", "Requests queued for a free slot",
+                    stats.get("waiting", 0) + self.scheduler.pending())
+        generated = CounterMetricFamily("spec_generation_tokens", "Tokens generated (finished and running requests)")
+        generated.add_metric([], stats.get("generated_tokens", 0))
+        yield generated
+        prompt = CounterMetricFamily("spec_prompt_tokens", "Prompt tokens of admitted requests")
+        prompt.add_metric([], counters.prompt_tokens)
+        yield prompt
+        finished = CounterMetricFamily("spec_requests_finished", "Finished requests by finish reason",
+                                       labels=["finish_reason"])
+        for reason, count in sorted(dict(counters.requests_finished).items()):
+            finished.add_metric([reason], count)
+        yield finished
+        rounds = CounterMetricFamily("spec_verify_rounds", "Batched verify rounds per tier", labels=["num_steps"])
+        for tier, count in sorted(stats.get("rounds_per_tier", {}).items()):
+            rounds.add_metric([str(tier)], count)
+        yield rounds
+
+
+class ServerMetrics:
+    """The server's registry: the engine collector plus an accept-length histogram fed per request per round."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.accept_length = Histogram("spec_accept_length", "Tokens per verify per request, bonus included "
+                                       "(accepted draft tokens + 1)", buckets=ACCEPT_LENGTH_BUCKETS,
+                                       registry=self.registry)
+        self.request_rounds = Counter("spec_request_verify_rounds", "Per-request verify rounds per tier",
+                                      ["num_steps"], registry=self.registry)
+
+    def attach(self, scheduler) -> None:
+        self.registry.register(_EngineCollector(scheduler))
+
+    def on_round(self, accepted: int, tier: int) -> None:
+        """Called by the scheduler thread for each request in each verify round."""
+        self.accept_length.observe(accepted + 1)
+        self.request_rounds.labels(str(tier)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,248 @@
+"""OpenAI request validation, the chat template and error bodies (pure functions, no I/O)."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from specswap.sampling import SamplingParams
+
+MAX_STOP_STRINGS = 4
+DEFAULT_COMPLETION_MAX_TOKENS = 16       # as OpenAI's completions endpoint
+DEFAULT_CHAT_MAX_TOKENS = 256
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 error_type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.error_type = status, message, param, code, error_type
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class ParsedRequest:
+    prompt: str | list[int]               # text (the engine adds BOS) or token ids as given
+    params: SamplingParams
+    stream: bool
+    include_usage: bool                   # stream_options.include_usage
+
+
+def _bad(message: str, param: str, code: str | None = None) -> APIError:
+    return APIError(400, message, param, code)
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(f"'{name}' must be a number, got {value!r}", name)
+    if value < low or value > high or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise _bad(f"'{name}' must be in {bracket}{low}, {high}], got {value!r}", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, default: int | None, low: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"'{name}' must be an integer, got {value!r}", name)
+    if low is not None and value < low:
+        raise _bad(f"'{name}' must be >= {low}, got {value}", name)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise _bad(f"'stop' must be a non-empty string or a list of them, got {stop!r}", "stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise _bad(f"'stop' takes at most {MAX_STOP_STRINGS} strings, got {len(stop)}", "stop")
+    return tuple(stop)
+
+
+def _unsupported(body: dict) -> None:
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise _bad(f"'n' must be 1 (one choice per request), got {n!r}", "n")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise _bad(f"'best_of' must be 1, got {best_of!r}", "best_of")
+    for name in ("logprobs", "top_logprobs", "echo", "logit_bias", "tools", "suffix"):
+        if body.get(name) not in (None, False, 0, {}, []):
+            raise _bad(f"'{name}' is not supported by this server", name)
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise _bad(f"'{name}' is not supported (only 0)", name)
+
+
+def _common(body: dict, default_max_tokens: int, max_tokens_names: tuple[str, ...]) -> tuple[SamplingParams, bool, bool]:
+    if not isinstance(body, dict):
+        raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad(f"'model' must be a string, got {model!r}", "model")
+    _unsupported(body)
+    max_tokens = default_max_tokens
+    for name in max_tokens_names:
+        if body.get(name) is not None:
+            max_tokens = _integer(body, name, default_max_tokens, low=1)
+            break
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    top_k = _integer(body, "top_k", 0, low=0)
+    seed = _integer(body, "seed", None)
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad(f"'stream' must be a boolean, got {stream!r}", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise _bad(f"'stream_options' must be an object, got {options!r}", "stream_options")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise _bad(f"'stream_options.include_usage' must be a boolean, got {include_usage!r}", "stream_options")
+    params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                            seed=seed, stop=_stop(body))
+    return params, stream, include_usage
+
+
+def parse_completion(body: Any, max_prompt_chars: int) -> ParsedRequest:
+    """POST /v1/completions: ``prompt`` is a string, a list of token ids, or a list holding one of those."""
+    params, stream, include_usage = _common(body, DEFAULT_COMPLETION_MAX_TOKENS, ("max_tokens",))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if len(prompt) > max_prompt_chars:
+            raise _bad(f"the prompt has {len(prompt)} characters; at most {max_prompt_chars} are accepted",
+                       "prompt", "context_length_exceeded")
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if len(prompt) > max_prompt_chars:
+            raise _bad(f"the prompt has {len(prompt)} tokens; too long", "prompt", "context_length_exceeded")
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise _bad("one prompt per request: send a string or a list of token ids, not a batch", "prompt")
+    else:
+        raise _bad(f"'prompt' must be a string or a non-empty list of token ids, got {prompt!r:.80}", "prompt")
+    return ParsedRequest(prompt, params, stream, include_usage)
+
+
+def _message_text(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        parts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise _bad(f"messages[{index}].content: only text parts are supported, got {part!r:.80}", "messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _bad(f"messages[{index}].content must be a string or a list of text parts, got {content!r:.80}", "messages")
+
+
+def parse_messages(body: dict) -> list[tuple[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad(f"'messages' must be a non-empty list, got {messages!r:.80}", "messages")
+    parsed = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _bad(f"messages[{index}] must be an object, got {message!r:.80}", "messages")
+        role = message.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in CHAT_ROLES:
+            raise _bad(f"messages[{index}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}", "messages")
+        parsed.append((role, _message_text(message.get("content"), index)))
+    return parsed
+
+
+def apply_chat_template(messages: list[tuple[str, str]], tokenizer: Any = None) -> str:
+    """The prompt a chat becomes. Gemma tokenizers (with ``<start_of_turn>``) get Gemma's turn markup (system
+    text is folded into the first user turn, as Gemma does); any other tokenizer gets the plain template
+
+        System: {system}\\n\\nUser: {user}\\n\\nAssistant: {assistant}\\n\\n ... Assistant:
+
+    and generation stops at the next "\\nUser:" (added as a stop string by the server)."""
+    token_to_id = getattr(tokenizer, "token_to_id", None)
+    if token_to_id is not None and token_to_id("<start_of_turn>") is not None:
+        turns, system = [], ""
+        for role, text in messages:
+            if role == "system":
+                system += text + "\n\n"
+                continue
+            speaker = "model" if role == "assistant" else "user"
+            turns.append(f"<start_of_turn>{speaker}\n{system if speaker == 'user' else ''}{text}<end_of_turn>\n")
+            if speaker == "user":
+                system = ""
+        return "".join(turns) + "<start_of_turn>model\n"
+    names = {"system": "System", "user": "User", "assistant": "Assistant"}
+    return "".join(f"{names[role]}: {text}\n\n" for role, text in messages) + "Assistant:"
+
+
+CHAT_STOP = "\nUser:"
+
+
+def parse_chat(body: Any, tokenizer: Any, max_prompt_chars: int) -> ParsedRequest:
+    """POST /v1/chat/completions; ``max_completion_tokens`` is accepted as OpenAI's newer name for max_tokens."""
+    params, stream, include_usage = _common(body, DEFAULT_CHAT_MAX_TOKENS, ("max_completion_tokens", "max_tokens"))
+    prompt = apply_chat_template(parse_messages(body), tokenizer)
+    if len(prompt) > max_prompt_chars:
+        raise _bad(f"the conversation has {len(prompt)} characters; at most {max_prompt_chars} are accepted",
+                   "messages", "context_length_exceeded")
+    if not prompt.endswith("<start_of_turn>model\n") and CHAT_STOP not in params.stop:
+        stops = params.stop + (CHAT_STOP,)
+        params = SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                                top_p=params.top_p, top_k=params.top_k, seed=params.seed, stop=stops)
+    return ParsedRequest(prompt, params, stream, include_usage)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def finish_reason(reason: str | None) -> str | None:
+    """Engine finish reasons as OpenAI spells them."""
+    return {"length": "length", "stop": "stop"}.get(reason, reason)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def stream_safe_length(text: str, stops: tuple[str, ...], finished: bool) -> int:
+    """How much of ``text`` may be streamed now: hold back a trailing partial UTF-8 character (decoded as
+    U+FFFD) and any suffix that could still grow into a stop string (the engine cuts stop strings at the end)."""
+    if finished:
+        return len(text)
+    end = len(text)
+    while end > 0 and text[end - 1] == "\ufffd":
+        end -= 1
+    hold = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, end), 0, -1):
+            if text[end - size:end] == stop[:size]:
+                hold = max(hold, size)
+                break
+    return end - hold

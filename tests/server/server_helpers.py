@@ -1,0 +1,80 @@
+"""Small random models, a character tokenizer and a uvicorn server in a thread, for the server and bench tests."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import torch
+
+from specswap.models import EagleConfig, EagleHead, LlamaConfig, LlamaForCausalLM
+
+FORCED_SWITCHING = {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1}
+
+
+class CharTokenizer:
+    """Printable ASCII as tokens (id = code - 30, ids 2..96); 0 = BOS. No EOS, so lengths are predictable."""
+
+    bos_token_id = 0
+    eos_token_ids: set[int] = set()
+    vocab_size = 100
+
+    def encode(self, text, add_bos=False):
+        ids = [min(max(ord(c) - 30, 2), 96) for c in text]
+        return [0, *ids] if add_bos else ids
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i + 30) for i in ids if 2 <= i <= 96)
+
+    def token_to_id(self, token):
+        return None
+
+
+def random_models(hidden_size=32, seed=0):
+    """A 2-layer random Llama over the character vocabulary and a random EAGLE head for it."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=CharTokenizer.vocab_size, hidden_size=hidden_size,
+                         intermediate_size=2 * hidden_size, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=1024)
+    target = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        target.model.embed_tokens.weight.normal_(0, 1.0)
+        target.lm_head.weight.mul_(3.0)  # peaked laws: greedy output settles into loops that prompt lookup finds
+    head = EagleHead(EagleConfig.for_target(config), target.embed_tokens, target.lm_head).eval()
+    return target, head
+
+
+def loaded_models(algorithm="NGRAM"):
+    """The bench's LoadedModels over the random pair."""
+    from specswap.server.loading import LoadedModels
+    target, head = random_models()
+    return LoadedModels("random", target, head if algorithm == "EAGLE" else None, CharTokenizer(), algorithm,
+                        torch.float32, "cpu")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(app, startup_timeout=30.0):
+    """Serve ``app`` on 127.0.0.1:<free port> in a thread; yields the base URL; stops the server on exit."""
+    import uvicorn
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
