@@ -154,8 +154,8 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
     return result
 
 
-def run_from_args(args: argparse.Namespace) -> int:
-    result = run_bench(args)
+def run_from_args(args: argparse.Namespace, models=None) -> int:
+    result = run_bench(args, models)
     print(f"workload {result['workload']} ({', '.join(result['phases'])}), model {result.get('model')}, "
           f"{result.get('speculative_algorithm')}, {result.get('dtype')}, {result['settings']['requests_per_phase']} "
           f"requests/phase, concurrency {result['settings']['concurrency']}, {result['settings']['max_new_tokens']} "

@@ -1,0 +1,143 @@
+"""The phased benchmark: figures from recorded runs, the oracle, and end-to-end runs (in process, over HTTP)."""
+
+import json
+
+import pytest
+
+from server_helpers import loaded_models, random_models, running_server
+from specswap.bench import report
+from specswap.bench.cli import mode_settings, run_from_args
+from specswap.bench.workloads import HIGH_PROMPTS, LOW_PROMPTS, build_workload
+from specswap.cli import build_parser, main
+
+
+def _phase(name, tokens, seconds):
+    return {"name": name, "tokens": tokens, "seconds": seconds, "throughput_tok_s": tokens / seconds}
+
+
+def _mode(*phases):
+    tokens = sum(p["tokens"] for p in phases)
+    seconds = sum(p["seconds"] for p in phases)
+    return {"phases": list(phases), "overall": {"throughput_tok_s": tokens / seconds}}
+
+
+def test_oracle_takes_the_best_static_mode_per_phase():
+    modes = {
+        "baseline": _mode(_phase("low", 100, 1.0), _phase("high", 100, 1.0)),   # fastest in low: not a candidate
+        "static1": _mode(_phase("low", 100, 2.0), _phase("high", 100, 1.0)),    # 50, 100
+        "static3": _mode(_phase("low", 100, 4.0), _phase("high", 120, 0.5)),    # 25, 240
+        "adaptive": _mode(_phase("low", 100, 2.5), _phase("high", 120, 0.6)),
+    }
+    best = report.oracle(modes)
+    assert best["candidates"] == ["static1", "static3"]
+    assert [(p["name"], p["mode"]) for p in best["phases"]] == [("low", "static1"), ("high", "static3")]
+    assert best["phases"][1]["throughput_tok_s"] == pytest.approx(240.0)
+    # switching perfectly: static1's low phase then static3's high phase, tokens over time
+    assert best["overall"]["throughput_tok_s"] == pytest.approx((100 + 120) / (2.0 + 0.5))
+    assert best["best_static"]["mode"] == "static1"  # overall 200 / 3.0 = 66.7 beats static3's 220 / 4.5 = 48.9
+    ratios = report.ratios(modes, best)
+    assert ratios["adaptive_vs_best_static"] == pytest.approx((220 / 3.1) / (200 / 3.0))
+    assert ratios["adaptive_vs_oracle"] == pytest.approx((220 / 3.1) / (220 / 2.5))
+    assert ratios["adaptive_vs_baseline"] == pytest.approx((220 / 3.1) / 100.0)
+    assert report.oracle({"baseline": modes["baseline"]}) is None
+
+
+def test_summarize_figures_from_a_recorded_run():
+    run = {"phases": [
+        {"name": "low", "start_s": 0.0, "end_s": 2.0, "requests": [
+            {"latency_s": 1.0, "tokens": 10, "verify_rounds": 9, "accepted_draft_tokens": 0},
+            {"latency_s": 2.0, "tokens": 10, "verify_rounds": 9, "accepted_draft_tokens": 0}]},
+        {"name": "high", "start_s": 2.0, "end_s": 3.0, "requests": [
+            {"latency_s": 1.0, "tokens": 40, "verify_rounds": 10, "accepted_draft_tokens": 30}]}],
+        "trace": [[0.5, 1, 2, 0], [1.5, 1, 2, 0], [2.5, 3, 4, 1]]}
+    summary = report.summarize(run)
+    low, high = summary["phases"]
+    assert low["throughput_tok_s"] == pytest.approx(10.0) and low["latency_s"] == pytest.approx(1.5)
+    assert low["accept_length"] == pytest.approx(1.0)
+    assert high["throughput_tok_s"] == pytest.approx(40.0) and high["accept_length"] == pytest.approx(4.0)
+    assert summary["overall"]["throughput_tok_s"] == pytest.approx(60 / 3.0)
+    assert summary["overall"]["accept_length"] == pytest.approx((30 + 28) / 28)
+    assert summary["rounds_per_tier"] == {"1": 2, "3": 1} and summary["tier_switches"] == 1
+    assert report.tier_string(summary["trace"], width=4) == "1113"
+
+
+def test_workloads_alternate_and_do_not_replay_prompts():
+    phases = build_workload("transition", 3)
+    assert [p.name for p in phases] == ["low", "high", "low", "high"]
+    assert phases[0].temperature == 1.0 and phases[1].temperature == 0.0
+    assert phases[0].prompts == tuple(LOW_PROMPTS[:3]) and phases[2].prompts == tuple(LOW_PROMPTS[3:6])
+    assert phases[3].prompts == tuple(HIGH_PROMPTS[3:6])
+    with pytest.raises(ValueError, match="unknown workload"):
+        build_workload("medium", 2)
+
+
+def test_modes_default_to_the_candidates_and_reject_unknown_names():
+    assert list(mode_settings(None, "NGRAM", [1, 3, 7], 3, None)) == ["baseline", "static1", "static3", "static7",
+                                                                      "adaptive"]
+    assert list(mode_settings(["static2", "adaptive"], "EAGLE", [1, 3], 3, None)) == ["static2", "adaptive"]
+    assert list(mode_settings(None, None, [1, 3, 7], 3, None)) == ["baseline"]
+    with pytest.raises(ValueError, match="unknown bench mode"):
+        mode_settings(["static3", "fast"], "NGRAM", [1, 3, 7], 3, None)
+
+
+def _args(tmp_path, *extra):
+    return build_parser().parse_args([
+        "bench", "--requests-per-phase", "2", "--max-new-tokens", "12", "--concurrency", "2", "--no-progress",
+        "--output", str(tmp_path / "results.json"), "--plot", str(tmp_path / "plot.png"), *extra])
+
+
+def _check_schema(result, modes, phases=("low", "high", "low", "high")):
+    assert list(result["modes"]) == list(modes)
+    for name in modes:
+        mode = result["modes"][name]
+        assert set(mode["overall"]) >= {"throughput_tok_s", "latency_s", "accept_length", "tokens", "seconds"}
+        assert [p["name"] for p in mode["phases"]] == list(phases)
+        assert all(p["throughput_tok_s"] > 0 for p in mode["phases"])
+        assert mode["trace"] and all(len(row) == 4 for row in mode["trace"])
+
+
+def test_bench_in_process_writes_json_schema_and_plot(tmp_path, capsys):
+    args = _args(tmp_path, "--speculative-adaptive-config", _config(tmp_path))
+    assert run_from_args(args, loaded_models("NGRAM")) == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    _check_schema(result, ["baseline", "static1", "static3", "adaptive"])
+    assert result["modes"]["baseline"]["overall"]["accept_length"] == 1.0
+    assert result["modes"]["static3"]["rounds_per_tier"].keys() == {"3"}
+    assert result["oracle"]["candidates"] == ["static1", "static3"]
+    assert len(result["oracle"]["phases"]) == 4
+    assert {"adaptive_vs_baseline", "adaptive_vs_best_static", "adaptive_vs_oracle"} <= set(result["ratios"])
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = capsys.readouterr().out
+    assert "oracle" in out and "adaptive" in out and "tier over time" in out
+
+
+def _config(tmp_path):
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps({"candidate_steps": [1, 3], "warmup_batches": 0, "update_interval": 1}))
+    return str(path)
+
+
+def test_bench_against_a_running_server(tmp_path):
+    from specswap.engine import Engine
+    from specswap.server.app import create_app
+    from server_helpers import CharTokenizer
+    target, _ = random_models()
+    engine = Engine(target, None, "NGRAM", speculative_num_steps=3, max_batch_size=2, max_seq_len=512,
+                    tokenizer=CharTokenizer())
+    with running_server(create_app(engine, "random", api_key="k")) as url:
+        args = _args(tmp_path, "--server", f"static3={url}", "--api-key", "k", "--workload", "high")
+        assert run_from_args(args) == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    _check_schema(result, ["static3"], phases=("high",))
+    assert result["modes"]["static3"]["overall"]["accept_length"] >= 1.0
+    assert result["oracle"]["phases"][0]["mode"] == "static3"
+
+
+def test_cli_errors_are_reported_before_loading_anything(tmp_path, capsys):
+    assert main(["bench", "--speculative-eagle-topk", "4"]) == 2
+    assert "topk" in capsys.readouterr().err
+    assert main(["serve", "--speculative-adaptive-config", _config(tmp_path)]) == 2
+    assert "without --speculative-adaptive" in capsys.readouterr().err
+    assert main(["serve", "--speculative-adaptive", "--speculative-adaptive-config", str(tmp_path / "no.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["bench", "--requests-per-phase", "0"]) == 2
