@@ -71,3 +71,13 @@ def test_cacheless_training_forward_matches_cached_forward(model):
         cacheless = model(ids, positions, None, None)
     torch.testing.assert_close(cacheless.logits, cached.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(cacheless.hidden, cached.hidden, atol=1e-5, rtol=0)
+
+
+def test_explicit_key_length_gives_the_same_result(model):
+    cache = model.make_cache(max_batch_size=2, capacity=32)
+    ids = torch.tensor([[3, 4, 5], [6, 7, 8]])
+    positions = torch.tensor([[0, 1, 2], [5, 6, 7]])  # rows at different positions
+    with torch.no_grad():
+        default = model(ids, positions, cache, torch.arange(2)).logits
+        explicit = model(ids, positions, cache, torch.arange(2), key_length=20).logits
+    torch.testing.assert_close(explicit, default, atol=1e-6, rtol=0)

@@ -101,7 +101,7 @@ def check_cache(cache: KVCache, num_layers: int, input_ids: torch.Tensor, slots:
         raise ValueError(f"KV cache has {cache.num_layers} layers but the model has {num_layers}; "
                          "make the cache with this model's make_cache()")
     if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be [B, T]; got shape {tuple(input_ids.shape)}")
+        raise ValueError(f"input_ids and positions must be [B, T]; got shape {tuple(input_ids.shape)}")
     if slots.shape != input_ids.shape[:1]:
         raise ValueError(f"slots must be [B] = [{input_ids.shape[0]}]; got shape {tuple(slots.shape)}")
     if input_ids.shape[0] > cache.max_batch_size:
