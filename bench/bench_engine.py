@@ -71,14 +71,18 @@ def load_models(name: str, algorithm: str, dtype: torch.dtype):
         config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512)
         target = LlamaForCausalLM(config).to(dtype).eval()
-        if algorithm == "EAGLE":
+        if algorithm == "NGRAM":
+            draft = None
+        elif algorithm == "EAGLE":
             draft = EagleHead(EagleConfig.for_target(config), target.embed_tokens, target.lm_head).to(dtype).eval()
         else:
             draft = LlamaForCausalLM(LlamaConfig(**{**config.__dict__, "num_hidden_layers": 1})).to(dtype).eval()
         return target, draft, ByteTokenizer(config.vocab_size)
     target_path = resolve_checkpoint(name)
     target = load_model(target_path, dtype=dtype)
-    if algorithm == "EAGLE":
+    if algorithm == "NGRAM":
+        draft = None
+    elif algorithm == "EAGLE":
         draft = load_eagle_head(resolve_checkpoint(f"{name}-eagle"), target)
     else:
         draft = load_draft_model(resolve_checkpoint(f"{name}-draft"), target)
@@ -112,7 +116,8 @@ def bench_engine(target, draft, tokenizer, args) -> list[dict]:
     for workload, prompts, temperature in workloads:
         prompts = prompts[:args.num_prompts]
         for batch_size in args.batch_sizes:
-            engines = {name: Engine(target, draft if kwargs["speculative_algorithm"] else None, tokenizer=tokenizer,
+            engines = {name: Engine(target, draft if kwargs["speculative_algorithm"] in ("EAGLE", "STANDALONE") else None,
+                                    tokenizer=tokenizer,
                                     max_batch_size=batch_size, max_seq_len=args.max_seq_len, **kwargs)
                        for name, kwargs in configs.items()}
             for engine in engines.values():  # warm-up
@@ -138,6 +143,9 @@ def bench_engine(target, draft, tokenizer, args) -> list[dict]:
 def bench_transformers(target_name: str, tokenizer, target, args) -> list[dict]:
     """Plain and assisted generate at batch 1 (greedy, code prompts), as ratios to our no-spec engine."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     dtype = resolve_dtype(args.dtype, "cpu")
     hf_target = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(target_name), dtype=dtype).eval()
     hf_draft = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(f"{target_name}-draft"), dtype=dtype).eval()
@@ -177,7 +185,8 @@ def bf16_agreement(args) -> dict:
         prompts, args.max_new_tokens)
     report = {}
     for steps in (1, 3, 7):
-        engine = Engine(target, draft, args.algorithm, speculative_num_steps=steps, tokenizer=tokenizer,
+        engine = Engine(target, draft if args.algorithm != "NGRAM" else None, args.algorithm,
+                        speculative_num_steps=steps, tokenizer=tokenizer,
                         max_seq_len=args.max_seq_len)
         results = engine.generate(prompts, args.max_new_tokens)
         identical = sum(r.token_ids == ref.token_ids for r, ref in zip(results, reference))
@@ -203,13 +212,13 @@ def print_table(rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="zoo name or checkpoint directory, or 'random'")
-    parser.add_argument("--algorithm", default="EAGLE", choices=["EAGLE", "STANDALONE"])
+    parser.add_argument("--algorithm", default="EAGLE", choices=["EAGLE", "STANDALONE", "NGRAM"])
     parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-seq-len", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--adaptive-config", type=json.loads, default=None,
                         help='JSON object of policy keys, e.g. \'{"warmup_batches": 2}\'')
