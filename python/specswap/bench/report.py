@@ -137,6 +137,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     modes = result["modes"]
+    tiers = sorted({row[1] for summary in modes.values() for row in summary["trace"]}) or [0]
     figure, axes = plt.subplots(len(modes), 1, figsize=(10, 2.2 * len(modes) + 0.6), squeeze=False)
     for axis, (name, summary) in zip(axes[:, 0], modes.items()):
         trace = summary["trace"]
@@ -156,6 +157,8 @@ def plot(result: dict[str, Any], path: str) -> None:
         for boundary in summary.get("phase_starts_s", [])[1:]:
             axis.axvline(boundary, color="grey", linestyle=":")
         axis.set_ylabel("tier", color="tab:blue")
+        axis.set_yticks(tiers)
+        axis.set_ylim(min(tiers) - 0.5, max(tiers) + 0.5)
         axis.set_title(f"{name}: {summary['overall']['throughput_tok_s']:.1f} tok/s overall", fontsize=9)
     axes[-1, 0].set_xlabel("seconds")
     figure.tight_layout()
