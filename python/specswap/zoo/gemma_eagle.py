@@ -1,0 +1,319 @@
+"""Train an EAGLE-1 head for Gemma 3 270M on this machine, resumably, from offline text.
+
+    PYTHONPATH=python nice -n 10 python -m specswap.zoo.gemma_eagle --minutes 40 \
+        [--work ~/.cache/specswap/gemma-3-270m-eagle-run] [--out python/specswap/zoo/weights/gemma-3-270m-eagle]
+
+Pipeline (every phase checkpoints into ``--work``; rerunning the command resumes where it stopped):
+1. data: the zoo's offline corpus (CPython stdlib sources = code; docstrings and licence texts = prose), tokenized
+   with Gemma's tokenizer; the draft vocabulary is the ``draft_vocab`` most frequent target tokens there
+   (``token_map``), so the head's LM head is a 16k-row slice of the target's.
+2. features: rounds of bf16 target forwards over random windows (half code, half prose) plus windows that
+   continue a corpus prompt with the target's own greedy tokens; each round stores tokens and the final-normed
+   hidden states (the features) as a shard. Teacher logits are not stored: they are recomputed from the stored
+   features with the target's LM head rows of the draft vocabulary, exactly the target's logits there.
+3. training: between feature rounds, steps over all shards so far: KL to the target's next-token distribution
+   (restricted to the draft vocabulary), smooth-L1 regression to the next feature, and a second pass on the head's
+   own predicted features (as at draft step 2+), with EAGLE's uniform feature noise.
+4. evaluation: held-out top-1 agreement with the target's full-vocabulary greedy token at draft steps 1..3;
+   the best head so far (by step-1 top-1) is written to ``--out`` with its token map and training record.
+
+Gemma's terms of use apply to the head as a model derived from Gemma (see docs/gemma.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from specswap.models import EagleConfig, EagleHead, RopeConfig, load_model, load_tokenizer, save_eagle_head
+
+from .data import build_corpus
+from .train import kl_to_teacher, learning_rate, make_optimizer, positions_like, step_optimizer
+
+DOMAINS = ("code", "prose")
+DEFAULT_OUT = Path(__file__).resolve().parent / "weights" / "gemma-3-270m-eagle"
+
+
+@dataclass(frozen=True)
+class GemmaEagleRecipe:
+    """Every knob; recorded verbatim in training_record.json."""
+
+    seed: int = 2026
+    draft_vocab: int = 16384
+    seq_len: int = 128
+    feature_windows_per_round: int = 16      # corpus windows of seq_len per feature round
+    self_generated_per_round: int = 4        # windows continued greedily by the target
+    self_prompt_tokens: int = 64             # prompt tokens; the rest of seq_len is generated
+    feature_batch: int = 4
+    train_batch: int = 8
+    steps_per_round: int = 24
+    lr: float = 1e-3
+    planned_steps: int = 900                 # lr schedule length; training stops earlier at the time budget
+    warmup_fraction: float = 0.03
+    feature_noise: float = 0.1               # uniform, relative to the features' std (as in EAGLE)
+    regression_weight: float = 1.0
+    self_feed_weight: float = 0.5
+    eval_windows: int = 24
+    eval_steps: int = 3                      # draft steps measured for held-out top-1
+    eval_every_rounds: int = 5
+    save_dtype: str = "bfloat16"
+    threads: int = 1                         # shared 2-core machine: see TinyRecipe.threads
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+def token_streams(tokenizer, corpus) -> dict[str, dict[str, torch.Tensor]]:
+    """split -> domain -> one stream of <bos> doc <bos> doc ... token ids."""
+    streams = {}
+    for split in ("train", "heldout"):
+        streams[split] = {}
+        for domain in DOMAINS:
+            ids: list[int] = []
+            for encoding in tokenizer._tokenizer.encode_batch(corpus.documents[domain][split],
+                                                              add_special_tokens=False):
+                ids.append(tokenizer.bos_token_id)
+                ids.extend(encoding.ids)
+            streams[split][domain] = torch.tensor(ids, dtype=torch.long)
+    return streams
+
+
+def frequent_tokens(streams: dict[str, torch.Tensor], vocab_size: int, count: int) -> torch.Tensor:
+    """The ``count`` most frequent ids over the training streams, sorted by id: the draft vocabulary."""
+    counts = sum(torch.bincount(stream, minlength=vocab_size) for stream in streams.values())
+    return torch.sort(torch.topk(counts, count).indices).values
+
+
+def random_windows(stream: torch.Tensor, count: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, len(stream) - length, (count,), generator=generator)
+    return torch.stack([stream[s:s + length] for s in starts.tolist()])
+
+
+@torch.inference_mode()
+def greedy_continue(target, prompts: torch.Tensor, total_length: int) -> torch.Tensor:
+    """prompts: [B, P] -> [B, total_length]: each prompt continued with the target's greedy tokens."""
+    batch, prompt_length = prompts.shape
+    cache, slots = target.make_cache(batch, total_length), torch.arange(batch)
+    logits = target(prompts, positions_like(prompts), cache, slots, prompt_length).logits[:, -1]
+    tokens = [prompts]
+    for position in range(prompt_length, total_length):
+        next_tokens = logits.argmax(-1, keepdim=True)  # [B, 1]
+        tokens.append(next_tokens)
+        if position == total_length - 1:
+            break
+        logits = target(next_tokens, torch.full((batch, 1), position), cache, slots, position + 1).logits[:, -1]
+    return torch.cat(tokens, dim=1)
+
+
+@torch.inference_mode()
+def target_features(target, windows: torch.Tensor, batch: int) -> torch.Tensor:
+    """windows: [N, T] -> final-normed hidden states [N, T, H] in bf16 (cacheless causal forward)."""
+    hidden = []
+    for start in range(0, len(windows), batch):
+        chunk = windows[start:start + batch]
+        hidden.append(target(chunk, positions_like(chunk), None, None).hidden.to(torch.bfloat16))
+    return torch.cat(hidden)
+
+
+# ------------------------------------------------------------------------------------------------ head
+
+def make_head(target, token_map: torch.Tensor) -> EagleHead:
+    """One Llama-style decoder layer shaped like a Gemma layer (4 heads of 256, 1 KV head), fresh init."""
+    config = target.config
+    eagle_config = EagleConfig(
+        hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim, target_vocab_size=config.vocab_size, draft_vocab_size=len(token_map),
+        rms_norm_eps=config.rms_norm_eps, rope=RopeConfig(theta=config.rope_local.theta),
+        max_position_embeddings=config.max_position_embeddings)
+    head = EagleHead(eagle_config, target.embed_tokens, target.lm_head, token_map)
+    with torch.no_grad():
+        for name, parameter in head.named_parameters():
+            if parameter.dim() == 2:
+                torch.nn.init.normal_(parameter, std=0.02)
+        hidden = config.hidden_size
+        head.fc.weight[:, hidden:] += torch.eye(hidden)  # start by passing the feature through
+    return head.float()
+
+
+def head_losses(head: EagleHead, draft_lm_weight: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor,
+                recipe: GemmaEagleRecipe, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+    """Head entry q consumes (x_q, f_{q-1}) and predicts f_q and the distribution of x_{q+1}.
+
+    tokens: [B, T]; features: [B, T, H] fp32. Teacher logits over the draft vocabulary are f_q @ W_draft^T.
+    """
+    with torch.no_grad():
+        teacher_logp = F.log_softmax(F.linear(features[:, 1:], draft_lm_weight), dim=-1)   # [B, T-1, Vd]
+    inputs, previous = tokens[:, 1:], features[:, :-1]
+    noise = (torch.rand(previous.shape, generator=generator) * 2 - 1) * recipe.feature_noise * previous.std()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = head(inputs, previous + noise, positions_like(inputs, 1), None, None)
+    kl_first = kl_to_teacher(teacher_logp, first.logits)
+    regression = F.smooth_l1_loss(first.hidden.float(), features[:, 1:])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        second = head(tokens[:, 2:], first.hidden[:, :-1], positions_like(tokens[:, 2:], 2), None, None)
+    kl_second = kl_to_teacher(teacher_logp[:, 1:], second.logits)
+    loss = kl_first + recipe.regression_weight * regression + recipe.self_feed_weight * kl_second
+    return loss, {"kl": kl_first.item(), "regression": regression.item(), "kl_self_fed": kl_second.item()}
+
+
+@torch.inference_mode()
+def heldout_top1(target, head: EagleHead, windows: torch.Tensor, recipe: GemmaEagleRecipe) -> dict[str, float]:
+    """Agreement of the head's top-1 (mapped to target ids) with the target's full-vocabulary greedy token, per
+    draft step: step 1 from the target's features, step k from the head's own features of step k-1."""
+    agree = [0.0] * recipe.eval_steps
+    for start in range(0, len(windows), recipe.feature_batch):
+        tokens = windows[start:start + recipe.feature_batch]
+        teacher = target(tokens, positions_like(tokens), None, None)
+        target_next = teacher.logits.argmax(-1)  # [B, T]
+        features = teacher.hidden.float()
+        for step in range(recipe.eval_steps):
+            # step k: entries q consume (x_q, feature of q-1), predicting x_{q+1}
+            inputs = tokens[:, step + 1:]
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = head(inputs, features[:, :inputs.shape[1]], positions_like(inputs, step + 1), None, None)
+            predicted = head.token_map[out.logits.argmax(-1)]
+            agree[step] += (predicted == target_next[:, step + 1:]).float().mean().item() * len(tokens)
+            features = out.hidden.float()
+    return {f"step{step + 1}": round(total / len(windows), 4) for step, total in enumerate(agree)}
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+def train(minutes: float, work: Path, out: Path, recipe: GemmaEagleRecipe = GemmaEagleRecipe()) -> dict:
+    from .gemma import resolve
+
+    torch.set_num_threads(recipe.threads)
+    deadline = time.monotonic() + minutes * 60
+    work.mkdir(parents=True, exist_ok=True)
+    directory = resolve("gemma-3-270m", torch.bfloat16)
+    target = load_model(directory, torch.bfloat16).requires_grad_(False)
+    tokenizer = load_tokenizer(directory)
+
+    data_file = work / "data.pt"
+    if data_file.is_file():
+        data = torch.load(data_file)
+    else:
+        corpus = build_corpus()
+        streams = token_streams(tokenizer, corpus)
+        token_map = frequent_tokens(streams["train"], target.config.vocab_size, recipe.draft_vocab)
+        generator = torch.Generator().manual_seed(recipe.seed + 1)
+        heldout = torch.cat([random_windows(streams["heldout"][d], recipe.eval_windows // 2, recipe.seq_len, generator)
+                             for d in DOMAINS])
+        data = {"streams": streams["train"], "token_map": token_map, "heldout": heldout,
+                "summary": {"fingerprint": corpus.fingerprint(), "documents": corpus.summary(),
+                            "tokens": {s: {d: len(t) for d, t in by.items()} for s, by in streams.items()}}}
+        torch.save(data, data_file)
+    token_map = data["token_map"]
+
+    head = make_head(target, token_map)
+    optimizer = make_optimizer(head, recipe.lr)
+    state = {"round": 0, "step": 0, "curve": [], "evals": [], "best": None, "seconds": 0.0, "feature_tokens": 0}
+    checkpoint_file = work / "checkpoint.pt"
+    if checkpoint_file.is_file():
+        checkpoint = torch.load(checkpoint_file)
+        head.load_state_dict(checkpoint["head"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        state = checkpoint["state"]
+        print(f"resuming at round {state['round']}, step {state['step']}", file=sys.stderr)
+    head.set_token_map(token_map)
+    draft_lm_weight = target.lm_head.weight.detach()[token_map].float()  # [Vd, H]
+    shards = sorted(work.glob("features-*.pt"))
+    tokens_list = [torch.load(s)["tokens"] for s in shards]
+    features_list = [torch.load(s)["hidden"] for s in shards]
+
+    session_start = time.monotonic()
+    bar = tqdm(desc="gemma eagle", unit="step", initial=state["step"], total=recipe.planned_steps, dynamic_ncols=True)
+    while time.monotonic() < deadline and state["step"] < recipe.planned_steps:
+        round_index = state["round"]
+        generator = torch.Generator().manual_seed(recipe.seed + 1000 + round_index)
+        # features of this round: corpus windows, half code, half prose, and greedy self-continuations
+        half = recipe.feature_windows_per_round // 2
+        windows = [random_windows(data["streams"][d], half, recipe.seq_len, generator) for d in DOMAINS]
+        if recipe.self_generated_per_round:
+            domain = DOMAINS[round_index % 2]
+            prompts = random_windows(data["streams"][domain], recipe.self_generated_per_round,
+                                     recipe.self_prompt_tokens, generator)
+            windows.append(greedy_continue(target, prompts, recipe.seq_len))
+        windows = torch.cat(windows)
+        hidden = target_features(target, windows, recipe.feature_batch)
+        torch.save({"tokens": windows, "hidden": hidden}, work / f"features-{round_index:05d}.pt")
+        tokens_list.append(windows)
+        features_list.append(hidden)
+        state["feature_tokens"] += windows.numel()
+        all_tokens, all_features = torch.cat(tokens_list), torch.cat(features_list)
+
+        head.train()
+        for _ in range(recipe.steps_per_round):
+            pick = torch.randint(0, len(all_tokens), (recipe.train_batch,), generator=generator)
+            loss, parts = head_losses(head, draft_lm_weight, all_tokens[pick], all_features[pick].float(), recipe,
+                                      generator)
+            loss.backward()
+            step_optimizer(optimizer, head, learning_rate(state["step"], recipe.planned_steps, recipe.lr,
+                                                          recipe.warmup_fraction))
+            state["step"] += 1
+            bar.update(1)
+            bar.set_postfix(kl=f"{parts['kl']:.3f}", reg=f"{parts['regression']:.3f}")
+            if state["step"] % 20 == 0:
+                state["curve"].append({"step": state["step"], **{k: round(v, 4) for k, v in parts.items()}})
+        head.eval()
+        state["round"] += 1
+        state["seconds"] += time.monotonic() - session_start
+        session_start = time.monotonic()
+        last_round = time.monotonic() >= deadline or state["step"] >= recipe.planned_steps
+        if state["round"] % recipe.eval_every_rounds == 0 or last_round:
+            top1 = heldout_top1(target, head, data["heldout"], recipe)
+            state["evals"].append({"step": state["step"], "feature_tokens": state["feature_tokens"], **top1})
+            bar.write(f"step {state['step']}: held-out top-1 {top1}")
+            if state["best"] is None or top1["step1"] > state["best"]["step1"]:
+                state["best"] = {"step": state["step"], **top1}
+                ship(head, out, recipe, state, data)
+        torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, checkpoint_file)
+    bar.close()
+    return {"best": state["best"], "steps": state["step"], "feature_tokens": state["feature_tokens"],
+            "train_seconds": round(state["seconds"], 1)}
+
+
+def ship(head: EagleHead, out: Path, recipe: GemmaEagleRecipe, state: dict, data: dict) -> None:
+    save_eagle_head(head, out, dtype=getattr(torch, recipe.save_dtype))
+    record = {
+        "model": "gemma-3-270m-eagle",
+        "kind": "EAGLE-1 head for Gemma 3 270M (shares its scaled embedding; LM head = 16k-row slice of the target's)",
+        "parameters": sum(p.numel() for p in head.parameters()),
+        "draft_vocab": len(head.token_map),
+        "best": state["best"], "evals": state["evals"], "loss_curve": state["curve"],
+        "steps": state["step"], "feature_tokens": state["feature_tokens"],
+        "train_seconds": round(state["seconds"], 1),
+        "recipe": asdict(recipe), "data": data["summary"],
+        "sources": ["CPython stdlib .py files -> code; stdlib docstrings and licence texts -> prose",
+                    "plus windows continued by the target's own greedy tokens"],
+        "licence": "derived from Gemma 3 270M: Gemma Terms of Use apply (https://ai.google.dev/gemma/terms)",
+        "environment": {"python": platform.python_version(), "torch": torch.__version__,
+                        "threads": torch.get_num_threads(), "command": " ".join(sys.argv)},
+    }
+    (out / "training_record.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specswap.zoo.gemma_eagle", description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=40.0, help="wall-clock budget of this run")
+    parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specswap" / "gemma-3-270m-eagle-run")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--planned-steps", type=int)
+    args = parser.parse_args(argv)
+    recipe = GemmaEagleRecipe()
+    if args.planned_steps:
+        recipe = replace(recipe, planned_steps=args.planned_steps)
+    print(json.dumps(train(args.minutes, args.work, args.out, recipe), indent=2))
+
+
+if __name__ == "__main__":
+    main()
