@@ -87,6 +87,10 @@ def _draft_directory(model: str, draft: str | None, algorithm: str) -> Path:
     if Path(model).is_dir():
         raise ValueError(f"--speculative-algorithm {algorithm} with a checkpoint directory needs --draft-model")
     name = f"{model}-eagle" if algorithm == "EAGLE" else f"{model}-draft"
+    from specswap import zoo
+    shipped = zoo.WEIGHTS_DIR / name  # heads trained here for targets outside the tiny zoo (gemma-3-270m-eagle)
+    if (shipped / "config.json").is_file():
+        return shipped
     try:
         return resolve_checkpoint(name)
     except ValueError as error:
