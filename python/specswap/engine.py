@@ -23,6 +23,8 @@ from specswap.worker import SPECULATIVE_ALGORITHMS, EAGLEWorker
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DEFAULT_MAX_SEQ_LEN = 2048
+# joining requests are prefilled together, right-padded, in groups of at most this many (padded) tokens
+PREFILL_TOKEN_BUDGET = 8192
 
 
 @dataclass
@@ -101,6 +103,21 @@ def resolve_checkpoint(name: str | Path) -> Path:
         raise ValueError(f"zoo model {str(name)!r} is not built yet ({path} is missing); build it with "
                          f"`python -m specswap.zoo train tiny` or pass a checkpoint directory")
     return path
+
+
+def prefill_groups(requests: list, token_budget: int) -> list[list]:
+    """Split joining requests, in order, into groups whose padded size (count x longest prompt) fits the
+    budget; a prompt longer than the budget goes alone."""
+    groups: list[list] = []
+    for request in requests:
+        if groups:
+            group = groups[-1]
+            longest = max(len(request.prompt_ids), *(len(r.prompt_ids) for r in group))
+            if (len(group) + 1) * longest <= token_budget:
+                group.append(request)
+                continue
+        groups.append([request])
+    return groups
 
 
 class Engine:
@@ -265,10 +282,10 @@ class Engine:
             request = self._waiting.popleft()
             request.slot = self._free_slots.pop()
             admitted.append(request)
-        if admitted:
-            first_tokens = self.worker.prefill([r.slot for r in admitted], [r.prompt_ids for r in admitted],
-                                               [r.params for r in admitted], [r.generator for r in admitted])
-            for request, token in zip(admitted, first_tokens):
+        for group in prefill_groups(admitted, PREFILL_TOKEN_BUDGET):
+            first_tokens = self.worker.prefill([r.slot for r in group], [r.prompt_ids for r in group],
+                                               [r.params for r in group], [r.generator for r in group])
+            for request, token in zip(group, first_tokens):
                 self._running.append(request)
                 self._append(request, [token])
                 updated.append(request)

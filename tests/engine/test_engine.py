@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine_helpers import CharTokenizer, bigram_pair, random_eagle_head, random_target
-from specswap.engine import Engine, resolve_dtype
+from specswap.engine import Engine, _Request, prefill_groups, resolve_dtype
 from specswap.sampling import SamplingParams
 
 PROMPTS = [[2, 3, 4], [5, 6, 7, 8, 9, 10, 11, 12], [40], [9, 9, 9, 9, 2], [33, 17], [60, 61, 62, 63, 2, 3]]
@@ -227,6 +227,13 @@ def test_step_reports_progress_and_stats():
     assert stats["current_steps"] == 2 and stats["rounds_per_tier"] == {2: eng.finished[request_id].num_verify_rounds}
     assert stats["generated_tokens"] == 6 and stats["tokens_per_second"] > 0
     assert 0 <= stats["mean_accept_length"] <= 2
+
+
+def test_prefill_groups_respect_the_token_budget_and_order():
+    requests = [_Request(i, [2] * n, SamplingParams(), 8, None) for i, n in enumerate([10, 30, 5, 100, 20, 20])]
+    groups = prefill_groups(requests, 64)
+    assert [[r.request_id for r in g] for g in groups] == [[0, 1], [2], [3], [4, 5]]
+    assert all(len(g) * max(len(r.prompt_ids) for r in g) <= 64 or len(g) == 1 for g in groups)
 
 
 def test_dtype_resolution():
