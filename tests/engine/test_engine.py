@@ -1,6 +1,8 @@
 """Engine: greedy identity through continuous batching and adaptive switching, bad input, stops, abort."""
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import torch
 
 from engine_helpers import CharTokenizer, bigram_pair, random_eagle_head, random_target
@@ -241,3 +243,49 @@ def test_dtype_resolution():
     assert resolve_dtype("auto", "cpu") in (torch.float32, torch.bfloat16)
     with pytest.raises(ValueError, match="'float16' is not supported"):
         resolve_dtype("float16", "cpu")
+
+
+_switching_pair = {}
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    arrivals=st.lists(st.tuples(
+        st.integers(0, 6),                                           # step at which the request arrives
+        st.lists(st.integers(2, 63), min_size=1, max_size=10),       # prompt
+        st.integers(1, 16),                                          # max_new_tokens
+        st.booleans(),                                               # greedy?
+        st.one_of(st.none(), st.integers(0, 8)),                     # abort this many steps after arriving
+    ), min_size=1, max_size=8),
+    max_batch_size=st.integers(1, 4),
+    algorithm=st.sampled_from(["EAGLE", "STANDALONE", "NGRAM"]),
+)
+def test_continuous_batching_with_arrivals_aborts_and_switching(arrivals, max_batch_size, algorithm):
+    """Greedy requests finish with target-only tokens whatever joins, leaves or is aborted around them."""
+    if not _switching_pair:
+        _switching_pair["pair"] = bigram_pair(head_noise=0.1)
+    target, head = _switching_pair["pair"]
+    draft = {"EAGLE": head, "STANDALONE": target}.get(algorithm)
+    eng = Engine(target, draft, algorithm, speculative_adaptive=True, speculative_adaptive_config=FORCED,
+                 max_batch_size=max_batch_size, max_seq_len=48)
+    ids, aborts, step = {}, {}, 0
+    pending = sorted(enumerate(arrivals), key=lambda item: item[1][0])
+    while pending or eng.has_unfinished():
+        while pending and pending[0][1][0] <= step:
+            index, (_, prompt, max_new, greedy, abort_after) = pending.pop(0)
+            params = SamplingParams(max_new_tokens=max_new, temperature=0.0 if greedy else 1.0, seed=index)
+            ids[index] = eng.add_request(prompt, params)
+            if abort_after is not None:
+                aborts[index] = step + abort_after
+        for index, when in list(aborts.items()):
+            if when == step:
+                eng.abort(ids[index])
+        eng.step()
+        step += 1
+    for index, (_, prompt, max_new, greedy, abort_after) in enumerate(arrivals):
+        output = eng.finished[ids[index]]
+        assert output.finish_reason in ("length", "stop", "abort")
+        if greedy and output.finish_reason != "abort":
+            expected = Engine(target, None, None, max_seq_len=48).generate([prompt], max_new)[0]
+            assert output.token_ids == expected.token_ids
+    assert eng.stats()["running"] == 0 and sorted(eng._free_slots) == list(range(max_batch_size))
