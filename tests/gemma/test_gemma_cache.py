@@ -129,3 +129,12 @@ def test_unknown_model_and_dtype_are_refused():
         gemma.resolve("gemma-7b")
     with pytest.raises(ValueError, match="bfloat16"):
         gemma.resolve("gemma-3-270m", torch.float16)
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    from specswap.zoo import gemma
+
+    monkeypatch.setenv(gemma.CACHE_ENV, str(tmp_path))
+    assert gemma.cache_root() == tmp_path
+    monkeypatch.delenv(gemma.CACHE_ENV)
+    assert gemma.cache_root().parts[-2:] == (".cache", "specswap")
