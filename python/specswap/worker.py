@@ -20,8 +20,10 @@ x_0..x_{m-1} (x_{m-1} sampled but not yet fed to the target):
   m-1..m+a-2 = m'-3, so no extra forward is needed when all are accepted.
 - rollback is forgetting lengths: nothing is copied.
 
-Tier k = 0 verifies [x_{m-1}] alone (plain decoding) and still runs one
-draft-extend/draft forward so the draft stays in step for a later switch up.
+Tier k = 0 verifies [x_{m-1}] alone (plain decoding) and runs no draft at
+all: it costs what target-only decoding costs. The draft falls behind (EAGLE
+keeps the target features f_{m-1} of those rounds); the first round of a tier
+k >= 1 catches each lagging request up before drafting.
 """
 
 from __future__ import annotations
@@ -150,7 +152,13 @@ class EAGLEWorker:
             self.next_draft_hidden = torch.zeros(max_batch_size, hidden_size, dtype=target.dtype,
                                                  device=self.device)  # [S, H]
         self.host_seq_lens = [0] * max_batch_size
-        self.host_tokens: list[list[int]] = [[] for _ in range(max_batch_size)]  # NGRAM: prompt + output
+        self.host_tokens: list[list[int]] = [[] for _ in range(max_batch_size)]  # prompt + output: x_0..x_{m-1}
+        # positions 0..draft_len-1 of the draft cache are valid (in step: m-1 for EAGLE, >= m-2 standalone)
+        self.draft_len = [0] * max_batch_size
+        if speculative_algorithm == "EAGLE":
+            # f_{m-1} of tier-0 rounds, for the catch-up: [S, capacity, H]
+            self.tier0_features = torch.zeros(max_batch_size, self.cache_capacity, target.config.hidden_size,
+                                              dtype=target.dtype, device=self.device)
         self.params: list[SamplingParams | None] = [None] * max_batch_size
         self.generators: list[torch.Generator | None] = [None] * max_batch_size
         self.controller = None  # an AdaptiveController, set by whoever owns one
@@ -267,9 +275,9 @@ class EAGLEWorker:
         self.prev_tokens[slot_index] = input_ids[rows, prompt_lens - 1]
         for slot, prompt in zip(slots, prompts):
             self.host_seq_lens[slot] = len(prompt) + 1
-        if self.speculative_algorithm == "NGRAM":
-            for slot, prompt, token in zip(slots, prompts, first_tokens.tolist()):
-                self.host_tokens[slot] = [*prompt, token]
+        for slot, prompt, token in zip(slots, prompts, first_tokens.tolist()):
+            self.host_tokens[slot] = [*prompt, token]
+            self.draft_len[slot] = len(prompt)
         return first_tokens.tolist()
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
@@ -288,6 +296,7 @@ class EAGLEWorker:
         self.generators[slot] = None
         self.host_seq_lens[slot] = 0
         self.host_tokens[slot] = []
+        self.draft_len[slot] = 0
 
     # ---- one decode round ------------------------------------------------------------------------
 
@@ -314,11 +323,15 @@ class EAGLEWorker:
         draft_tokens = state.draft.draft_tokens[:batch]   # [B, k]
         draft_probs = state.draft.draft_probs[:batch]     # [B, k, V]
         sampling = None if all_greedy else (temperature, top_k, top_p, apply_filters)
-        if self.speculative_algorithm == "EAGLE":
+        if steps and self.draft is not None:
+            self._catch_up(slots)
+        if not steps:
+            pass  # tier 0: no draft work at all
+        elif self.speculative_algorithm == "EAGLE":
             self._draft_eagle(state, slot_index, seq_lens, key_length, sampling)
         elif self.speculative_algorithm == "STANDALONE":
             self._draft_standalone(state, slot_index, seq_lens, key_length, sampling)
-        elif self.speculative_algorithm == "NGRAM" and steps:
+        elif self.speculative_algorithm == "NGRAM":
             self._draft_ngram(state, slots, with_law=not all_greedy)
 
         # verify: [x_{m-1}, d_1..d_k] at positions m-1..m+k-1
@@ -339,7 +352,10 @@ class EAGLEWorker:
                 state.verify.residual_noise[:batch])                       # [B], [B]
 
         if self.speculative_algorithm == "EAGLE":
-            self._draft_extend(state, slot_index, positions, out.hidden, accept_lengths, next_tokens, key_length)
+            if steps:
+                self._draft_extend(state, slot_index, positions, out.hidden, accept_lengths, next_tokens, key_length)
+            else:  # keep f_{m-1} for the catch-up
+                self.tier0_features[slot_index, seq_lens - 1] = out.hidden[:, 0]
 
         # commit: m += a + 1; the rejected tail is forgotten, not erased
         self.seq_lens[slot_index] = seq_lens + accept_lengths + 1
@@ -354,8 +370,9 @@ class EAGLEWorker:
             accepted = accept_list[row]
             self.host_seq_lens[slot] += accepted + 1
             new_tokens.append(draft_list[row][:accepted] + [next_list[row]])
-            if self.speculative_algorithm == "NGRAM":
-                self.host_tokens[slot].extend(new_tokens[-1])
+            self.host_tokens[slot].extend(new_tokens[-1])
+            if steps:  # the draft is in step again (tier 0 leaves it behind)
+                self.draft_len[slot] = self.host_seq_lens[slot] - (1 if self.speculative_algorithm == "EAGLE" else 2)
         if self.controller is not None and self.speculative_algorithm is not None:
             self.controller.on_verify_complete(accept_list)  # a switch applies from the next round
         return RoundResult(new_tokens, accept_list, steps)
@@ -427,6 +444,30 @@ class EAGLEWorker:
             if step + 1 < steps:
                 positions = (seq_lens + step).unsqueeze(-1)  # d_{step+1} sits at m+step
                 out = self.draft(tokens.unsqueeze(-1), positions, self.draft_cache, slot_index, key_length=key_length)
+
+    def _catch_up(self, slots: Sequence[int]) -> None:
+        """Bring the draft of requests that ran tier-0 rounds back in step, one request at a time (this only
+        happens on the first round after a switch up from tier 0)."""
+        eagle = self.speculative_algorithm == "EAGLE"
+        for slot in slots:
+            seq_len = self.host_seq_lens[slot]
+            start, end = self.draft_len[slot], seq_len - (1 if eagle else 2)  # positions start..end-1 missing
+            if start >= end:
+                continue
+            tokens = self.host_tokens[slot]
+            slot_index = torch.tensor([slot], device=self.device)
+            positions = torch.arange(start, end, device=self.device).unsqueeze(0)           # [1, T]
+            if eagle:
+                # head position j consumes (x_{j+1}, f_j)
+                input_ids = torch.tensor([tokens[start + 1:end + 1]], device=self.device)    # [1, T]
+                features = self.tier0_features[slot, start:end].unsqueeze(0)                  # [1, T, H]
+                out = self.draft(input_ids, features, positions, self.draft_cache, slot_index, key_length=end)
+                self.next_draft_logits[slot] = out.logits[0, -1]
+                self.next_draft_hidden[slot] = out.hidden[0, -1]
+            else:
+                input_ids = torch.tensor([tokens[start:end]], device=self.device)            # [1, T]
+                self.draft(input_ids, positions, self.draft_cache, slot_index, key_length=end)
+            self.draft_len[slot] = end
 
     def _draft_ngram(self, state, slots: Sequence[int], with_law: bool) -> None:
         """Prompt lookup: each request's drafts continue the latest earlier match of its last tokens."""

@@ -105,6 +105,53 @@ def test_eagle_drafts_follow_the_alignment(name):
             c.extend(new)
 
 
+@pytest.mark.parametrize("name", ["eagle_partial", "eagle_token_map"])
+def test_eagle_drafts_are_right_again_after_a_stint_at_tier_zero(name):
+    target, head, _ = pair(name)
+    worker = EAGLEWorker(target, head, "EAGLE", speculative_num_steps=3, max_seq_len=64, tiers=(0, 3, 4))
+    params = SamplingParams(max_new_tokens=MAX_NEW)
+    slots = list(range(len(PROMPTS)))
+    first = worker.prefill(slots, PROMPTS, [params] * len(PROMPTS))
+    committed = [list(p) + [token] for p, token in zip(PROMPTS, first)]
+    for steps in (3, 0, 0, 0, 4, 4, 0, 4):
+        worker.apply_runtime_state(worker._tier(steps))
+        expected = [reference_eagle_drafts(target, head, c, steps) for c in committed]
+        result = worker.decode_round(slots)
+        assert worker.state.draft.draft_tokens[:len(slots)].tolist() == expected
+        for c, new in zip(committed, result.new_tokens):
+            c.extend(new)
+
+
+def test_tier_zero_runs_no_draft_and_the_self_draft_accepts_everything_after_it():
+    target, _, _ = pair("standalone_self")
+    calls = []
+
+    class CountingDraft(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = target
+            self.config = target.config
+
+        def make_cache(self, *args, **kwargs):
+            return target.make_cache(*args, **kwargs)
+
+        def forward(self, *args, **kwargs):
+            calls.append(args[0].shape)
+            return target(*args, **kwargs)
+
+    worker = EAGLEWorker(target, CountingDraft(), "STANDALONE", speculative_num_steps=0, max_seq_len=64,
+                         tiers=(0, 3))
+    params = SamplingParams(max_new_tokens=MAX_NEW)
+    worker.prefill([0, 1], PROMPTS[:2], [params] * 2)
+    calls.clear()
+    for _ in range(4):
+        assert worker.decode_round([0, 1]).accept_lengths == [0, 0]
+    assert calls == []  # tier 0 costs what target-only decoding costs
+    worker.apply_runtime_state(worker._tier(3))
+    for _ in range(3):
+        assert worker.decode_round([0, 1]).accept_lengths == [3, 3]  # caught up: the copy agrees everywhere
+
+
 SWITCH_PAIRS = ["eagle_partial", "eagle_random", "standalone_self", "standalone_copy", "eagle_token_map", "ngram"]
 
 
