@@ -78,6 +78,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as error:
         raise ValueError(f"serving needs FastAPI, uvicorn and prometheus-client: pip install \"specswap[serve]\" "
                          f"({error})") from error
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     if args.disable_cuda_graph:
         print("specswap serve: --disable-cuda-graph: graphs are not used by this server yet; nothing to disable")
     algorithm = args.speculative_algorithm

@@ -27,7 +27,6 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="subset of: baseline, static<k>, adaptive (default: baseline, one static mode per "
                              "candidate tier, adaptive)")
     parser.add_argument("--seed", type=int, default=0, help="request i of a mode is seeded with seed + i")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--output", default=None, help="write the results as JSON (schema: docs/bench.md)")
     parser.add_argument("--plot", default=None, help="write a PNG of tier and throughput over time per mode")
     parser.add_argument("--server", action="append", default=None, metavar="[NAME=]URL",

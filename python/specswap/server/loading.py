@@ -48,6 +48,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (cache slots)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice; 1 avoids oversubscription on a shared machine)")
     parser.add_argument("--max-seq-len", type=int, default=None,
                         help="prompt + completion tokens per request (default: the model's, capped at 2048)")
 

@@ -1,0 +1,69 @@
+"""`specswap serve` end to end in a subprocess on the shipped tiny pair (skipped until the zoo weights exist)."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server_helpers import free_port
+from specswap.cli import main
+from specswap.server.loading import check_speculative_flags
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "python" / "specswap" / "zoo" / "weights" / "tiny-eagle" / "config.json"
+
+
+@pytest.mark.skipif(not TINY.is_file(), reason="tiny zoo weights not built")
+def test_serve_tiny_eagle_adaptive_from_the_command_line(tmp_path):
+    port = free_port()
+    config = tmp_path / "adaptive.json"
+    config.write_text('{"candidate_steps": [1, 3, 7], "warmup_batches": 1, "update_interval": 1}')
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+    command = [sys.executable, "-m", "specswap.cli", "serve", "--model", "tiny", "--speculative-algorithm", "EAGLE",
+               "--speculative-adaptive", "--speculative-adaptive-config", str(config), "--port", str(port),
+               "--threads", "1", "--max-batch-size", "2", "--api-key", "k", "--disable-cuda-graph"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    headers = {"Authorization": "Bearer k"}
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", headers=headers, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        body = {"model": "tiny", "prompt": "def fibonacci(n):\n    ", "max_tokens": 32, "temperature": 0}
+        result = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, headers=headers, timeout=60).json()
+        assert result["usage"]["completion_tokens"] >= 1 and result["choices"][0]["text"]
+        info = httpx.get(f"http://127.0.0.1:{port}/server_info", headers=headers, timeout=10).json()
+        assert info["speculative_algorithm"] == "EAGLE" and info["candidate_steps"] == [1, 3, 7]
+        assert info["server_args"]["model"] == "tiny" and "api_key" not in info["server_args"]
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_start_up_errors_name_the_flag(tmp_path, capsys):
+    assert main(["serve", "--speculative-eagle-topk", "2"]) == 2
+    assert "--speculative-eagle-topk 2 is not supported" in capsys.readouterr().err
+    assert main(["serve", "--speculative-adaptive"]) == 2  # adaptive with the default NONE algorithm
+    assert "needs a --speculative-algorithm" in capsys.readouterr().err
+    assert main(["serve", "--model", "no-such-model", "--speculative-algorithm", "NGRAM"]) == 2
+    assert "no-such-model" in capsys.readouterr().err
+
+
+def test_adaptive_config_without_the_flag_is_refused():
+    class Args:
+        speculative_eagle_topk = 1
+        speculative_num_steps = 3
+        speculative_adaptive_config = "x.json"
+        speculative_algorithm = "EAGLE"
+    with pytest.raises(ValueError, match="without --speculative-adaptive"):
+        check_speculative_flags(Args, adaptive_flag=False)
