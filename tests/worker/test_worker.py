@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from spec_helpers import (bigram_pair, random_eagle_head, random_target, reference_eagle_drafts, reference_greedy,
                       run_to_completion)
-from specswap.sampling import SamplingParams, logits_to_probs, sample_from_probs
+from specswap.sampling import SamplingParams, accept_draft_tokens, logits_to_probs, sample_from_probs
 from specswap.worker import EAGLEWorker, propose_ngram
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [9, 9, 9, 9, 2]]
@@ -301,15 +301,29 @@ def _accept_always(target_probs, draft_probs, draft_tokens, uniforms, noise):
     return torch.full((batch,), steps), sample_from_probs(target_probs[:, steps], noise)
 
 
-@pytest.mark.parametrize("algorithm,params,biased", [
-    ("STANDALONE", SamplingParams(max_new_tokens=3, temperature=1.0), False),
-    ("STANDALONE", SamplingParams(max_new_tokens=3, temperature=1.0), True),
-    ("EAGLE", SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), False),
-    ("EAGLE", SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), True),
-    ("NGRAM", SamplingParams(max_new_tokens=3, temperature=1.0), False),
-    ("NGRAM", SamplingParams(max_new_tokens=3, temperature=1.0), True),
+def _resample_from_p(target_probs, draft_probs, draft_tokens, uniforms, noise):
+    """A subtly biased verifier: the right acceptance test, but a rejection redraws from p, not max(0, p - q)."""
+    accept_lengths, _ = accept_draft_tokens(target_probs, draft_probs, draft_tokens, uniforms, noise)
+    rows = torch.arange(accept_lengths.shape[0])
+    return accept_lengths, sample_from_probs(target_probs[rows, accept_lengths], noise)
+
+
+BIASED_VERIFIERS = {"accept_always": _accept_always, "resample_from_p": _resample_from_p}
+
+
+# k = 1 puts the bonus token (all drafts accepted) into the 3-token window; k = 2 the mid-chain rejection
+@pytest.mark.parametrize("algorithm,steps,params,biased", [
+    ("STANDALONE", 1, SamplingParams(max_new_tokens=3, temperature=1.0), None),
+    ("STANDALONE", 1, SamplingParams(max_new_tokens=3, temperature=1.0), "accept_always"),
+    ("STANDALONE", 2, SamplingParams(max_new_tokens=3, temperature=1.0), None),
+    ("STANDALONE", 2, SamplingParams(max_new_tokens=3, temperature=1.0), "resample_from_p"),
+    ("EAGLE", 2, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), None),
+    ("EAGLE", 2, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), "accept_always"),
+    ("EAGLE", 1, SamplingParams(max_new_tokens=3, temperature=1.2), None),
+    ("NGRAM", 1, SamplingParams(max_new_tokens=3, temperature=1.0), None),
+    ("NGRAM", 2, SamplingParams(max_new_tokens=3, temperature=1.0), "accept_always"),
 ])
-def test_sampled_continuations_follow_the_target_law(algorithm, params, biased):
+def test_sampled_continuations_follow_the_target_law(algorithm, steps, params, biased):
     # sharp, clearly different target and draft laws so that a biased verifier shows
     target = random_target(VOCAB, 16, num_layers=1, seed=3, logit_scale=4.0)
     if algorithm == "STANDALONE":
@@ -318,13 +332,13 @@ def test_sampled_continuations_follow_the_target_law(algorithm, params, biased):
         draft = None
     else:
         draft = random_eagle_head(target, seed=4, token_map=[0, 2, 3, 5])
-    worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=2, max_batch_size=8, max_seq_len=16)
+    worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=steps, max_batch_size=8, max_seq_len=16)
     if biased:
-        worker.accept_fn = _accept_always
+        worker.accept_fn = BIASED_VERIFIERS[biased]
     # a biased verifier is far off; the unbiased runs need the samples to have power
     counts = sample_continuations(worker, params, num_samples=1200 if biased else 4000, seed=11)
     pvalue = chi_square_pvalue(counts, exact_law(target, params))
-    print(f"{algorithm} biased={biased} chi-square p-value {pvalue:.3g}")
+    print(f"{algorithm} k={steps} biased={biased} chi-square p-value {pvalue:.3g}")
     if biased:
         assert pvalue < 1e-4, pvalue
     else:
