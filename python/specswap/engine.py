@@ -273,8 +273,11 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Admit waiting requests into free slots (prefill), run one decode round, retire finished ones.
 
-        Returns the outputs of every request that changed in this step.
+        Returns the outputs of every request that changed in this step (running ones with their text so far).
         """
+        return [self._output(r) for r in self._step()]
+
+    def _step(self) -> list[_Request]:
         start = time.perf_counter()
         updated: list[_Request] = []
         admitted = []
@@ -304,7 +307,7 @@ class Engine:
             self._running.remove(request)
             self._free_slot(request)
         self._busy_seconds += time.perf_counter() - start
-        return [self._output(r) for r in updated]
+        return updated
 
     def _append(self, request: _Request, tokens: list[int]) -> None:
         """Add a round's tokens, stopping at EOS, the token budget or a stop string."""
@@ -378,7 +381,7 @@ class Engine:
         self._waiting.extend(requests)
         wanted = [r.request_id for r in requests]
         while any(rid not in self.finished for rid in wanted):
-            self.step()
+            self._step()  # no per-step outputs: running requests' text is not decoded every round
         return [self.finished.pop(rid) for rid in wanted]
 
     def stats(self) -> dict[str, Any]:
