@@ -61,6 +61,18 @@ def test_summarize_figures_from_a_recorded_run():
     assert report.tier_string(summary["trace"], width=4) == "1113"
 
 
+def test_repeats_pool_tokens_and_time_per_phase():
+    def run(seconds, tokens):
+        return {"phases": [{"name": "high", "start_s": 1.0, "end_s": 1.0 + seconds, "requests": [
+            {"latency_s": seconds, "tokens": tokens, "verify_rounds": 4, "accepted_draft_tokens": 4}]}],
+            "trace": [[0.1, 3, tokens, 0]]}
+    summary = report.summarize(report.pool_runs([run(1.0, 10), run(3.0, 30)]))
+    phase = summary["phases"][0]
+    assert phase["throughput_tok_s"] == pytest.approx(40 / 4.0) and phase["requests"] == 2
+    assert phase["latency_s"] == pytest.approx(2.0) and phase["accept_length"] == pytest.approx(2.0)
+    assert summary["trace"] == [[0.1, 3, 10, 0]]
+
+
 def test_workloads_alternate_and_do_not_replay_prompts():
     phases = build_workload("transition", 3)
     assert [p.name for p in phases] == ["low", "high", "low", "high"]
@@ -97,11 +109,12 @@ def _check_schema(result, modes, phases=("low", "high", "low", "high")):
 
 
 def test_bench_in_process_writes_json_schema_and_plot(tmp_path, capsys):
-    args = _args(tmp_path, "--speculative-adaptive-config", _config(tmp_path))
+    args = _args(tmp_path, "--speculative-adaptive-config", _config(tmp_path), "--repeats", "2")
     assert run_from_args(args, loaded_models("NGRAM")) == 0
     result = json.loads((tmp_path / "results.json").read_text())
     _check_schema(result, ["baseline", "static1", "static3", "adaptive"])
     assert result["modes"]["baseline"]["overall"]["accept_length"] == 1.0
+    assert result["modes"]["adaptive"]["overall"]["requests"] == 2 * 4 * 2  # 2 per phase, 4 phases, 2 repeats
     assert result["modes"]["static3"]["rounds_per_tier"].keys() == {"3"}
     assert result["oracle"]["candidates"] == ["static1", "static3"]
     assert len(result["oracle"]["phases"]) == 4

@@ -17,15 +17,17 @@ DEFAULT_STATIC_STEPS = (1, 3, 7)
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="transition", choices=list(WORKLOADS),
                         help="low, high, or transition (low, high, low, high)")
-    parser.add_argument("--requests-per-phase", type=int, default=4)
+    parser.add_argument("--requests-per-phase", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=2, help="requests in flight (the batch size)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--low-temperature", type=float, default=1.0, help="sampling temperature of low phases")
     parser.add_argument("--warmup", type=int, default=1,
                         help="warm-up requests per mode, on a throwaway engine with the same settings (0: none)")
     parser.add_argument("--modes", nargs="+", default=None,
                         help="subset of: baseline, static<k>, adaptive (default: baseline, one static mode per "
                              "candidate tier, adaptive)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the modes this many times, interleaved; figures pool every repeat")
     parser.add_argument("--seed", type=int, default=0, help="request i of a mode is seeded with seed + i")
     parser.add_argument("--output", default=None, help="write the results as JSON (schema: docs/bench.md)")
     parser.add_argument("--plot", default=None, help="write a PNG of tier and throughput over time per mode")
@@ -70,26 +72,30 @@ def _progress(total: int, enabled: bool):
 
 
 def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progress) -> dict[str, dict]:
-    """Every mode on engines built over the same loaded weights, one after another."""
+    """Every mode on engines built over the same loaded weights, one after another; with --repeats, the
+    modes are interleaved (repeat-major) so that drift on a shared machine hits every mode alike."""
     from specswap.bench.runner import run_engine
     from specswap.server.loading import build_engine
 
     batch_size = min(args.max_batch_size, args.concurrency)
+    runs: dict[str, list[dict]] = {name: [] for name in modes}
+    for _ in range(args.repeats):
+        for name, settings in modes.items():
+            progress.set_description(name)
+            if args.warmup > 0:  # a throwaway engine: warms the kernels without moving this mode's controller
+                warm = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
+                warm_phases = build_workload("transition", 1, args.low_temperature)[:2]
+                for index in range(args.warmup):
+                    phase = warm_phases[index % 2]
+                    warm.generate([phase.prompts[0]], max_new_tokens=min(16, args.max_new_tokens),
+                                  temperature=phase.temperature, seed=index)
+                del warm
+            engine = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
+            runs[name].append(run_engine(engine, phases, args.concurrency, args.max_new_tokens, args.seed,
+                                         on_request_done=lambda: progress.update(1)))
     summaries = {}
     for name, settings in modes.items():
-        progress.set_description(name)
-        if args.warmup > 0:  # a throwaway engine: warms the kernels without moving this mode's controller
-            warm = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
-            warm_phases = build_workload("transition", 1, args.low_temperature)[:2]
-            for index in range(args.warmup):
-                phase = warm_phases[index % 2]
-                warm.generate([phase.prompts[0]], max_new_tokens=min(16, args.max_new_tokens),
-                              temperature=phase.temperature, seed=index)
-            del warm
-        engine = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
-        run = run_engine(engine, phases, args.concurrency, args.max_new_tokens, args.seed,
-                         on_request_done=lambda: progress.update(1))
-        summaries[name] = report.summarize(run)
+        summaries[name] = report.summarize(report.pool_runs(runs[name]))
         summaries[name]["settings"] = {k: v for k, v in settings.items() if v is not None}
     return summaries
 
@@ -115,7 +121,7 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
     from specswap.server.loading import check_speculative_flags, load_models
 
     check_speculative_flags(args, adaptive_flag=True)  # the config applies to the adaptive mode
-    for flag in ("requests_per_phase", "concurrency", "max_new_tokens"):
+    for flag in ("requests_per_phase", "concurrency", "max_new_tokens", "repeats"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.threads:
@@ -127,7 +133,8 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
         "phases": [phase.name for phase in phases],
         "settings": {"requests_per_phase": args.requests_per_phase, "concurrency": args.concurrency,
                      "max_new_tokens": args.max_new_tokens, "low_temperature": args.low_temperature,
-                     "warmup": args.warmup, "seed": args.seed, "threads": torch.get_num_threads()},
+                     "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
+                     "threads": torch.get_num_threads()},
     }
     start = time.perf_counter()
     if args.server:
@@ -144,7 +151,7 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
                               args.speculative_adaptive_config)
         result.update(model=models.name, speculative_algorithm=models.speculative_algorithm, dtype=str(models.dtype),
                       num_parameters=sum(p.numel() for p in models.target.parameters()))
-        progress = _progress(requests * len(modes), not args.no_progress)
+        progress = _progress(requests * len(modes) * args.repeats, not args.no_progress)
         with progress:
             result["modes"] = run_in_process(models, args, modes, phases, progress)
     result["wall_s"] = time.perf_counter() - start

@@ -23,12 +23,25 @@ def _figures(requests: list[dict], seconds: float) -> dict[str, Any]:
     }
 
 
+def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs of the same mode as one: each phase's requests pooled and its durations summed (so its
+    throughput is all tokens over all time); the trace is the first run's."""
+    if len(runs) == 1:
+        return runs[0]
+    phases = []
+    for index, phase in enumerate(runs[0]["phases"]):
+        same = [run["phases"][index] for run in runs]
+        phases.append({**phase, "seconds": sum(p["end_s"] - p["start_s"] for p in same),
+                       "requests": [r for p in same for r in p["requests"]]})
+    return {"phases": phases, "trace": runs[0]["trace"], "repeats": len(runs)}
+
+
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
     """Per phase and overall throughput (tokens / wall time), mean latency and accept length, plus the tier trace
     and how many rounds each tier ran."""
     phases = []
     for phase in run["phases"]:
-        figures = _figures(phase["requests"], phase["end_s"] - phase["start_s"])
+        figures = _figures(phase["requests"], phase.get("seconds", phase["end_s"] - phase["start_s"]))
         phases.append({"name": phase["name"], **figures})
     all_requests = [r for phase in run["phases"] for r in phase["requests"]]
     overall = _figures(all_requests, sum(p["seconds"] for p in phases))
