@@ -116,8 +116,8 @@ def bench_engine(target, draft, tokenizer, args) -> list[dict]:
     for workload, prompts, temperature in workloads:
         prompts = prompts[:args.num_prompts]
         for batch_size in args.batch_sizes:
-            engines = {name: Engine(target, draft if kwargs["speculative_algorithm"] in ("EAGLE", "STANDALONE") else None,
-                                    tokenizer=tokenizer,
+            engines = {name: Engine(target, draft if kwargs["speculative_algorithm"] in ("EAGLE", "STANDALONE")
+                                    else None, tokenizer=tokenizer,
                                     max_batch_size=batch_size, max_seq_len=args.max_seq_len, **kwargs)
                        for name, kwargs in configs.items()}
             for engine in engines.values():  # warm-up

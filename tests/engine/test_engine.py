@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import torch
 
-from engine_helpers import CharTokenizer, bigram_pair, random_eagle_head, random_target
+from engine_helpers import CharTokenizer, bigram_pair, random_eagle_head
 from specswap.engine import Engine, _Request, prefill_groups, resolve_dtype
 from specswap.sampling import SamplingParams
 

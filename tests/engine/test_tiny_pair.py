@@ -58,8 +58,8 @@ def test_tiny_greedy_identity_every_tier(tiny, reference, algorithm, steps):
         assert engine.stats()["mean_accept_length"] > 0.2  # the trained drafts do accept
 
 
-@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
-                                                                                     HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(algorithm=st.sampled_from(["EAGLE", "STANDALONE"]),
        texts=st.lists(st.sampled_from(TEXTS), min_size=1, max_size=5),
        max_new_tokens=st.integers(1, 40),
