@@ -155,8 +155,8 @@ class EAGLEWorker:
         self.host_tokens: list[list[int]] = [[] for _ in range(max_batch_size)]  # prompt + output: x_0..x_{m-1}
         # positions 0..draft_len-1 of the draft cache are valid (in step: m-1 for EAGLE, >= m-2 standalone)
         self.draft_len = [0] * max_batch_size
-        if speculative_algorithm == "EAGLE":
-            # f_{m-1} of tier-0 rounds, for the catch-up: [S, capacity, H]
+        if speculative_algorithm == "EAGLE" and 0 in (speculative_num_steps, *tiers):
+            # f_{m-1} of tier-0 rounds, for the catch-up: [S, capacity, H] (only when tier 0 is a candidate)
             self.tier0_features = torch.zeros(max_batch_size, self.cache_capacity, target.config.hidden_size,
                                               dtype=target.dtype, device=self.device)
         self.params: list[SamplingParams | None] = [None] * max_batch_size
@@ -199,6 +199,10 @@ class EAGLEWorker:
     def _tier(self, steps: int) -> TierState:
         """The buffers of tier ``steps``, built on first use (the start-up tier is not built twice)."""
         if steps not in self._tiers:
+            if steps > self.max_steps or (steps == 0 and self.speculative_algorithm == "EAGLE"
+                                          and not hasattr(self, "tier0_features")):
+                raise ValueError(f"tier {steps} is not one the worker was sized for (tiers 0..{self.max_steps}, "
+                                 f"tier 0 only if listed); pass it in tiers= when building the worker")
             self._tiers[steps] = self._build_tier(steps)
         return self._tiers[steps]
 

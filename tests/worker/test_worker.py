@@ -184,6 +184,10 @@ def test_caches_are_sized_for_the_largest_tier():
     assert worker.target_cache.capacity >= 24 + 7 and worker.draft_cache.capacity >= 24 + 7
     with pytest.raises(ValueError, match="tier 9 exceeds the largest tier 7"):
         worker.build_adaptive_runtime_state(9, 10)
+    eagle = EAGLEWorker(target, random_eagle_head(target), "EAGLE", speculative_num_steps=1, max_seq_len=24,
+                        tiers=(1, 3))
+    with pytest.raises(ValueError, match="tier 0 is not one the worker was sized for"):
+        eagle.build_adaptive_runtime_state(0, 1)
     # fill to the last position at tier 7: verify writes reach max_seq_len + 6
     prompt = list(range(20))
     state7 = worker.build_adaptive_runtime_state(7, 8)
