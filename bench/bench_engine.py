@@ -1,6 +1,7 @@
 """Engine throughput side by side: no speculation, static tiers 1/3/7 and adaptive, at several batch sizes.
 
-Workloads: code prompts decoded greedily and prose prompts sampled at temperature 1.0. Every configuration
+Workloads: code prompts decoded greedily, runs of repeated lines decoded greedily (the upstream "high"
+phase), and prose prompts sampled at temperature 1.0. Every configuration
 runs in the same process on the same loaded weights, interleaved over repeats; the report gives tokens/s and
 the ratio to no speculation measured in the same run. Optional rows: transformers' plain generate and
 assisted generation (assistant = the standalone draft, schedule "heuristic", batch 1), and how often bf16
@@ -33,6 +34,17 @@ CODE_PROMPTS = [
     "    if not isinstance(value, int):\n        raise ",
     "def __repr__(self):\n        return ",
     "try:\n    import json\nexcept ImportError:\n    ",
+]
+# the upstream benchmark's "high" phase: runs of identical lines, where drafts are accepted most
+REPEAT_PROMPTS = [
+    "x = 1\nx = 1\nx = 1\nx = 1\n",
+    "print('hello')\nprint('hello')\nprint('hello')\n",
+    "    self.a = a\n    self.a = a\n    self.a = a\n",
+    "import os\nimport os\nimport os\nimport os\n",
+    "0, 0, 0, 0, 0, 0, 0, 0, 0, 0,",
+    "# -----\n# -----\n# -----\n",
+    "return None\nreturn None\nreturn None\n",
+    "a = []\na = []\na = []\na = []\n",
 ]
 PROSE_PROMPTS = [
     "The purpose of this module is",
@@ -111,7 +123,7 @@ def run_once(engine: Engine, prompts, max_new_tokens: int, temperature: float, s
 
 def bench_engine(target, draft, tokenizer, args) -> list[dict]:
     rows = []
-    workloads = [("code", CODE_PROMPTS, 0.0), ("prose", PROSE_PROMPTS, 1.0)]
+    workloads = [("code", CODE_PROMPTS, 0.0), ("repeat", REPEAT_PROMPTS, 0.0), ("prose", PROSE_PROMPTS, 1.0)]
     configs = configurations(args.algorithm, args.adaptive_config)
     for workload, prompts, temperature in workloads:
         prompts = prompts[:args.num_prompts]
