@@ -146,6 +146,10 @@ class Engine:
                              "'NGRAM'); got None")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an int >= 1; got {max_batch_size!r}")
+        adaptive_config = None
+        if speculative_adaptive:  # validated before any weights load
+            from specswap.config import load_adaptive_config
+            adaptive_config = load_adaptive_config(speculative_adaptive_config)
         target, draft, self.tokenizer = self._load(model, draft, speculative_algorithm, device, dtype, tokenizer)
         max_positions = target.config.max_position_embeddings
         if max_seq_len is None:
@@ -159,12 +163,7 @@ class Engine:
         self.target, self.draft = target, draft
 
         self.controller = None
-        tiers: tuple[int, ...] = ()
-        adaptive_config = None
-        if speculative_adaptive:
-            from specswap.config import load_adaptive_config
-            adaptive_config = load_adaptive_config(speculative_adaptive_config)
-            tiers = tuple(adaptive_config.candidate_steps)
+        tiers = tuple(adaptive_config.candidate_steps) if adaptive_config is not None else ()
         self.worker = EAGLEWorker(target, draft, speculative_algorithm, speculative_num_steps, max_batch_size,
                                   max_seq_len, tiers=tiers)
         if speculative_adaptive:
