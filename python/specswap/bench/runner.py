@@ -16,7 +16,8 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from specswap.bench.workloads import Phase
 

@@ -101,14 +101,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
 
     def _submit_checks(parsed: ParsedRequest, param: str) -> list[int]:
         if not scheduler.alive:
-            raise APIError(503, f"the engine loop has stopped: {scheduler.error!r}", None, "engine_dead", "server_error")
+            raise APIError(503, f"the engine loop has stopped: {scheduler.error!r}", None, "engine_dead",
+                           "server_error")
         try:
             prompt_ids = engine.encode(parsed.prompt)  # reads only the tokenizer: safe off the scheduler thread
         except ValueError as error:
             raise APIError(400, str(error), param) from error
         if not 1 <= len(prompt_ids) < engine.max_seq_len:
-            raise APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server takes 1..{engine.max_seq_len - 1} "
-                                f"(max_seq_len {engine.max_seq_len})", param, "context_length_exceeded")
+            raise APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server takes "
+                                f"1..{engine.max_seq_len - 1} (max_seq_len {engine.max_seq_len})", param,
+                           "context_length_exceeded")
         return prompt_ids
 
     async def _admit(parsed: ParsedRequest, param: str):
@@ -124,7 +126,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         while True:
             try:
                 update = await asyncio.wait_for(updates.get(), DISCONNECT_POLL_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if await request.is_disconnected():
                     scheduler.abort(request_id)
                     return None

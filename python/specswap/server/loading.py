@@ -49,7 +49,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (cache slots)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice; 1 avoids oversubscription on a shared machine)")
+                        help="torch CPU threads (default: torch's choice; 1 avoids oversubscription on a shared "
+                             "machine)")
     parser.add_argument("--max-seq-len", type=int, default=None,
                         help="prompt + completion tokens per request (default: the model's, capped at 2048)")
 
@@ -67,7 +68,8 @@ def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> No
     if args.speculative_adaptive_config is not None and not Path(args.speculative_adaptive_config).is_file():
         raise FileNotFoundError(f"--speculative-adaptive-config {args.speculative_adaptive_config}: no such file")
     if adaptive_flag and args.speculative_algorithm == "NONE":
-        raise ValueError("--speculative-adaptive needs a --speculative-algorithm (EAGLE, STANDALONE or NGRAM); got NONE")
+        raise ValueError("--speculative-adaptive needs a --speculative-algorithm (EAGLE, STANDALONE or NGRAM); "
+                         "got NONE")
 
 
 def _target_directory(name: str, dtype) -> Path:

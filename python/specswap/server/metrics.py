@@ -33,7 +33,8 @@ class _EngineCollector:
         yield gauge("spec_num_steps", "Draft steps per verify round in the active tier (0: no speculation)", steps)
         yield gauge("spec_num_draft_tokens", "Tokens verified per request per round in the active tier (steps + 1; "
                     "0 without speculation)", steps + 1 if speculative else 0)
-        yield gauge("spec_adaptive_enabled", "1 when the adaptive controller picks the tier", int(stats.get("adaptive", False)))
+        yield gauge("spec_adaptive_enabled", "1 when the adaptive controller picks the tier",
+                    int(stats.get("adaptive", False)))
         yield gauge("spec_adaptive_ema", "The controller's EMA of accepted draft tokens per verify (NaN when static)",
                     float("nan") if stats.get("ema") is None else stats["ema"])
         switches = CounterMetricFamily("spec_tier_switches", "Tier switches made by the adaptive controller")

@@ -91,7 +91,8 @@ def _unsupported(body: dict) -> None:
             raise _bad(f"'{name}' is not supported (only 0)", name)
 
 
-def _common(body: dict, default_max_tokens: int, max_tokens_names: tuple[str, ...]) -> tuple[SamplingParams, bool, bool]:
+def _common(body: dict, default_max_tokens: int,
+            max_tokens_names: tuple[str, ...]) -> tuple[SamplingParams, bool, bool]:
     if not isinstance(body, dict):
         raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
     model = body.get("model")
