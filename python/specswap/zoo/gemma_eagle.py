@@ -2,6 +2,7 @@
 
     PYTHONPATH=python nice -n 10 python -m specswap.zoo.gemma_eagle --minutes 40 \
         [--work ~/.cache/specswap/gemma-3-270m-eagle-run] [--out python/specswap/zoo/weights/gemma-3-270m-eagle]
+    PYTHONPATH=python python -m specswap.zoo.gemma_eagle --measure [--work ...] [--out ...]
 
 Pipeline (every phase checkpoints into ``--work``; rerunning the command resumes where it stopped):
 1. data: the zoo's offline corpus (CPython stdlib sources = code; docstrings and licence texts = prose), tokenized
@@ -302,13 +303,55 @@ def ship(head: EagleHead, out: Path, recipe: GemmaEagleRecipe, state: dict, data
     (out / "training_record.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
+def measure(work: Path, out: Path, prompts_per_domain: int = 2, prompt_tokens: int = 64, new_tokens: int = 32,
+            draft_lengths: tuple[int, ...] = (1, 3)) -> dict:
+    """Accepted draft tokens per verify of the shipped head with greedy chain drafting on held-out prompts (bf16
+    target), via the zoo's acceptance loop; also checks the output equals plain greedy decoding. Recorded in
+    ``out``/training_record.json under "acceptance"."""
+    from specswap.models import load_eagle_head  # noqa: PLC0415
+
+    from .acceptance import EagleDrafter, chain_draft, greedy  # noqa: PLC0415
+    from .gemma import resolve  # noqa: PLC0415
+
+    target = load_model(resolve("gemma-3-270m", torch.bfloat16), torch.bfloat16)
+    head = load_eagle_head(out, target)
+    heldout = torch.load(work / "data.pt")["heldout"]  # first half code windows, second half prose
+    half = len(heldout) // 2
+    results: dict = {"method": f"greedy chain drafting, bf16 target, {prompts_per_domain} held-out prompts per "
+                               f"domain of {prompt_tokens} tokens, {new_tokens} new tokens; accepted = draft tokens "
+                               "accepted per target verify"}
+    lossless = True
+    for domain, rows in (("code", range(prompts_per_domain)), ("prose", range(half, half + prompts_per_domain))):
+        prompts = [heldout[row, :prompt_tokens].tolist() for row in rows]
+        references = [greedy(target, prompt, new_tokens) for prompt in prompts]
+        for k in draft_lengths:
+            counts: list[int] = []
+            for prompt, reference in zip(prompts, references):
+                result = chain_draft(target, lambda capacity: EagleDrafter(head, capacity), prompt, new_tokens, k)
+                lossless &= result.tokens == reference
+                counts += result.accepted_per_verify
+            results.setdefault(domain, {})[f"k={k}"] = {
+                "accepted_per_verify": round(sum(counts) / len(counts), 3), "verifies": len(counts)}
+    results["matches_plain_greedy"] = lossless
+    record_file = out / "training_record.json"
+    record = json.loads(record_file.read_text())
+    record["acceptance"] = results
+    record_file.write_text(json.dumps(record, indent=2) + "\n")
+    return results
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specswap.zoo.gemma_eagle", description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=40.0, help="wall-clock budget of this run")
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specswap" / "gemma-3-270m-eagle-run")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--planned-steps", type=int)
+    parser.add_argument("--measure", action="store_true", help="only measure the shipped head's acceptance")
     args = parser.parse_args(argv)
+    if args.measure:
+        torch.set_num_threads(GemmaEagleRecipe.threads)
+        print(json.dumps(measure(args.work, args.out), indent=2))
+        return
     recipe = GemmaEagleRecipe()
     if args.planned_steps:
         recipe = replace(recipe, planned_steps=args.planned_steps)
