@@ -326,7 +326,11 @@ def cache_problem(cache_dir: str | Path, gguf_sha256: str, gguf_size: int | None
         return f"built from GGUF sha256 {manifest.get('gguf_sha256')}, not {gguf_sha256}"
     if gguf_size is not None and manifest.get("gguf_size") != gguf_size:
         return f"built from a GGUF of {manifest.get('gguf_size')} bytes, not {gguf_size}"
-    for relative, size in manifest.get("files", {}).items():
+    files = manifest.get("files") or {}
+    missing_weights = [d for d in manifest.get("dtypes", []) if f"{d}/model.safetensors" not in files]
+    if not files or missing_weights:
+        return f"{manifest_file} lists no weights for {missing_weights or 'any dtype'}"
+    for relative, size in files.items():
         file = cache_dir / relative
         if not file.is_file():
             return f"{file} is missing"
