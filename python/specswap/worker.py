@@ -50,6 +50,7 @@ class DraftStage:
     draft_tokens: torch.Tensor   # [max_batch, k] int64, target ids
     draft_probs: torch.Tensor    # [max_batch, k, V] float32, in target vocabulary (0 outside a token_map)
     draft_noise: torch.Tensor    # [max_batch, k, Vd] float32, Exp(1) draws (1.0 for greedy rows)
+    graphs: Any = None           # draft-step StageGraphs, shared by every tier: T=1 (and T=2, standalone step 1)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class VerifyStage:
     offsets: torch.Tensor          # [k+1] int64: 0..k
     uniforms: torch.Tensor         # [max_batch, k] float32
     residual_noise: torch.Tensor   # [max_batch, V] float32
+    graphs: Any = None             # StageGraphs of the target over k+1 tokens (graph mode)
 
 
 @dataclass
@@ -67,6 +69,7 @@ class DraftExtendStage:
     """Per-tier draft-extend buffers."""
 
     input_ids: torch.Tensor  # [max_batch, k+1] int64: [d_1..d_a, b, stale...]
+    graphs: Any = None       # StageGraphs of the EAGLE head over k+1 tokens (graph mode)
 
 
 @dataclass
@@ -101,7 +104,7 @@ class EAGLEWorker:
 
     def __init__(self, target, draft=None, speculative_algorithm: str | None = "EAGLE",
                  speculative_num_steps: int = 3, max_batch_size: int = 8, max_seq_len: int = 512,
-                 tiers: Sequence[int] = ()):
+                 tiers: Sequence[int] = (), graphs: bool = False):
         if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
                              f"valid: {SPECULATIVE_ALGORITHMS}")
@@ -134,8 +137,19 @@ class EAGLEWorker:
                              f"{self.vocab_size}")
         # Writes reach position m+k-1 with m <= max_seq_len: room for the largest tier.
         self.cache_capacity = max_seq_len + self.max_steps + 1
-        self.target_cache = target.make_cache(max_batch_size, self.cache_capacity)
-        self.draft_cache = draft.make_cache(max_batch_size, self.cache_capacity) if draft is not None else None
+        # graph mode: one extra cache row that padded batch rows write into
+        cache_rows = max_batch_size + 1 if graphs else max_batch_size
+        self.target_cache = target.make_cache(cache_rows, self.cache_capacity)
+        self.draft_cache = draft.make_cache(cache_rows, self.cache_capacity) if draft is not None else None
+        self.graph_context = None
+        self._draft_step_graphs = None
+        if graphs:
+            from specswap.graphs import GraphContext
+
+            self.graph_context = GraphContext(self.device, max_batch_size, self.cache_capacity)
+            self.graph_context.share_model(target, self.target_cache)
+            if draft is not None:
+                self.graph_context.share_model(draft, self.draft_cache)
 
         # Per-slot request state, indexed by cache row.
         long = dict(dtype=torch.long, device=self.device)
@@ -220,7 +234,46 @@ class EAGLEWorker:
             residual_noise=self._residual_noise,
         )
         extend = DraftExtendStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device))
+        if self.graph_context is not None:
+            self._capture_tier(steps, draft, verify, extend)
         return TierState(steps, steps + 1, draft, verify, extend)
+
+    def _capture_tier(self, steps: int, draft: DraftStage, verify: VerifyStage, extend: DraftExtendStage) -> None:
+        """Capture this tier's verify and draft-extend forwards (and, once for all tiers, the draft steps)."""
+        from specswap.graphs import StageGraphs
+
+        context = self.graph_context
+        verify.graphs = StageGraphs(context, "verify", steps, self.target, self.target_cache, steps + 1,
+                                    with_features=False)
+        verify.graphs.capture()
+        eagle = self.speculative_algorithm == "EAGLE"
+        if eagle and steps:
+            extend.graphs = StageGraphs(context, "draft_extend", steps, self.draft, self.draft_cache, steps + 1,
+                                        with_features=True)
+            extend.graphs.capture()
+        if self.draft is not None and steps:
+            if self._draft_step_graphs is None:
+                widths = (1,) if eagle else (1, 2)  # standalone step 1 feeds [x_{m-2}, x_{m-1}]
+                self._draft_step_graphs = {}
+                for width in widths:
+                    graphs = StageGraphs(context, "draft", steps, self.draft, self.draft_cache, width,
+                                         with_features=eagle)
+                    graphs.capture()
+                    self._draft_step_graphs[width] = graphs
+            draft.graphs = self._draft_step_graphs
+
+    def tier_memory_bytes(self) -> dict[int, int]:
+        """Bytes each built tier's graph runners and buffers hold beyond the shared weights and caches."""
+        out = {}
+        for steps, tier in self._tiers.items():
+            nbytes = sum(t.numel() * t.element_size() for t in (tier.draft.draft_tokens, tier.verify.input_ids,
+                                                                tier.verify.uniforms, tier.draft_extend.input_ids))
+            for graphs in (tier.verify.graphs, tier.draft_extend.graphs):
+                nbytes += graphs.memory_bytes() if graphs is not None else 0
+            out[steps] = nbytes
+        if self._draft_step_graphs:
+            out["draft_steps_shared"] = sum(g.memory_bytes() for g in self._draft_step_graphs.values())
+        return out
 
     # ---- requests --------------------------------------------------------------------------------
 
@@ -343,7 +396,10 @@ class EAGLEWorker:
         verify_ids[:, 0] = self.last_tokens[slot_index]
         verify_ids[:, 1:] = draft_tokens
         positions = (seq_lens - 1).unsqueeze(-1) + state.verify.offsets  # [B, k+1]
-        out = self.target(verify_ids, positions, self.target_cache, slot_index, key_length=key_length)
+        if state.verify.graphs is not None:
+            out = state.verify.graphs(verify_ids, positions, slot_index, key_length)
+        else:
+            out = self.target(verify_ids, positions, self.target_cache, slot_index, key_length=key_length)
         if all_greedy:
             accept_lengths, next_tokens = accept_greedy(out.logits, draft_tokens)  # [B], [B]
         else:
@@ -433,8 +489,12 @@ class EAGLEWorker:
             if step + 1 < steps:
                 # head position m-1+step consumes (d_{step+1}, its own previous hidden)
                 positions = (seq_lens - 1 + step).unsqueeze(-1)  # [B, 1]
-                out = self.draft(tokens.unsqueeze(-1), hidden.unsqueeze(1), positions, self.draft_cache, slot_index,
-                                 key_length=key_length)
+                if state.draft.graphs is not None:
+                    out = state.draft.graphs[1](tokens.unsqueeze(-1), positions, slot_index, key_length,
+                                                hidden.unsqueeze(1))
+                else:
+                    out = self.draft(tokens.unsqueeze(-1), hidden.unsqueeze(1), positions, self.draft_cache,
+                                     slot_index, key_length=key_length)
                 logits, hidden = out.logits[:, 0], out.hidden[:, 0]
 
     def _draft_standalone(self, state, slot_index, seq_lens, key_length, sampling):
@@ -442,12 +502,20 @@ class EAGLEWorker:
         # step 1: [x_{m-2}, x_{m-1}] at m-2, m-1
         input_ids = torch.stack((self.prev_tokens[slot_index], self.last_tokens[slot_index]), dim=-1)  # [B, 2]
         positions = (seq_lens - 2).unsqueeze(-1) + torch.arange(2, device=self.device)                   # [B, 2]
-        out = self.draft(input_ids, positions, self.draft_cache, slot_index, key_length=key_length)
+        graphs = state.draft.graphs
+        if graphs is not None:
+            out = graphs[2](input_ids, positions, slot_index, key_length)
+        else:
+            out = self.draft(input_ids, positions, self.draft_cache, slot_index, key_length=key_length)
         for step in range(steps):
             tokens = self._sample_draft(state, step, out.logits[:, -1], sampling)
             if step + 1 < steps:
                 positions = (seq_lens + step).unsqueeze(-1)  # d_{step+1} sits at m+step
-                out = self.draft(tokens.unsqueeze(-1), positions, self.draft_cache, slot_index, key_length=key_length)
+                if graphs is not None:
+                    out = graphs[1](tokens.unsqueeze(-1), positions, slot_index, key_length)
+                else:
+                    out = self.draft(tokens.unsqueeze(-1), positions, self.draft_cache, slot_index,
+                                     key_length=key_length)
 
     def _catch_up(self, slots: Sequence[int]) -> None:
         """Bring the draft of requests that ran tier-0 rounds back in step, one request at a time (this only
@@ -490,7 +558,11 @@ class EAGLEWorker:
         input_ids = state.draft_extend.input_ids[:batch]  # [B, k+1]
         input_ids[:, :steps] = state.draft.draft_tokens[:batch]
         input_ids.scatter_(1, accept_lengths.unsqueeze(-1), next_tokens.unsqueeze(-1))
-        out = self.draft(input_ids, target_hidden, positions, self.draft_cache, slot_index, key_length=key_length)
+        if state.draft_extend.graphs is not None:
+            out = state.draft_extend.graphs(input_ids, positions, slot_index, key_length, target_hidden)
+        else:
+            out = self.draft(input_ids, target_hidden, positions, self.draft_cache, slot_index,
+                             key_length=key_length)
         rows = torch.arange(batch, device=self.device)
         self.next_draft_logits[slot_index] = out.logits[rows, accept_lengths]
         self.next_draft_hidden[slot_index] = out.hidden[rows, accept_lengths]
