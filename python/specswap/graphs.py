@@ -122,7 +122,10 @@ class StageGraphs:
 
     def _logits_width(self) -> int:
         token_map = getattr(self.model, "token_map", None)
-        return self.model.config.vocab_size if token_map is None else token_map.numel()
+        if token_map is not None:
+            return token_map.numel()
+        config = self.model.config
+        return getattr(config, "draft_vocab_size", None) or config.vocab_size  # an EAGLE head's config has no vocab_size
 
     def runner_for(self, batch: int, key_length: int) -> tuple[int, int]:
         """The (batch bucket, key bucket) that serves ``batch`` requests reading ``key_length`` keys."""

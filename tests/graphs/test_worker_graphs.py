@@ -1,0 +1,76 @@
+"""The worker in graph mode: lossless against target-only in the same mode, and no capture after start-up."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
+from spec_helpers import random_eagle_head, random_target, run_to_completion  # noqa: E402
+
+from specswap.controller import AdaptiveController  # noqa: E402
+from specswap.graphs import capture_count  # noqa: E402
+from specswap.sampling import SamplingParams  # noqa: E402
+from specswap.worker import EAGLEWorker  # noqa: E402
+
+PROMPTS = [[1, 5, 9, 2], [3, 3, 3, 3, 3, 3, 7], [11, 4]]
+
+
+def _worker(algorithm, steps, graphs, draft="head", tiers=()):
+    target = random_target(seed=0)
+    if algorithm == "EAGLE":
+        draft_model = random_eagle_head(target)
+    elif algorithm == "STANDALONE":
+        draft_model = target  # a draft equal to the target accepts everything
+    else:
+        draft_model = None
+    return EAGLEWorker(target, draft_model, algorithm, steps, max_batch_size=4, max_seq_len=96, tiers=tiers,
+                       graphs=graphs)
+
+
+@pytest.mark.parametrize("algorithm, steps", [("EAGLE", 1), ("EAGLE", 3), ("STANDALONE", 3), ("NGRAM", 2)])
+def test_graph_mode_greedy_equals_target_only_graph_mode(algorithm, steps):
+    reference, _, _ = run_to_completion(_worker(None, 0, graphs=True), PROMPTS, 20)
+    tokens, accepts, _ = run_to_completion(_worker(algorithm, steps, graphs=True), PROMPTS, 20)
+    assert tokens == reference
+    if algorithm == "STANDALONE":
+        assert all(a == steps for per in accepts for a in per[:-1])  # the all-accepted path ran
+
+
+def test_graph_mode_matches_eager_mode_tokens():
+    eager, _, _ = run_to_completion(_worker("EAGLE", 3, graphs=False), PROMPTS, 16)
+    graphed, _, _ = run_to_completion(_worker("EAGLE", 3, graphs=True), PROMPTS, 16)
+    assert graphed == eager
+
+
+def test_adaptive_switching_in_graph_mode_captures_nothing_new():
+    worker = _worker("EAGLE", 3, graphs=True, tiers=(1, 3, 7))
+    controller = AdaptiveController(worker, {"candidate_steps": [1, 3, 7], "ema_alpha": 1.0,
+                                             "warmup_batches": 0, "update_interval": 1})
+    worker.controller = controller
+    controller.init_states()
+    captured = capture_count()
+    reference, _, _ = run_to_completion(_worker(None, 0, graphs=True), PROMPTS, 24)
+    captured_reference = capture_count() - captured
+    tokens, _, tiers = run_to_completion(worker, PROMPTS, 24)
+    assert tokens == reference
+    assert capture_count() == captured + captured_reference  # only the reference worker captured
+    memory = worker.tier_memory_bytes()
+    assert set(k for k in memory if isinstance(k, int)) == {1, 3, 7}
+    assert all(v > 0 for v in memory.values())
+
+
+def test_graph_mode_sampling_runs_and_is_seeded():
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
+    def run():
+        worker = _worker("EAGLE", 3, graphs=True)
+        gens = [torch.Generator().manual_seed(i) for i in range(len(PROMPTS))]
+        first = worker.prefill(range(len(PROMPTS)), PROMPTS, [params] * len(PROMPTS), gens)
+        out = [[t] for t in first]
+        for _ in range(4):
+            result = worker.decode_round(list(range(len(PROMPTS))))
+            for row, new in enumerate(result.new_tokens):
+                out[row].extend(new)
+        return out
+    assert run() == run()
