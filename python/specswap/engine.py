@@ -128,13 +128,15 @@ class Engine:
     ``draft`` must be a built model too and ``tokenizer`` may be given; ``dtype``/``device`` are not
     applied). With a zoo name and no ``draft``, "<name>-eagle" (EAGLE) or "<name>-draft" (STANDALONE)
     is used. ``speculative_adaptive_config`` (path or dict) requires ``speculative_adaptive=True``.
+    ``disable_graphs=True`` (``--disable-cuda-graph``) runs the worker eagerly instead of replaying the
+    stage graphs captured at start-up.
     """
 
     def __init__(self, model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",
                  speculative_num_steps: int = 3, speculative_adaptive: bool = False,
                  speculative_adaptive_config: Any = None, device: str | torch.device = "cpu",
                  dtype: str | torch.dtype = "auto", max_batch_size: int = 8, max_seq_len: int | None = None,
-                 tokenizer: Any = None):
+                 tokenizer: Any = None, disable_graphs: bool = False):
         if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
                              f"valid: {SPECULATIVE_ALGORITHMS}")
@@ -164,8 +166,9 @@ class Engine:
 
         self.controller = None
         tiers = tuple(adaptive_config.candidate_steps) if adaptive_config is not None else ()
+        # graphs: every stage of every tier captured once here (specswap.graphs); disable_graphs runs eagerly
         self.worker = EAGLEWorker(target, draft, speculative_algorithm, speculative_num_steps, max_batch_size,
-                                  max_seq_len, tiers=tiers)
+                                  max_seq_len, tiers=tiers, graphs=not disable_graphs)
         if speculative_adaptive:
             from specswap.controller import AdaptiveController
             self.controller = AdaptiveController(self.worker, adaptive_config)
