@@ -111,10 +111,13 @@ def configurations(algorithm: str, adaptive_config):
     return configs
 
 
+CLOCK = time.perf_counter  # set by --clock
+
+
 def run_once(engine: Engine, prompts, max_new_tokens: int, temperature: float, seed: int):
-    start = time.perf_counter()
+    start = CLOCK()
     results = engine.generate(prompts, max_new_tokens, temperature=temperature, seed=seed)
-    seconds = time.perf_counter() - start
+    seconds = CLOCK() - start
     tokens = sum(len(r.token_ids) for r in results)
     rounds = sum(r.num_verify_rounds for r in results)
     accepted = sum(sum(r.accept_lengths) for r in results)
@@ -169,11 +172,11 @@ def bench_transformers(target_name: str, tokenizer, target, args) -> list[dict]:
         tokens, seconds = 0, 0.0
         for prompt in prompts:
             ids = torch.tensor([engine.encode(prompt)])
-            start = time.perf_counter()
+            start = CLOCK()
             with torch.no_grad():
                 out = hf_target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
                                          min_new_tokens=args.max_new_tokens, do_sample=False, **kwargs)
-            seconds += time.perf_counter() - start
+            seconds += CLOCK() - start
             tokens += out.shape[1] - ids.shape[1]
         return tokens / seconds
 
@@ -232,6 +235,8 @@ def main() -> None:
     parser.add_argument("--max-seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time, or this process's CPU time (steadier on a shared machine with --threads 1)")
     parser.add_argument("--adaptive-config", type=json.loads, default=None,
                         help='JSON object of policy keys, e.g. \'{"warmup_batches": 2}\'')
     parser.add_argument("--hf", action="store_true", help="add transformers plain / assisted generate rows")
@@ -240,12 +245,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
     dtype = resolve_dtype(args.dtype, "cpu")
     target, draft, tokenizer = load_models(args.model, args.algorithm, dtype)
     print(f"model {args.model} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M), draft {args.algorithm}, "
           f"{dtype}, {torch.get_num_threads()} threads, {args.max_new_tokens} new tokens, "
-          f"{args.num_prompts} prompts, median of {args.repeats}")
+          f"{args.num_prompts} prompts, median of {args.repeats}, {args.clock} clock")
     rows = bench_engine(target, draft, tokenizer, args)
     print_table(rows)
     report = {"rows": rows}
