@@ -45,7 +45,7 @@ class TinyRecipe:
     distill_steps: int = 120
     distill_lr: float = 2e-3
     eagle_feature_noise: float = 0.1        # uniform noise, relative to the features' std (as in EAGLE)
-    eagle_regression_weight: float = 1.0
+    eagle_regression_weight: float = 0.1
     eagle_self_feed_weight: float = 0.5      # second pass on the head's own features, as while drafting
     warmup_fraction: float = 0.05
     eval_batches: int = 8
@@ -196,14 +196,21 @@ def train_target(model: LlamaForCausalLM, sampler: BatchSampler, recipe: TinyRec
 
 
 def make_eagle_head(target: LlamaForCausalLM) -> EagleHead:
-    """A head initialised as 'the target's last layer + final norm' fed with the previous feature."""
+    """A head that starts as 'the target truncated to its first layer', blind to the features.
+
+    fc passes the token embedding through and gives the features zero weight, the decoder layer and norm are
+    the target's first layer and final norm. Measured on this zoo, this beats starting from the last layer fed
+    with the previous feature (held-out KL 0.12 vs 0.35, accepted per verify at k=7 about 2.4 vs 2.0):
+    the tiny target's embedding and first layer already carry most of its next-token prediction.
+    """
     head = EagleHead(EagleConfig.for_target(target.config), target.embed_tokens, target.lm_head)
     hidden = target.config.hidden_size
     with torch.no_grad():
-        head.layers[0].load_state_dict(target.model.layers[-1].state_dict())
+        head.layers[0].load_state_dict(target.model.layers[0].state_dict())
         head.norm.load_state_dict(target.model.norm.state_dict())
         torch.nn.init.normal_(head.fc.weight, std=0.02)
-        head.fc.weight[:, hidden:] += torch.eye(hidden)  # start by passing the feature through
+        head.fc.weight[:, :hidden] += torch.eye(hidden)  # embedding half: pass the token embedding through
+        head.fc.weight[:, hidden:] = 0.0                 # feature half: learned from zero
     return head
 
 
@@ -314,6 +321,14 @@ def directory_bytes(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
 
 
+def write_tokenizer_files(tokenizer, directory: Path) -> None:
+    """tokenizer.json, plus the tokenizer_config.json that lets transformers' AutoTokenizer load it too."""
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
+              "add_bos_token": False, "model_max_length": 512}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 def write_record(directory: Path, record: dict) -> None:
     (directory / "training_record.json").write_text(json.dumps(record, indent=2) + "\n")
 
@@ -324,7 +339,7 @@ def train_tiny(output_dir: Path, recipe: TinyRecipe = TinyRecipe(), measure: boo
 
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     timings = {}
 
     corpus = build_corpus()
@@ -359,7 +374,7 @@ def train_tiny(output_dir: Path, recipe: TinyRecipe = TinyRecipe(), measure: boo
     save_eagle_head(head, dirs["tiny-eagle"], dtype=save_dtype)
     save_model(draft, dirs["tiny-draft"], dtype=save_dtype)
     for directory in dirs.values():
-        tokenizer.save(str(directory / "tokenizer.json"))
+        write_tokenizer_files(tokenizer, directory)
 
     # evaluate what ships: reload the (rounded) weights in fp32
     shipped_target = load_model(dirs["tiny"])
@@ -370,6 +385,8 @@ def train_tiny(output_dir: Path, recipe: TinyRecipe = TinyRecipe(), measure: boo
     acceptance = measure_acceptance(dirs["tiny"], dirs["tiny-eagle"], dirs["tiny-draft"]) if measure else None
     timings["evaluation_s"] = round(time.perf_counter() - phase_start, 1)
     timings["total_s"] = round(time.perf_counter() - started, 1)
+    # this process's own CPU time: what the run costs on an otherwise idle machine, whatever else shares the cores
+    timings["total_cpu_s"] = round(time.process_time() - cpu_started, 1)
 
     common = {"recipe": asdict(recipe), "data": data, "timings": timings, "heldout": heldout,
               "acceptance": acceptance, "environment": {
