@@ -72,16 +72,19 @@ def _progress(total: int, enabled: bool):
 
 
 def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progress) -> dict[str, dict]:
-    """Every mode on engines built over the same loaded weights, one after another; with --repeats, the
-    modes are interleaved (repeat-major) so that drift on a shared machine hits every mode alike."""
-    from specswap.bench.runner import run_engine
+    """Every mode on its own engine, all built over the same loaded weights and alive together, interleaved
+    phase by phase (the mode order rotating each phase): on a shared machine drift then hits every mode's
+    copy of a phase alike. Each engine still sees its phases in order, so adaptive carries its state across."""
+    from specswap.bench.runner import EngineRunner
     from specswap.server.loading import build_engine
 
     batch_size = min(args.max_batch_size, args.concurrency)
-    runs: dict[str, list[dict]] = {name: [] for name in modes}
+    names = list(modes)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     for _ in range(args.repeats):
-        for name, settings in modes.items():
-            progress.set_description(name)
+        runners = {}
+        for name in names:
+            settings = modes[name]
             if args.warmup > 0:  # a throwaway engine: warms the kernels without moving this mode's controller
                 warm = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
                 warm_phases = build_workload("transition", 1, args.low_temperature)[:2]
@@ -91,8 +94,15 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
                                   temperature=phase.temperature, seed=index)
                 del warm
             engine = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
-            runs[name].append(run_engine(engine, phases, args.concurrency, args.max_new_tokens, args.seed,
-                                         on_request_done=lambda: progress.update(1)))
+            runners[name] = EngineRunner(engine, args.concurrency, args.max_new_tokens, args.seed,
+                                         on_request_done=lambda: progress.update(1))
+        for phase_index, phase in enumerate(phases):
+            shift = phase_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                progress.set_description(f"{phase.name}/{name}")
+                runners[name].run_phase(phase_index, phase)
+        for name in names:
+            runs[name].append(runners[name].run)
     summaries = {}
     for name, settings in modes.items():
         summaries[name] = report.summarize(report.pool_runs(runs[name]))

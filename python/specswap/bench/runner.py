@@ -6,8 +6,9 @@ A run is a plain dict (JSON-ready):
                  "requests": [{"latency_s", "tokens", "verify_rounds", "accepted_draft_tokens"}]}],
      "trace": [[t_s, tier, tokens_in_step, phase_index], ...]}
 
-Times are seconds from the start of the mode's run. Phases run back to back on the same engine, so the
-adaptive controller carries its state from one phase into the next, as it would in production.
+Times are seconds of the mode's own clock (the sum of its phases' wall times). A mode's phases run in order
+on the same engine, so the adaptive controller carries its state from one phase into the next, as it would
+in production; other modes may run between two of its phases (see bench/cli.py).
 """
 
 from __future__ import annotations
@@ -22,25 +23,32 @@ from typing import Any
 from specswap.bench.workloads import Phase
 
 
-def run_engine(engine, phases: list[Phase], concurrency: int, max_new_tokens: int, seed: int = 0,
-               on_request_done: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Keep ``concurrency`` requests in flight per phase on ``engine`` (continuous batching via add_request/step)."""
-    speculative = engine.speculative_algorithm is not None
-    run: dict[str, Any] = {"phases": [], "trace": []}
-    t0 = time.perf_counter()
-    request_index = 0
-    for phase_index, phase in enumerate(phases):
+class EngineRunner:
+    """One mode's engine, run phase by phase. Times are the mode's own clock: the sum of its phases' wall
+    times, so that modes can be interleaved phase by phase without other modes' time counting against them."""
+
+    def __init__(self, engine, concurrency: int, max_new_tokens: int, seed: int = 0,
+                 on_request_done: Callable[[], None] | None = None):
+        self.engine, self.concurrency, self.max_new_tokens, self.seed = engine, concurrency, max_new_tokens, seed
+        self.on_request_done = on_request_done
+        self.run: dict[str, Any] = {"phases": [], "trace": []}
+        self.clock = 0.0
+        self.request_index = 0
+
+    def run_phase(self, phase_index: int, phase: Phase) -> None:
+        """Keep ``concurrency`` requests of ``phase`` in flight (continuous batching via add_request/step)."""
+        engine = self.engine
+        speculative = engine.speculative_algorithm is not None
         pending = deque(phase.prompts)
         started: dict[int, float] = {}
         seen_tokens: dict[int, int] = {}
         records = []
-        phase_start = time.perf_counter() - t0
+        t0 = time.perf_counter()
         while pending or started:
-            while pending and len(started) < concurrency:
-                prompt = pending.popleft()
-                request_id = engine.add_request(prompt, max_new_tokens=max_new_tokens, temperature=phase.temperature,
-                                                seed=seed + request_index)
-                request_index += 1
+            while pending and len(started) < self.concurrency:
+                request_id = engine.add_request(pending.popleft(), max_new_tokens=self.max_new_tokens,
+                                                temperature=phase.temperature, seed=self.seed + self.request_index)
+                self.request_index += 1
                 started[request_id] = time.perf_counter()
                 seen_tokens[request_id] = 0
             tier = engine.worker.active_steps if speculative else 0
@@ -55,13 +63,23 @@ def run_engine(engine, phases: list[Phase], concurrency: int, max_new_tokens: in
                                     "tokens": len(output.token_ids),
                                     "verify_rounds": output.num_verify_rounds,
                                     "accepted_draft_tokens": sum(output.accept_lengths)})
-                    if on_request_done is not None:
-                        on_request_done()
-            run["trace"].append([now - t0, tier, step_tokens, phase_index])
+                    if self.on_request_done is not None:
+                        self.on_request_done()
+            self.run["trace"].append([self.clock + now - t0, tier, step_tokens, phase_index])
         engine.finished.clear()
-        run["phases"].append({"name": phase.name, "temperature": phase.temperature, "start_s": phase_start,
-                              "end_s": time.perf_counter() - t0, "requests": records})
-    return run
+        elapsed = time.perf_counter() - t0
+        self.run["phases"].append({"name": phase.name, "temperature": phase.temperature, "start_s": self.clock,
+                                   "end_s": self.clock + elapsed, "requests": records})
+        self.clock += elapsed
+
+
+def run_engine(engine, phases: list[Phase], concurrency: int, max_new_tokens: int, seed: int = 0,
+               on_request_done: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Every phase of a workload on one engine, back to back."""
+    runner = EngineRunner(engine, concurrency, max_new_tokens, seed, on_request_done)
+    for phase_index, phase in enumerate(phases):
+        runner.run_phase(phase_index, phase)
+    return runner.run
 
 
 def _metric_value(text: str, name: str) -> float:
