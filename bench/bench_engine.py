@@ -133,7 +133,8 @@ def bench_engine(target, draft, tokenizer, args) -> list[dict]:
         for batch_size in args.batch_sizes:
             engines = {name: Engine(target, draft if kwargs["speculative_algorithm"] in ("EAGLE", "STANDALONE")
                                     else None, tokenizer=tokenizer,
-                                    max_batch_size=batch_size, max_seq_len=args.max_seq_len, **kwargs)
+                                    max_batch_size=batch_size, max_seq_len=args.max_seq_len,
+                                    disable_graphs=args.disable_graphs, **kwargs)
                        for name, kwargs in configs.items()}
             for engine in engines.values():  # warm-up
                 engine.generate(prompts[:batch_size], 4, temperature=temperature, seed=0)
@@ -165,7 +166,8 @@ def bench_transformers(target_name: str, tokenizer, target, args) -> list[dict]:
     hf_target = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(target_name), dtype=dtype).eval()
     hf_draft = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(f"{target_name}-draft"), dtype=dtype).eval()
     prompts = CODE_PROMPTS[:args.num_prompts]
-    engine = Engine(target, None, None, tokenizer=tokenizer, max_batch_size=1, max_seq_len=args.max_seq_len)
+    engine = Engine(target, None, None, tokenizer=tokenizer, max_batch_size=1, max_seq_len=args.max_seq_len,
+                    disable_graphs=args.disable_graphs)
     engine.generate(prompts[:1], 4)
 
     def hf_speed(**kwargs):
@@ -239,6 +241,7 @@ def main() -> None:
                         help="wall time, or this process's CPU time (steadier on a shared machine with --threads 1)")
     parser.add_argument("--adaptive-config", type=json.loads, default=None,
                         help='JSON object of policy keys, e.g. \'{"warmup_batches": 2}\'')
+    parser.add_argument("--disable-graphs", action="store_true", help="run the engines eagerly (default: stage graphs)")
     parser.add_argument("--hf", action="store_true", help="add transformers plain / assisted generate rows")
     parser.add_argument("--bf16-agreement", action="store_true", help="report bf16 greedy agreement")
     parser.add_argument("--json", help="also write the rows to this file")
@@ -252,7 +255,8 @@ def main() -> None:
     target, draft, tokenizer = load_models(args.model, args.algorithm, dtype)
     print(f"model {args.model} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M), draft {args.algorithm}, "
           f"{dtype}, {torch.get_num_threads()} threads, {args.max_new_tokens} new tokens, "
-          f"{args.num_prompts} prompts, median of {args.repeats}, {args.clock} clock")
+          f"{args.num_prompts} prompts, median of {args.repeats}, {args.clock} clock, "
+          f"{'eager' if args.disable_graphs else 'stage graphs'}")
     rows = bench_engine(target, draft, tokenizer, args)
     print_table(rows)
     report = {"rows": rows}
