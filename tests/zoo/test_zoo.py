@@ -87,3 +87,15 @@ def test_stdlib_selection_skips_tests_and_is_sorted(tmp_path):
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / relative).write_text("x = 1\n")
     assert [p.relative_to(tmp_path).as_posix() for p in stdlib_sources(tmp_path)] == ["a/x.py", "b.py"]
+
+
+def test_bf16_pair_drafts_and_agrees_with_fp32(shipped):
+    target32, _, _ = shipped
+    target = load_model(zoo.path("tiny"), dtype=torch.bfloat16)
+    head = load_eagle_head(zoo.path("tiny-eagle"), target)
+    assert head.fc.weight.dtype == torch.bfloat16
+    prompt = load_tokenizer(zoo.path("tiny")).encode(CODE_PROMPT, add_bos=True)
+    result = chain_draft(target, lambda capacity: EagleDrafter(head, capacity), prompt, 16, k=3)
+    assert result.tokens == greedy(target, prompt, 16)
+    agreement = sum(a == b for a, b in zip(result.tokens, greedy(target32, prompt, 16))) / 16
+    assert agreement >= 0.5  # bf16 may diverge after a near-tie, but not from the start
