@@ -52,14 +52,35 @@ def test_tiny_graph_mode_matches_eager(algorithm):
 GEMMA_FP32 = Path.home() / ".cache" / "specswap" / "gemma-3-270m" / "float32"
 
 
-@pytest.mark.skipif(not (GEMMA_FP32 / "model.safetensors").is_file(), reason="no converted Gemma 3 270M cache")
-@pytest.mark.xfail(strict=True, reason="graph replay of Gemma's ScaledEmbedding (a torch.tensor made inside "
-                                       "forward) reads a stale scale; fix in models/gemma3.py or graphs.py")
-def test_gemma_graph_mode_matches_eager():
+gemma_cached = (GEMMA_FP32 / "model.safetensors").is_file()
+GEMMA_PROMPT = "Copy this line: the quick brown fox jumps over the lazy dog.\nthe quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def gemma():
     from specswap.models import load_model, load_tokenizer
-    target, tokenizer = load_model(GEMMA_FP32, torch.float32), load_tokenizer(GEMMA_FP32)
-    prompt = "Copy this line: the quick brown fox jumps over the lazy dog.\nthe quick brown fox"
-    outputs = [Engine(target, None, None, tokenizer=tokenizer, max_seq_len=64, max_batch_size=1,
-                      disable_graphs=disable).generate([prompt], 6)[0] for disable in (True, False)]
-    assert outputs[0].text == " jumps over the lazy dog."
-    assert outputs[1].token_ids == outputs[0].token_ids
+    return load_model(GEMMA_FP32, torch.float32), load_tokenizer(GEMMA_FP32)
+
+
+@pytest.mark.skipif(not gemma_cached, reason="no converted Gemma 3 270M cache")
+def test_gemma_engine_default_runs_eagerly_and_right(gemma):
+    target, tokenizer = gemma
+    with pytest.warns(UserWarning, match="not verified for Gemma3ForCausalLM; running eagerly"):
+        engine = Engine(target, None, None, tokenizer=tokenizer, max_seq_len=64, max_batch_size=1)
+    assert engine.worker.graph_context is None
+    assert engine.generate([GEMMA_PROMPT], 6)[0].text == " jumps over the lazy dog."
+
+
+@pytest.mark.skipif(not gemma_cached, reason="no converted Gemma 3 270M cache")
+@pytest.mark.xfail(strict=True, reason="graph replay of Gemma's ScaledEmbedding (a torch.tensor made inside "
+                                       "forward) reads a stale scale; fix in models/gemma3.py or graphs.py, "
+                                       "then add Gemma3ForCausalLM to engine.GRAPH_VERIFIED_MODELS")
+def test_gemma_graph_replay_matches_eager(gemma):
+    from spec_helpers import run_to_completion
+    from specswap.worker import EAGLEWorker
+    target, tokenizer = gemma
+    prompt = tokenizer.encode(GEMMA_PROMPT, add_bos=True)
+    outputs = [run_to_completion(EAGLEWorker(target, None, None, max_batch_size=1, max_seq_len=64, graphs=graphs),
+                                 [prompt], 6)[0][0] for graphs in (False, True)]
+    assert tokenizer.decode(outputs[0]) == " jumps over the lazy dog."
+    assert outputs[1] == outputs[0]
