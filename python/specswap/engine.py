@@ -22,6 +22,8 @@ import torch
 from specswap.sampling import SamplingParams
 from specswap.worker import SPECULATIVE_ALGORITHMS, EAGLEWorker
 
+__all__ = ["Engine", "RequestOutput", "resolve_dtype", "resolve_checkpoint", "cpu_has_fast_bf16"]
+
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DEFAULT_MAX_SEQ_LEN = 2048
 # model classes whose replayed stage graphs tests/engine/test_graph_mode.py checks against eager decoding;

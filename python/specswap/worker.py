@@ -36,6 +36,9 @@ import torch
 from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_greedy, logits_to_probs,
                                sample_from_probs)
 
+__all__ = ["EAGLEWorker", "RoundResult", "TierState", "DraftStage", "VerifyStage", "DraftExtendStage",
+           "SPECULATIVE_ALGORITHMS", "propose_ngram"]
+
 SPECULATIVE_ALGORITHMS = ("EAGLE", "STANDALONE", "NGRAM", None)
 # NGRAM (prompt lookup): the longest suffix of this length range that occurred before proposes what followed it
 NGRAM_MAX_MATCH = 4
