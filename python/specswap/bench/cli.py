@@ -19,7 +19,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="low, high, or transition (low, high, low, high)")
     parser.add_argument("--requests-per-phase", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=2, help="requests in flight (the batch size)")
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--max-new-tokens", type=int, default=80)
     parser.add_argument("--low-temperature", type=float, default=1.0, help="sampling temperature of low phases")
     parser.add_argument("--warmup", type=int, default=1,
                         help="warm-up requests per mode, on a throwaway engine with the same settings (0: none)")
