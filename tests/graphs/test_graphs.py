@@ -208,3 +208,31 @@ def test_backend_choice_per_device():
             _C.GraphPool(torch.device("privateuseone"))
     with pytest.raises(ValueError, match="no graph runner for device meta"):
         _C.GraphPool(torch.device("meta"))
+
+
+def test_tensor_from_python_data_inside_capture_is_kept():
+    # torch.tensor(x) is an allocation filled outside the dispatcher; replay must not re-allocate it empty
+    pool = _C.GraphPool(torch.device("cpu"))
+    runner = _C.GraphRunner("verify", 1, 1, pool)
+    x, out = torch.randn(8), torch.empty(8)
+    runner.capture(lambda: out.copy_(x * torch.tensor(2.5) + torch.tensor([1.0] * 8)))
+    for _ in range(3):
+        x.copy_(torch.randn(8))
+        runner.replay()
+        assert torch.equal(out, x * 2.5 + 1.0)
+
+
+def test_scratch_allocated_inside_capture_is_rewritten_each_replay():
+    pool = _C.GraphPool(torch.device("cpu"))
+    runner = _C.GraphRunner("verify", 1, 1, pool)
+    x, out = torch.randn(4), torch.empty(4)
+
+    def body():
+        scratch = torch.empty(4)
+        torch.mul(x, 3.0, out=scratch)
+        out.copy_(scratch + 1)
+
+    runner.capture(body)
+    x.copy_(torch.randn(4))
+    runner.replay()
+    assert torch.equal(out, x * 3.0 + 1)

@@ -96,7 +96,24 @@ int OpTape::new_slot(const at::Tensor& tensor) {
   return slot;
 }
 
+namespace {
+// Uninitialised allocations whose contents the caller fills outside the
+// dispatcher: torch.tensor(python_data) is aten::empty + a memcpy + lift_fresh.
+// Replaying the allocation would hand later ops fresh garbage, so the tensor
+// made at capture (with the data written into it) is kept as a constant.
+bool is_raw_allocation(const c10::OperatorHandle& op) {
+  const std::string& name = op.schema().operator_name().name;
+  return name == "aten::empty" || name == "aten::empty_strided";
+}
+}  // namespace
+
 void OpTape::on_operator(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (is_raw_allocation(op)) {
+    // not recorded: later operators see its output as a constant
+    c10::impl::ExcludeDispatchKeyGuard guard(kRecordKey);
+    op.callBoxed(stack);
+    return;
+  }
   const auto& schema = op.schema();
   const std::size_t num_args = schema.arguments().size();
   Entry entry{op, {}, {}, {}, {}};
