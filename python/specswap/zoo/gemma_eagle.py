@@ -303,7 +303,26 @@ def ship(head: EagleHead, out: Path, recipe: GemmaEagleRecipe, state: dict, data
     (out / "training_record.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
-def measure(work: Path, out: Path, prompts_per_domain: int = 2, prompt_tokens: int = 64, new_tokens: int = 32,
+class TargetVocabularyHead(torch.nn.Module):
+    """The head with its draft logits placed at their target ids (-inf elsewhere), so a drafting loop that takes
+    argmax as a target token (``acceptance.EagleDrafter`` does) drafts real target tokens."""
+
+    def __init__(self, head: EagleHead):
+        super().__init__()
+        self.head = head
+
+    def make_cache(self, *args, **kwargs):
+        return self.head.make_cache(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        out = self.head(*args, **kwargs)
+        # out.logits: [B, T, Vd] -> [B, T, V_target]
+        full = out.logits.new_full((*out.logits.shape[:-1], self.head.config.target_vocab_size), float("-inf"))
+        full[..., self.head.token_map] = out.logits
+        return type(out)(logits=full, hidden=out.hidden)
+
+
+def measure(work: Path, out: Path, prompts_per_domain: int = 4, prompt_tokens: int = 64, new_tokens: int = 32,
             draft_lengths: tuple[int, ...] = (1, 3)) -> dict:
     """Accepted draft tokens per verify of the shipped head with greedy chain drafting on held-out prompts (bf16
     target), via the zoo's acceptance loop; also checks the output equals plain greedy decoding. Recorded in
@@ -314,7 +333,7 @@ def measure(work: Path, out: Path, prompts_per_domain: int = 2, prompt_tokens: i
     from .gemma import resolve  # noqa: PLC0415
 
     target = load_model(resolve("gemma-3-270m", torch.bfloat16), torch.bfloat16)
-    head = load_eagle_head(out, target)
+    head = TargetVocabularyHead(load_eagle_head(out, target))
     heldout = torch.load(work / "data.pt")["heldout"]  # first half code windows, second half prose
     half = len(heldout) // 2
     results: dict = {"method": f"greedy chain drafting, bf16 target, {prompts_per_domain} held-out prompts per "
