@@ -81,12 +81,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    if args.disable_cuda_graph:
-        print("specswap serve: --disable-cuda-graph: graphs are not used by this server yet; nothing to disable")
     algorithm = args.speculative_algorithm
     models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device)
     engine = build_engine(models, algorithm, args.speculative_num_steps, args.speculative_adaptive,
-                          args.speculative_adaptive_config, args.max_batch_size, args.max_seq_len)
+                          args.speculative_adaptive_config, args.max_batch_size, args.max_seq_len,
+                          disable_graphs=args.disable_cuda_graph)
     server_args = {key: value for key, value in vars(args).items() if key not in ("func", "api_key")}
     app = create_app(engine, args.served_model_name or args.model, api_key=args.api_key,
                      max_body_bytes=args.max_body_bytes, server_args=server_args)
@@ -120,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(serve, default_algorithm="NONE")
     serve.add_argument("--speculative-adaptive", action="store_true",
                        help="let the adaptive controller pick the draft steps per round")
-    serve.add_argument("--disable-cuda-graph", action="store_true", help="accepted for SGLang compatibility")
+    serve.add_argument("--disable-cuda-graph", action="store_true", help="run every stage eagerly instead of replaying the graphs captured at start-up")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=30000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every request")

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import specswap
 from server_helpers import free_port
 from specswap.cli import main
 from specswap.server.loading import check_speculative_flags
@@ -22,7 +23,8 @@ def test_serve_tiny_eagle_adaptive_from_the_command_line(tmp_path):
     port = free_port()
     config = tmp_path / "adaptive.json"
     config.write_text('{"candidate_steps": [1, 3, 7], "warmup_batches": 1, "update_interval": 1}')
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+    # the subprocess imports the same specswap as this test (the installed one in CI, python/ in a checkout)
+    env = {**os.environ, "PYTHONPATH": str(Path(specswap.__file__).resolve().parents[1])}
     command = [sys.executable, "-m", "specswap.cli", "serve", "--model", "tiny", "--speculative-algorithm", "EAGLE",
                "--speculative-adaptive", "--speculative-adaptive-config", str(config), "--port", str(port),
                "--threads", "1", "--max-batch-size", "2", "--api-key", "k", "--disable-cuda-graph"]

@@ -131,12 +131,13 @@ def load_models(model: str, draft: str | None = None, speculative_algorithm: str
 
 def build_engine(models: LoadedModels, speculative_algorithm: str | None, speculative_num_steps: int = 3,
                  speculative_adaptive: bool = False, speculative_adaptive_config: Any = None,
-                 max_batch_size: int = 8, max_seq_len: int | None = None):
+                 max_batch_size: int = 8, max_seq_len: int | None = None, disable_graphs: bool = False):
     """An Engine over already loaded modules (no weights are copied). ``speculative_algorithm`` None or "NONE":
-    target only."""
+    target only. ``disable_graphs`` (``--disable-cuda-graph``) runs the worker eagerly."""
     from specswap.engine import Engine
     algorithm = None if speculative_algorithm in (None, "NONE") else speculative_algorithm
     draft = models.draft if algorithm in ("EAGLE", "STANDALONE") else None
     return Engine(models.target, draft, algorithm, speculative_num_steps=speculative_num_steps,
                   speculative_adaptive=speculative_adaptive, speculative_adaptive_config=speculative_adaptive_config,
-                  max_batch_size=max_batch_size, max_seq_len=max_seq_len, tokenizer=models.tokenizer)
+                  max_batch_size=max_batch_size, max_seq_len=max_seq_len, tokenizer=models.tokenizer,
+                  disable_graphs=disable_graphs)
