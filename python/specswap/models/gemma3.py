@@ -25,7 +25,7 @@ from torch import nn
 from .config import CheckpointError, RopeConfig, _eos_ids
 from .kv_cache import KVCache
 from .layers import ACTIVATIONS, Attention, AttentionPlan, GatedMLP, RMSNorm, RotaryEmbedding, plan_attention
-from .llama import check_cache
+from .llama import CausalLM, check_cache
 from .outputs import ModelOutput
 
 SLIDING_ATTENTION = "sliding_attention"
@@ -233,7 +233,7 @@ class Gemma3TextModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_offset=1.0)
 
 
-class Gemma3ForCausalLM(nn.Module):
+class Gemma3ForCausalLM(CausalLM):
     """Gemma 3 text model with the runtime's static KV cache; same call contract as ``LlamaForCausalLM``.
 
     ``embed_tokens`` returns scaled embeddings, so a draft head that shares it sees what the decoder sees.
@@ -248,32 +248,6 @@ class Gemma3ForCausalLM(nn.Module):
         self.rotary_local = RotaryEmbedding(config.rope_local, config.head_dim)
         self.tie_weights()
 
-    @property
-    def embed_tokens(self) -> ScaledEmbedding:
-        return self.model.embed_tokens
-
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def finish_loading(self, device: torch.device | str) -> None:
-        """Re-tie weights and rebuild non-persistent buffers after ``load_state_dict(assign=True)``."""
-        self.tie_weights()
-        self.rotary_global.reset(device)
-        self.rotary_local.reset(device)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    def make_cache(self, max_batch_size: int, capacity: int, dtype: torch.dtype | None = None,
-                   device: torch.device | str | None = None) -> KVCache:
-        return KVCache(self.config.num_hidden_layers, max_batch_size, self.config.num_key_value_heads, capacity,
-                       self.config.head_dim, dtype=dtype or self.dtype, device=device or self.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
                 slots: torch.Tensor | None, key_length: int | None = None) -> ModelOutput:

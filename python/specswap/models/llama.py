@@ -21,7 +21,44 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class LlamaForCausalLM(nn.Module):
+class CausalLM(nn.Module):
+    """What every target architecture shares: ``model.embed_tokens``, ``lm_head`` (tied when the config says
+    so), rotary tables rebuilt after loading, and a KV cache shaped from the config."""
+
+    config: LlamaConfig
+    model: nn.Module
+    lm_head: nn.Linear
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def finish_loading(self, device: torch.device | str) -> None:
+        """Re-tie weights and rebuild non-persistent buffers after ``load_state_dict(assign=True)``."""
+        self.tie_weights()
+        for module in self.modules():
+            if isinstance(module, RotaryEmbedding):
+                module.reset(device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def make_cache(self, max_batch_size: int, capacity: int, dtype: torch.dtype | None = None,
+                   device: torch.device | str | None = None) -> KVCache:
+        return KVCache(self.config.num_hidden_layers, max_batch_size, self.config.num_key_value_heads, capacity,
+                       self.config.head_dim, dtype=dtype or self.dtype, device=device or self.device)
+
+
+class LlamaForCausalLM(CausalLM):
     """Llama with a static KV cache.
 
     Requests of different lengths share a batch through their positions; each
@@ -36,31 +73,6 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         self.tie_weights()
 
-    @property
-    def embed_tokens(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def finish_loading(self, device: torch.device | str) -> None:
-        """Re-tie weights and rebuild non-persistent buffers after ``load_state_dict(assign=True)``."""
-        self.tie_weights()
-        self.rotary.reset(device)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    def make_cache(self, max_batch_size: int, capacity: int, dtype: torch.dtype | None = None,
-                   device: torch.device | str | None = None) -> KVCache:
-        return KVCache(self.config.num_hidden_layers, max_batch_size, self.config.num_key_value_heads, capacity,
-                       self.config.head_dim, dtype=dtype or self.dtype, device=device or self.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, slots: torch.Tensor | None,
                 key_length: int | None = None) -> ModelOutput:
