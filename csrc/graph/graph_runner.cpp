@@ -103,12 +103,13 @@ std::vector<std::string> GraphRunner::buffer_names() const {
   return names;
 }
 
-void GraphRunner::begin_task_group() {
+void GraphRunner::refuse_task_groups() const {
   throw std::logic_error(std::string("task groups are an Ascend NPU feature; the ") + backend() +
                          " runner reads per-round arguments from its persistent buffers");
 }
-int GraphRunner::end_task_group() { begin_task_group(); return -1; }
-void GraphRunner::update_task_group(int, const std::function<void()>&) { begin_task_group(); }
+void GraphRunner::begin_task_group() { refuse_task_groups(); }
+int GraphRunner::end_task_group() { refuse_task_groups(); }
+void GraphRunner::update_task_group(int, const std::function<void()>&) { refuse_task_groups(); }
 
 std::size_t GraphRunner::memory_bytes() const {
   std::size_t bytes = backend_bytes();
@@ -123,9 +124,11 @@ std::shared_ptr<GraphPool> make_graph_pool(c10::Device device) {
     case c10::DeviceType::CPU: return std::make_shared<GraphPool>(device);
     case c10::DeviceType::CUDA: return make_cuda_pool(device);
     case c10::DeviceType::PrivateUse1: return make_npu_pool(device);  // torch_npu registers as PrivateUse1
-    default:
-      throw std::invalid_argument("no graph runner for device " + device.str() + "; backends in this build: cpu" +
-                                  std::string(compiled_backends().size() > 1 ? " and others" : ""));
+    default: {
+      std::string built;
+      for (const auto& name : compiled_backends()) built += (built.empty() ? "" : ", ") + name;
+      throw std::invalid_argument("no graph runner for device " + device.str() + "; backends in this build: " + built);
+    }
   }
 }
 

@@ -87,6 +87,7 @@ class GraphRunner : public StageResource {
   virtual void do_capture(const std::function<void()>& body) = 0;
   virtual void do_replay() = 0;
   virtual std::size_t backend_bytes() const { return 0; }
+  [[noreturn]] void refuse_task_groups() const;
 
  private:
   Stage stage_;
