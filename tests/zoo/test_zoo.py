@@ -99,3 +99,16 @@ def test_bf16_pair_drafts_and_agrees_with_fp32(shipped):
     assert result.tokens == greedy(target, prompt, 16)
     agreement = sum(a == b for a, b in zip(result.tokens, greedy(target32, prompt, 16))) / 16
     assert agreement >= 0.5  # bf16 may diverge after a near-tie, but not from the start
+
+
+def test_eagle_drafter_maps_draft_ids_through_the_token_map(shipped):
+    # a head restricted to a token map drafts in its own vocabulary; the measurement must compare target ids
+    target, _, _ = shipped
+    head = load_eagle_head(zoo.path("tiny-eagle"), target)
+    prompt = load_tokenizer(zoo.path("tiny")).encode(CODE_PROMPT, add_bos=True)
+    full = chain_draft(target, lambda capacity: EagleDrafter(head, capacity), prompt, 24, k=3)
+    head.set_token_map(torch.arange(target.config.vocab_size).flip(0))  # same vocabulary, reversed ids
+    mapped = chain_draft(target, lambda capacity: EagleDrafter(head, capacity), prompt, 24, k=3)
+    assert mapped.tokens == full.tokens
+    assert mapped.accepted_per_verify == full.accepted_per_verify
+    assert sum(mapped.accepted_per_verify) > 0

@@ -62,14 +62,19 @@ class EagleDrafter:
         length, start = len(sequence), self.valid_length
         out = self.head(torch.tensor([sequence[start:]]), features[start - 1:length - 1][None],
                         torch.arange(start, length)[None], self.cache, SLOT)
-        drafts = [int(out.logits[0, -1].argmax())]
+        drafts = [self._target_id(out.logits[0, -1])]
         hidden = out.hidden[:, -1:]
         for index in range(k - 1):
             out = self.head(torch.tensor([[drafts[-1]]]), hidden, torch.tensor([[length + index]]), self.cache, SLOT)
-            drafts.append(int(out.logits[0, -1].argmax()))
+            drafts.append(self._target_id(out.logits[0, -1]))
             hidden = out.hidden
         self.valid_length = length
         return drafts
+
+    def _target_id(self, logits: torch.Tensor) -> int:
+        """The argmax of draft logits [Vd] as a target token id (through the token map, if the head has one)."""
+        draft_id = int(logits.argmax())
+        return draft_id if self.head.token_map is None else int(self.head.token_map[draft_id])
 
     def accepted(self, old_length: int, accepted: int, k: int) -> None:
         pass  # self-fed entries are always re-fed with the target's features next round
