@@ -23,10 +23,10 @@ case "$variant" in
   cpu)
     venv=$tmp/venv
     python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check -c .ci/constraints.txt "$wheel"
+    # the wheel with its own test extra: every test dependency comes from the wheel's metadata
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -c .ci/constraints.txt "$wheel[test]"
     (cd "$tmp" && "$venv/bin/python" -c "import specswap, specswap._core as c; print('[check_wheel] imports:', specswap.__version__, 'backends', c._C.compiled_backends())")
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check -c .ci/constraints.txt pytest hypothesis transformers google-benchmark
-    (cd "$tmp" && cp -r "$OLDPWD/tests" . && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests) ;;
+    (cd "$tmp" && cp -r "$OLDPWD/tests" "$OLDPWD/pyproject.toml" . && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests) ;;
   npu)
     echo "[check_wheel] ACL / NPU graph symbols the extension links:"
     nm -DC --undefined-only "$so" | grep -E 'NPUGraph|graph_task|graph_pool_handle|getNPUStreamFromPool' | sed 's/^ *U /  /'
