@@ -85,11 +85,18 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch
     return DTYPES[dtype]
 
 
-def resolve_checkpoint(name: str | Path) -> Path:
-    """A checkpoint directory, or the shipped model a zoo name refers to."""
+GEMMA_NAMES = ("gemma-3-270m",)
+
+
+def resolve_checkpoint(name: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """A checkpoint directory, the Gemma 3 270M weight cache (converted from the registry's GGUF on first
+    use, in ``dtype``), or the shipped model a zoo name refers to."""
     path = Path(name)
     if path.is_dir():
         return path
+    if str(name) in GEMMA_NAMES:
+        from specswap.zoo import gemma
+        return gemma.resolve(str(name), dtype)  # ImportError naming `pip install "specswap[gemma]"` without it
     try:
         from specswap import zoo
         zoo_path = getattr(zoo, "path", None)
@@ -202,7 +209,7 @@ class Engine:
         from specswap.models import load_draft_model, load_eagle_head, load_model, load_tokenizer
 
         torch_dtype = resolve_dtype(dtype, device)
-        target_path = resolve_checkpoint(model)
+        target_path = resolve_checkpoint(model, torch_dtype)
         if algorithm in ("EAGLE", "STANDALONE") and draft is None:
             if Path(str(model)).is_dir():
                 raise ValueError(f"speculative_algorithm {algorithm!r} needs draft=<checkpoint directory>; "

@@ -41,3 +41,16 @@ def test_shipped_head_drafts_on_the_target(shipped, gemma_fp32, gemma_tokenizer)
     assert out.logits.shape == (1, ids.shape[1] - 1, 16384)
     draft = head.token_map[out.logits[0, -1].argmax()]
     assert 0 <= int(draft) < gemma_fp32.config.vocab_size
+
+
+def test_engine_by_name_uses_the_shipped_head_and_stays_lossless(gemma_fp32_dir):
+    # Engine("gemma-3-270m") resolves the converted cache and picks the shipped EAGLE head by default
+    from specswap import zoo
+    from specswap.engine import Engine
+
+    assert zoo.path("gemma-3-270m-eagle") == DEFAULT_OUT or (zoo.path("gemma-3-270m-eagle") / "config.json").is_file()
+    speculative = Engine("gemma-3-270m", speculative_num_steps=3, dtype="float32", max_seq_len=128, max_batch_size=1)
+    assert speculative.draft.token_map is not None
+    plain = Engine(speculative.target, None, None, tokenizer=speculative.tokenizer, max_seq_len=128, max_batch_size=1)
+    prompt = "def add(a, b):"
+    assert speculative.generate([prompt], 24)[0].token_ids == plain.generate([prompt], 24)[0].token_ids

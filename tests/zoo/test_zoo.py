@@ -20,7 +20,10 @@ def test_path_gives_each_shipped_dir_with_its_files():
     for name in zoo.NAMES:
         directory = zoo.path(name)
         assert directory.is_dir() and directory.name == name
-        assert all((directory / file).is_file() for file in SHIPPED_FILES), name
+        # heads for targets outside the tiny family use their target's tokenizer
+        files = SHIPPED_FILES if name.startswith("tiny") else ("config.json", "model.safetensors",
+                                                                "training_record.json")
+        assert all((directory / file).is_file() for file in files), name
 
 
 def test_unknown_name_lists_valid_names():
@@ -30,7 +33,8 @@ def test_unknown_name_lists_valid_names():
 
 def test_training_records_say_how_each_model_was_made():
     total_bytes = 0
-    for name in zoo.NAMES:
+    # the tiny family (the Gemma head's record is checked in tests/gemma)
+    for name in [name for name in zoo.NAMES if name.startswith("tiny")]:
         record = json.loads((zoo.path(name) / "training_record.json").read_text())
         assert record["model"] == name
         assert isinstance(record["recipe"]["seed"], int) and record["steps"] > 0

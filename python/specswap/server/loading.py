@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_MODEL = "gemma-3-270m"
-GEMMA_NAMES = ("gemma-3-270m",)
 ALGORITHM_CHOICES = ("EAGLE", "STANDALONE", "NGRAM", "NONE")
 
 
@@ -73,15 +72,12 @@ def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> No
 
 
 def _target_directory(name: str, dtype) -> Path:
-    if name in GEMMA_NAMES:
-        from specswap.zoo import gemma
-        try:
-            return gemma.resolve(name, dtype)
-        except ImportError as error:
-            raise ValueError(f"model {name!r} is not available: {error}. For a quick start without it, pass "
-                             f"--model tiny") from error
     from specswap.engine import resolve_checkpoint
-    return resolve_checkpoint(name)
+    try:
+        return resolve_checkpoint(name, dtype)
+    except ImportError as error:
+        raise ValueError(f"model {name!r} is not available: {error}. For a quick start without it, pass "
+                         f"--model tiny") from error
 
 
 def _draft_directory(model: str, draft: str | None, algorithm: str) -> Path:
@@ -91,10 +87,6 @@ def _draft_directory(model: str, draft: str | None, algorithm: str) -> Path:
     if Path(model).is_dir():
         raise ValueError(f"--speculative-algorithm {algorithm} with a checkpoint directory needs --draft-model")
     name = f"{model}-eagle" if algorithm == "EAGLE" else f"{model}-draft"
-    from specswap import zoo
-    shipped = zoo.WEIGHTS_DIR / name  # heads trained here for targets outside the tiny zoo (gemma-3-270m-eagle)
-    if (shipped / "config.json").is_file():
-        return shipped
     try:
         return resolve_checkpoint(name)
     except ValueError as error:
