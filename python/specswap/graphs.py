@@ -61,8 +61,12 @@ class GraphContext:
             self.pool.share(tensor)
 
     def share_model(self, model: torch.nn.Module, cache) -> None:
-        """Mark weights and KV buffers as shared so no runner reports them as its own memory."""
-        self.share(*model.parameters(), *model.buffers(), *cache.keys, *cache.values, cache.key_positions)
+        """Mark weights and KV buffers as shared so no runner reports them as its own memory: parameters,
+        buffers, and plain tensor attributes such as an EAGLE head's gathered draft LM-head rows."""
+        attributes = [value for module in model.modules() for value in vars(module).values()
+                      if isinstance(value, torch.Tensor)]
+        self.share(*model.parameters(), *model.buffers(), *attributes, *cache.keys, *cache.values,
+                   cache.key_positions)
 
 
 class StageGraphs:
