@@ -82,6 +82,8 @@ class StageGraphs:
         self.num_tokens = num_tokens
         self.with_features = with_features
         self.runners: dict[tuple[int, int], _C.GraphRunner] = {}
+        # the runners' persistent buffers by name, looked up once here instead of on every replay
+        self.buffers: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self.device = cache.keys[0].device
         self.dtype = next(model.parameters()).dtype
         self._offsets = torch.arange(num_tokens, device=self.device)
@@ -92,7 +94,9 @@ class StageGraphs:
             for key_length in self.context.key_buckets:
                 if key_length < self.num_tokens:
                     continue
-                self.runners[(batch, key_length)] = self._capture_one(batch, key_length)
+                runner = self._capture_one(batch, key_length)
+                self.runners[(batch, key_length)] = runner
+                self.buffers[(batch, key_length)] = {name: runner.buffer(name) for name in runner.buffer_names()}
 
     @torch.inference_mode()
     def _capture_one(self, batch: int, key_length: int) -> _C.GraphRunner:
@@ -146,18 +150,19 @@ class StageGraphs:
         """Replay the forward for these inputs; returns views of the runner's outputs (valid until its next replay)."""
         # input_ids, positions: [B, T]; slots: [B]; features: [B, T, H] (EAGLE head)
         batch = input_ids.shape[0]
-        runner = self.runners[self.runner_for(batch, key_length)]
-        runner.buffer("input_ids")[:batch].copy_(input_ids)
-        runner.buffer("positions")[:batch].copy_(positions)
-        runner.buffer("slots")[:batch].copy_(slots)
+        key = self.runner_for(batch, key_length)
+        runner, buffers = self.runners[key], self.buffers[key]
+        buffers["input_ids"][:batch].copy_(input_ids)
+        buffers["positions"][:batch].copy_(positions)
+        buffers["slots"][:batch].copy_(slots)
         if runner.bucket > batch:
             # padded rows write only the scratch cache row, at positions inside the key bucket
-            runner.buffer("slots")[batch:].fill_(self.context.scratch_slot)
-            runner.buffer("positions")[batch:].copy_(self._offsets)
+            buffers["slots"][batch:].fill_(self.context.scratch_slot)
+            buffers["positions"][batch:].copy_(self._offsets)
         if features is not None:
-            runner.buffer("features")[:batch].copy_(features)
+            buffers["features"][:batch].copy_(features)
         runner.replay()
-        return ModelOutput(logits=runner.buffer("logits")[:batch], hidden=runner.buffer("hidden")[:batch])
+        return ModelOutput(logits=buffers["logits"][:batch], hidden=buffers["hidden"][:batch])
 
     def memory_bytes(self) -> int:
         return sum(runner.memory_bytes() for runner in self.runners.values())
