@@ -1,17 +1,21 @@
-"""Engine throughput side by side: no speculation, static tiers 1/3/7 and adaptive, at several batch sizes.
+"""Engine throughput side by side: no speculation, static tiers and adaptive for one or more drafters, plus
+transformers' plain and prompt-lookup generate, on four prompt sets.
 
-Workloads: code prompts decoded greedily, runs of repeated lines decoded greedily (the upstream "high"
-phase), and prose prompts sampled at temperature 1.0. Every configuration
-runs in the same process on the same loaded weights, interleaved over repeats; the report gives tokens/s and
-the ratio to no speculation measured in the same run. Optional rows: transformers' plain generate and
-assisted generation (assistant = the standalone draft, schedule "heuristic", batch 1), and how often bf16
-speculative greedy output agrees with bf16 target-only output.
+Prompt sets: code prompts decoded greedily, runs of repeated lines decoded greedily (the upstream "high" phase),
+list continuations decoded greedily, and prose prompts sampled at temperature 1.0. Every configuration runs in
+the same process on the same loaded weights, interleaved over repeats; the report gives tokens/s and the ratio
+to no speculation measured in the same run, and, for greedy sets, how many outputs equal target-only output of
+the same run (identical by construction in fp32; in bf16 near-tie logits may flip, see docs/engine.md).
 
     PYTHONPATH=python python bench/bench_engine.py --model tiny            # seconds: a smoke test
-    PYTHONPATH=python python bench/bench_engine.py --model tiny --hf --bf16-agreement --repeats 3
+    PYTHONPATH=python python bench/bench_engine.py --model tiny --hf --repeats 3
+    PYTHONPATH=python python bench/bench_engine.py --model gemma-3-270m --dtype bfloat16 --algorithm EAGLE NGRAM \
+        --batch-sizes 1 --max-new-tokens 96 --num-prompts 4 --repeats 1 --threads 1 --hf --json runs/gemma.json
 
-``--model random`` uses randomly initialised tiny-shaped models (no checkpoint; acceptance is ~0) to check
-the script itself. Tiny models are overhead-bound: speculation is not expected to win there.
+``--hf`` adds transformers rows at batch 1: plain ``generate``, prompt-lookup decoding
+(``prompt_lookup_num_tokens=10``) and, where the zoo has a standalone draft ("<model>-draft"), assisted
+generation. ``--model random`` uses randomly initialised tiny-shaped models (no checkpoint; acceptance is ~0) to
+check the script itself. Tiny models are overhead-bound: speculation is not expected to win there.
 """
 
 from __future__ import annotations
@@ -46,6 +50,17 @@ REPEAT_PROMPTS = [
     "return None\nreturn None\nreturn None\n",
     "a = []\na = []\na = []\na = []\n",
 ]
+# list continuations: the next item follows from the pattern of the previous ones (prompt lookup's home ground)
+LIST_PROMPTS = [
+    "1. January\n2. February\n3. March\n4. April\n5.",
+    "Monday, Tuesday, Wednesday,",
+    "values = [0x00, 0x01, 0x02, 0x03, 0x04, 0x05,",
+    "SELECT name FROM users WHERE id = 1;\nSELECT name FROM users WHERE id = 2;\nSELECT name FROM users WHERE id = 3;\n",
+    "A, B, C, D, E, F,",
+    "case 1: return 'one';\ncase 2: return 'two';\ncase 3: return 'three';\n",
+    "- item 1\n- item 2\n- item 3\n",
+    "x[0] = 0\nx[1] = 1\nx[2] = 2\n",
+]
 PROSE_PROMPTS = [
     "The purpose of this module is",
     "This function returns",
@@ -74,8 +89,12 @@ class ByteTokenizer:
         return "".join(chr(32 + i % 90) for i in ids)
 
 
-def load_models(name: str, algorithm: str, dtype: torch.dtype):
-    """(target, draft, tokenizer), loaded once and shared by every engine of the run."""
+WORKLOADS = {"code": (CODE_PROMPTS, 0.0), "repeat": (REPEAT_PROMPTS, 0.0), "list": (LIST_PROMPTS, 0.0),
+             "prose": (PROSE_PROMPTS, 1.0)}
+
+
+def load_models(name: str, algorithms: list[str], dtype: torch.dtype):
+    """(target, {algorithm: draft or None}, tokenizer), loaded once and shared by every engine of the run."""
     from specswap.models import (EagleConfig, EagleHead, LlamaConfig, LlamaForCausalLM, load_draft_model,
                                  load_eagle_head, load_model, load_tokenizer)
     if name == "random":
@@ -83,143 +102,155 @@ def load_models(name: str, algorithm: str, dtype: torch.dtype):
         config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512)
         target = LlamaForCausalLM(config).to(dtype).eval()
-        if algorithm == "NGRAM":
-            draft = None
-        elif algorithm == "EAGLE":
-            draft = EagleHead(EagleConfig.for_target(config), target.embed_tokens, target.lm_head).to(dtype).eval()
-        else:
-            draft = LlamaForCausalLM(LlamaConfig(**{**config.__dict__, "num_hidden_layers": 1})).to(dtype).eval()
-        return target, draft, ByteTokenizer(config.vocab_size)
-    target_path = resolve_checkpoint(name)
+        drafts = {"NGRAM": None,
+                  "EAGLE": EagleHead(EagleConfig.for_target(config), target.embed_tokens, target.lm_head),
+                  "STANDALONE": LlamaForCausalLM(LlamaConfig(**{**config.__dict__, "num_hidden_layers": 1}))}
+        return target, {a: drafts[a] and drafts[a].to(dtype).eval() for a in algorithms}, ByteTokenizer(
+            config.vocab_size)
+    target_path = resolve_checkpoint(name, dtype)
     target = load_model(target_path, dtype=dtype)
-    if algorithm == "NGRAM":
-        draft = None
-    elif algorithm == "EAGLE":
-        draft = load_eagle_head(resolve_checkpoint(f"{name}-eagle"), target)
-    else:
-        draft = load_draft_model(resolve_checkpoint(f"{name}-draft"), target)
-    return target, draft, load_tokenizer(target_path)
+    loaders = {"NGRAM": lambda: None,
+               "EAGLE": lambda: load_eagle_head(resolve_checkpoint(f"{name}-eagle"), target),
+               "STANDALONE": lambda: load_draft_model(resolve_checkpoint(f"{name}-draft"), target)}
+    return target, {a: loaders[a]() for a in algorithms}, load_tokenizer(target_path)
 
 
-def configurations(algorithm: str, adaptive_config):
+def configurations(algorithms: list[str], static_steps: list[int], adaptive_config) -> dict[str, dict]:
     """name -> Engine keyword arguments."""
     configs = {"no-spec": dict(speculative_algorithm=None)}
-    for steps in (1, 3, 7):
-        configs[f"static-{steps}"] = dict(speculative_algorithm=algorithm, speculative_num_steps=steps)
-    configs["adaptive"] = dict(speculative_algorithm=algorithm, speculative_num_steps=3, speculative_adaptive=True,
-                               speculative_adaptive_config=adaptive_config)
+    for algorithm in algorithms:
+        prefix = f"{algorithm.lower()} " if len(algorithms) > 1 else ""
+        for steps in static_steps:
+            configs[f"{prefix}static-{steps}"] = dict(speculative_algorithm=algorithm, speculative_num_steps=steps)
+        configs[f"{prefix}adaptive"] = dict(speculative_algorithm=algorithm, speculative_num_steps=3,
+                                            speculative_adaptive=True, speculative_adaptive_config=adaptive_config)
     return configs
 
 
 CLOCK = time.perf_counter  # set by --clock
 
 
-def run_once(engine: Engine, prompts, max_new_tokens: int, temperature: float, seed: int):
-    start = CLOCK()
-    results = engine.generate(prompts, max_new_tokens, temperature=temperature, seed=seed)
-    seconds = CLOCK() - start
-    tokens = sum(len(r.token_ids) for r in results)
-    rounds = sum(r.num_verify_rounds for r in results)
-    accepted = sum(sum(r.accept_lengths) for r in results)
-    return tokens / seconds, accepted / rounds if rounds else 0.0, results
+class EngineRunner:
+    """One configuration: generate the prompts, return (tokens, seconds, accepted, rounds, token lists)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def __call__(self, prompts, max_new_tokens: int, temperature: float, seed: int):
+        start = CLOCK()
+        results = self.engine.generate(prompts, max_new_tokens, temperature=temperature, seed=seed)
+        seconds = CLOCK() - start
+        return (sum(len(r.token_ids) for r in results), seconds, sum(sum(r.accept_lengths) for r in results),
+                sum(r.num_verify_rounds for r in results), [r.token_ids for r in results])
 
 
-def bench_engine(target, draft, tokenizer, args) -> list[dict]:
-    rows = []
-    workloads = [("code", CODE_PROMPTS, 0.0), ("repeat", REPEAT_PROMPTS, 0.0), ("prose", PROSE_PROMPTS, 1.0)]
-    configs = configurations(args.algorithm, args.adaptive_config)
-    for workload, prompts, temperature in workloads:
-        prompts = prompts[:args.num_prompts]
-        for batch_size in args.batch_sizes:
-            engines = {name: Engine(target, draft if kwargs["speculative_algorithm"] in ("EAGLE", "STANDALONE")
-                                    else None, tokenizer=tokenizer,
-                                    max_batch_size=batch_size, max_seq_len=args.max_seq_len,
-                                    disable_graphs=args.disable_graphs, **kwargs)
-                       for name, kwargs in configs.items()}
-            for engine in engines.values():  # warm-up
-                engine.generate(prompts[:batch_size], 4, temperature=temperature, seed=0)
-            speeds = {name: [] for name in engines}
-            accepts = {name: [] for name in engines}
-            for repeat in range(args.repeats):  # interleaved, so drift hits every configuration alike
-                for name, engine in engines.items():
-                    speed, accept, _ = run_once(engine, prompts, args.max_new_tokens, temperature, seed=repeat)
-                    speeds[name].append(speed)
-                    accepts[name].append(accept)
-            base = statistics.median(speeds["no-spec"])
-            for name, engine in engines.items():
-                speed = statistics.median(speeds[name])
-                stats = engine.stats()
-                rows.append(dict(workload=workload, batch_size=batch_size, config=name,
-                                 tokens_per_second=round(speed, 1), ratio=round(speed / base, 3),
-                                 accepted_per_verify=round(statistics.mean(accepts[name]), 2),
-                                 rounds_per_tier=stats["rounds_per_tier"], final_tier=stats["current_steps"]))
-    return rows
+class TransformersRunner:
+    """transformers' generate on the same weights and prompts, batch 1, one prompt at a time."""
+
+    def __init__(self, model, encode, **generate_kwargs):
+        self.model, self.encode, self.kwargs = model, encode, generate_kwargs
+
+    def __call__(self, prompts, max_new_tokens: int, temperature: float, seed: int):
+        tokens, seconds, outputs = 0, 0.0, []
+        for index, prompt in enumerate(prompts):
+            ids = torch.tensor([self.encode(prompt)])
+            sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else \
+                dict(do_sample=False)
+            torch.manual_seed(seed + index)
+            start = CLOCK()
+            with torch.no_grad():
+                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                          **sampling, **self.kwargs)
+            seconds += CLOCK() - start
+            tokens += out.shape[1] - ids.shape[1]
+            outputs.append(out[0, ids.shape[1]:].tolist())
+        return tokens, seconds, 0, 0, outputs
 
 
-def bench_transformers(target_name: str, tokenizer, target, args) -> list[dict]:
-    """Plain and assisted generate at batch 1 (greedy, code prompts), as ratios to our no-spec engine."""
+def transformers_runners(name: str, dtype: torch.dtype, encode) -> dict[str, TransformersRunner]:
+    """Plain generate, prompt lookup (10 tokens) and, where the zoo has a standalone draft, assisted generate."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    dtype = resolve_dtype(args.dtype, "cpu")
-    hf_target = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(target_name), dtype=dtype).eval()
-    hf_draft = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(f"{target_name}-draft"), dtype=dtype).eval()
-    prompts = CODE_PROMPTS[:args.num_prompts]
-    engine = Engine(target, None, None, tokenizer=tokenizer, max_batch_size=1, max_seq_len=args.max_seq_len,
-                    disable_graphs=args.disable_graphs)
-    engine.generate(prompts[:1], 4)
-
-    def hf_speed(**kwargs):
-        tokens, seconds = 0, 0.0
-        for prompt in prompts:
-            ids = torch.tensor([engine.encode(prompt)])
-            start = CLOCK()
-            with torch.no_grad():
-                out = hf_target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
-                                         min_new_tokens=args.max_new_tokens, do_sample=False, **kwargs)
-            seconds += CLOCK() - start
-            tokens += out.shape[1] - ids.shape[1]
-        return tokens / seconds
-
-    hf_speed()  # warm-up
-    speeds = {"ours no-spec": [], "hf generate": [], "hf assisted (heuristic)": []}
-    for repeat in range(args.repeats):
-        speeds["ours no-spec"].append(run_once(engine, prompts, args.max_new_tokens, 0.0, repeat)[0])
-        speeds["hf generate"].append(hf_speed())
-        hf_draft.generation_config.num_assistant_tokens_schedule = "heuristic"
-        speeds["hf assisted (heuristic)"].append(hf_speed(assistant_model=hf_draft))
-    base = statistics.median(speeds["ours no-spec"])
-    return [dict(workload="code", batch_size=1, config=name, tokens_per_second=round(statistics.median(v), 1),
-                 ratio=round(statistics.median(v) / base, 3)) for name, v in speeds.items()]
+    model = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(name, dtype), dtype=dtype).eval()
+    runners = {"hf generate": TransformersRunner(model, encode),
+               "hf prompt-lookup": TransformersRunner(model, encode, prompt_lookup_num_tokens=10)}
+    try:
+        draft_path = resolve_checkpoint(f"{name}-draft")
+    except ValueError:
+        return runners
+    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=dtype).eval()
+    draft.generation_config.num_assistant_tokens_schedule = "heuristic"
+    runners["hf assisted (heuristic)"] = TransformersRunner(model, encode, assistant_model=draft)
+    return runners
 
 
-def bf16_agreement(args) -> dict:
-    """Greedy bf16: speculative vs target-only output on the code prompts (reported, not asserted)."""
-    target, draft, tokenizer = load_models(args.model, args.algorithm, torch.bfloat16)
-    prompts = CODE_PROMPTS[:args.num_prompts]
-    reference = Engine(target, None, None, tokenizer=tokenizer, max_seq_len=args.max_seq_len).generate(
-        prompts, args.max_new_tokens)
-    report = {}
-    for steps in (1, 3, 7):
-        engine = Engine(target, draft if args.algorithm != "NGRAM" else None, args.algorithm,
-                        speculative_num_steps=steps, tokenizer=tokenizer,
-                        max_seq_len=args.max_seq_len)
-        results = engine.generate(prompts, args.max_new_tokens)
-        identical = sum(r.token_ids == ref.token_ids for r, ref in zip(results, reference))
-        prefixes = []
-        for r, ref in zip(results, reference):
-            same = next((i for i, (a, b) in enumerate(zip(r.token_ids, ref.token_ids)) if a != b),
-                        min(len(r.token_ids), len(ref.token_ids)))
-            prefixes.append(same)
-        report[f"static-{steps}"] = dict(identical=f"{identical}/{len(prompts)}",
-                                         mean_common_prefix=round(statistics.mean(prefixes), 1))
-    return report
+def agreement(outputs: list[list[int]], reference: list[list[int]]) -> str:
+    """'identical/total, mean common prefix' of greedy outputs against target-only ones."""
+    identical = sum(a == b for a, b in zip(outputs, reference))
+    prefixes = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                for a, b in zip(outputs, reference)]
+    return f"{identical}/{len(reference)} (prefix {statistics.mean(prefixes):.0f})"
+
+
+def bench(target, drafts, tokenizer, args) -> list[dict]:
+    rows = []
+    configs = configurations(args.algorithm, args.static_steps, args.adaptive_config)
+    hf = transformers_runners(args.model, target.dtype, tokenizer.encode) if args.hf and args.model != "random" \
+        else {}
+    for workload in args.workloads:
+        prompts, temperature = WORKLOADS[workload]
+        prompts = prompts[:args.num_prompts]
+        for batch_size in args.batch_sizes:
+            runners = {name: EngineRunner(Engine(target, drafts.get(kwargs["speculative_algorithm"]),
+                                                 tokenizer=tokenizer, max_batch_size=batch_size,
+                                                 max_seq_len=args.max_seq_len, disable_graphs=args.disable_graphs,
+                                                 **kwargs))
+                       for name, kwargs in configs.items()}
+            if batch_size == 1:
+                runners.update(hf)
+            for runner in runners.values():  # warm-up
+                runner(prompts[:batch_size], 4, temperature, 0)
+            runs = {name: [] for name in runners}
+            for repeat in range(args.repeats):  # interleaved, so drift hits every configuration alike
+                for name, runner in runners.items():
+                    runs[name].append(runner(prompts, args.max_new_tokens, temperature, repeat))
+            speeds = {name: [tokens / seconds for tokens, seconds, *_ in r] for name, r in runs.items()}
+            base = statistics.median(speeds["no-spec"])
+            for name, runner in runners.items():
+                speed = statistics.median(speeds[name])
+                accepted, rounds = sum(r[2] for r in runs[name]), sum(r[3] for r in runs[name])
+                row = dict(workload=workload, batch_size=batch_size, config=name,
+                           tokens_per_second=round(speed, 1), ratio=round(speed / base, 3))
+                if rounds:
+                    row["accepted_per_verify"] = round(accepted / rounds, 2)
+                if isinstance(runner, EngineRunner) and runner.engine.speculative_algorithm is not None:
+                    stats = runner.engine.stats()
+                    row.update(final_tier=stats["current_steps"], rounds_per_tier=stats["rounds_per_tier"])
+                if temperature == 0.0 and name != "no-spec":
+                    row["agreement"] = agreement(runs[name][0][4], runs["no-spec"][0][4])
+                rows.append(row)
+    return rows
+
+
+def best_versus_transformers(rows: list[dict]) -> list[dict]:
+    """Per prompt set at batch 1: the best specswap configuration against the best transformers one."""
+    summary = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        ours = [r for r in rows if r["workload"] == workload and r["batch_size"] == 1 and not r["config"].startswith("hf")]
+        theirs = [r for r in rows if r["workload"] == workload and r["config"].startswith("hf")]
+        if not ours or not theirs:
+            continue
+        best, rival = max(ours, key=lambda r: r["tokens_per_second"]), max(theirs, key=lambda r: r["tokens_per_second"])
+        summary.append(dict(workload=workload, best_specswap=best["config"], ratio=best["ratio"],
+                            best_transformers=rival["config"], transformers_ratio=rival["ratio"],
+                            specswap_over_transformers=round(best["tokens_per_second"] / rival["tokens_per_second"], 3)))
+    return summary
 
 
 def print_table(rows: list[dict]) -> None:
-    columns = [c for c in ("workload", "batch_size", "config", "tokens_per_second", "ratio", "accepted_per_verify",
-                           "final_tier", "rounds_per_tier") if any(c in r for r in rows)]
+    columns = list(dict.fromkeys(c for r in rows for c in r))
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns))
     for row in rows:
@@ -228,8 +259,11 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny", help="zoo name or checkpoint directory, or 'random'")
-    parser.add_argument("--algorithm", default="EAGLE", choices=["EAGLE", "STANDALONE", "NGRAM"])
+    parser.add_argument("--model", default="tiny", help="zoo name, gemma-3-270m or checkpoint directory, or 'random'")
+    parser.add_argument("--algorithm", nargs="+", default=["EAGLE"], choices=["EAGLE", "STANDALONE", "NGRAM"],
+                        help="one or more drafters, each with its static tiers and adaptive")
+    parser.add_argument("--static-steps", type=int, nargs="+", default=[1, 3, 7])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -242,8 +276,8 @@ def main() -> None:
     parser.add_argument("--adaptive-config", type=json.loads, default=None,
                         help='JSON object of policy keys, e.g. \'{"warmup_batches": 2}\'')
     parser.add_argument("--disable-graphs", action="store_true", help="run the engines eagerly (default: stage graphs)")
-    parser.add_argument("--hf", action="store_true", help="add transformers plain / assisted generate rows")
-    parser.add_argument("--bf16-agreement", action="store_true", help="report bf16 greedy agreement")
+    parser.add_argument("--hf", action="store_true",
+                        help="add transformers rows at batch 1: plain, prompt lookup, assisted (where a draft exists)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     if args.threads:
@@ -252,23 +286,19 @@ def main() -> None:
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
     dtype = resolve_dtype(args.dtype, "cpu")
-    target, draft, tokenizer = load_models(args.model, args.algorithm, dtype)
-    print(f"model {args.model} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M), draft {args.algorithm}, "
-          f"{dtype}, {torch.get_num_threads()} threads, {args.max_new_tokens} new tokens, "
-          f"{args.num_prompts} prompts, median of {args.repeats}, {args.clock} clock, "
-          f"{'eager' if args.disable_graphs else 'stage graphs'}")
-    rows = bench_engine(target, draft, tokenizer, args)
+    target, drafts, tokenizer = load_models(args.model, args.algorithm, dtype)
+    print(f"model {args.model} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M), "
+          f"drafts {'/'.join(args.algorithm)}, {dtype}, {torch.get_num_threads()} threads, "
+          f"{args.max_new_tokens} new tokens, {args.num_prompts} prompts, median of {args.repeats}, "
+          f"{args.clock} clock, {'eager' if args.disable_graphs else 'stage graphs'}", flush=True)
+    rows = bench(target, drafts, tokenizer, args)
     print_table(rows)
-    report = {"rows": rows}
-    if args.hf and args.model != "random":
-        hf_rows = bench_transformers(args.model, tokenizer, target, args)
+    report = {"args": vars(args), "rows": rows}
+    summary = best_versus_transformers(rows)
+    if summary:
         print()
-        print_table(hf_rows)
-        report["transformers"] = hf_rows
-    if args.bf16_agreement:
-        agreement = bf16_agreement(args)
-        print("\nbf16 greedy agreement with bf16 target-only:", agreement)
-        report["bf16_agreement"] = agreement
+        print_table(summary)
+        report["best_versus_transformers"] = summary
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=2)
