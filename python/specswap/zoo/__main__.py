@@ -1,4 +1,5 @@
 """python -m specswap.zoo train tiny [--out DIR] [--target-steps N] [--distill-steps N]
+python -m specswap.zoo train gemma-3-270m-eagle [--minutes M] [--work DIR] [--out DIR] [--planned-steps N]
 python -m specswap.zoo measure [--dir DIR]"""
 
 from __future__ import annotations
@@ -15,22 +16,37 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specswap.zoo", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train a zoo family from offline text")
-    train.add_argument("family", choices=["tiny"])
-    train.add_argument("--out", type=Path, default=WEIGHTS_DIR, help=f"output root (default {WEIGHTS_DIR})")
+    train.add_argument("family", choices=["tiny", "gemma-3-270m-eagle"])
+    train.add_argument("--out", type=Path, help=f"output root for tiny (default {WEIGHTS_DIR}); the head's directory "
+                                                "for gemma-3-270m-eagle (default: the shipped one)")
     train.add_argument("--target-steps", type=int)
     train.add_argument("--distill-steps", type=int)
     train.add_argument("--seed", type=int)
     train.add_argument("--no-measure", action="store_true", help="skip the acceptance measurement")
+    train.add_argument("--minutes", type=float, default=100.0, help="gemma-3-270m-eagle: wall-clock budget")
+    train.add_argument("--work", type=Path, help="gemma-3-270m-eagle: resumable work directory "
+                                                 "(default ~/.cache/specswap/gemma-3-270m-eagle-run)")
+    train.add_argument("--planned-steps", type=int, help="gemma-3-270m-eagle: lr schedule length")
     measure = commands.add_parser("measure", help="measure draft acceptance of tiny-eagle and tiny-draft")
     measure.add_argument("--dir", type=Path, default=WEIGHTS_DIR)
     args = parser.parse_args(argv)
 
+    if args.command == "train" and args.family == "gemma-3-270m-eagle":
+        from . import gemma_eagle
+        location = [part for flag, value in (("--work", args.work), ("--out", args.out)) if value is not None
+                    for part in (flag, str(value))]
+        planned = ["--planned-steps", str(args.planned_steps)] if args.planned_steps else []
+        gemma_eagle.main(["--minutes", str(args.minutes), *location, *planned])
+        if not args.no_measure:
+            gemma_eagle.main(["--measure", *location])
+        return
     if args.command == "train":
         from .train import TinyRecipe, train_tiny
         overrides = {name: value for name, value in (("target_steps", args.target_steps),
                                                      ("distill_steps", args.distill_steps), ("seed", args.seed))
                      if value is not None}
-        summary = train_tiny(args.out, dataclasses.replace(TinyRecipe(), **overrides), measure=not args.no_measure)
+        summary = train_tiny(args.out or WEIGHTS_DIR, dataclasses.replace(TinyRecipe(), **overrides),
+                             measure=not args.no_measure)
     else:
         import torch
         from .acceptance import measure_acceptance

@@ -1,6 +1,6 @@
 """Train an EAGLE-1 head for Gemma 3 270M on this machine, resumably, from offline text.
 
-    PYTHONPATH=python nice -n 10 python -m specswap.zoo.gemma_eagle --minutes 40 \
+    PYTHONPATH=python python -m specswap.zoo train gemma-3-270m-eagle --minutes 100 \
         [--work ~/.cache/specswap/gemma-3-270m-eagle-run] [--out python/specswap/zoo/weights/gemma-3-270m-eagle]
     PYTHONPATH=python python -m specswap.zoo.gemma_eagle --measure [--work ...] [--out ...]
 
@@ -347,7 +347,7 @@ def measure(work: Path, out: Path, prompts_per_domain: int = 4, prompt_tokens: i
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specswap.zoo.gemma_eagle", description=__doc__.split("\n")[0])
-    parser.add_argument("--minutes", type=float, default=40.0, help="wall-clock budget of this run")
+    parser.add_argument("--minutes", type=float, default=100.0, help="wall-clock budget of this run")
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specswap" / "gemma-3-270m-eagle-run")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--planned-steps", type=int)
