@@ -311,8 +311,9 @@ class EAGLEWorker:
                                  dtype=torch.long, device=self.device)                        # [B, P]
         positions = torch.arange(padded_len, device=self.device).expand(batch, -1)           # [B, P]
         rows = torch.arange(batch, device=self.device)
-        out = self.target(input_ids, positions, self.target_cache, slot_index, key_length=padded_len)
-        last_logits = out.logits[rows, prompt_lens - 1]                                       # [B, V]
+        out = self.target(input_ids, positions, self.target_cache, slot_index, key_length=padded_len,
+                          logits_at=prompt_lens - 1)
+        last_logits = out.logits[:, 0]                                                        # [B, V]
         probs = logits_to_probs(last_logits, self.temperature[slot_index], self.top_k[slot_index],
                                 self.top_p[slot_index], any(p.needs_filter for p in params))  # [B, V]
         noise = torch.ones_like(probs)

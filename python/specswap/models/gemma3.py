@@ -250,17 +250,19 @@ class Gemma3ForCausalLM(CausalLM):
 
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
-                slots: torch.Tensor | None, key_length: int | None = None) -> ModelOutput:
+                slots: torch.Tensor | None, key_length: int | None = None, logits_at: torch.Tensor | None = None,
+                with_logits: bool = True) -> ModelOutput:
         """Run T new tokens per request, writing their keys/values into the cache rows ``slots``.
 
         input_ids: [B, T] int64; positions: [B, T] int64 absolute positions, consecutive within a row;
         slots: [B] int64 cache rows. ``key_length`` (> every position) skips a host sync when given.
         """
         hidden = self.model.embed_tokens(input_ids)  # [B, T, H], already scaled
-        return self.forward_hidden(hidden, positions, cache, slots, key_length)
+        return self.forward_hidden(hidden, positions, cache, slots, key_length, logits_at, with_logits)
 
     def forward_hidden(self, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
-                       slots: torch.Tensor | None, key_length: int | None = None) -> ModelOutput:
+                       slots: torch.Tensor | None, key_length: int | None = None,
+                       logits_at: torch.Tensor | None = None, with_logits: bool = True) -> ModelOutput:
         """The decoder and LM head applied to (scaled) input embeddings ``hidden``: [B, T, H].
 
         ``cache=None`` is the training path: causal attention within the T tokens, nothing stored; it has no
@@ -283,12 +285,14 @@ class Gemma3ForCausalLM(CausalLM):
             for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
                 cos, sin = rotary[layer.is_sliding]
                 hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plans[layer.is_sliding])
-        hidden = self.model.norm(hidden)
+        return self.output(self.model.norm(hidden), logits_at, with_logits)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)
         if self.config.final_logit_softcapping is not None:
             cap = self.config.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
-        return ModelOutput(logits=logits, hidden=hidden)
+        return logits
 
 
 __all__ = ["Gemma3Config", "Gemma3DecoderLayer", "Gemma3ForCausalLM", "ScaledEmbedding"]

@@ -37,6 +37,21 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over final-normed hidden states [..., H] -> [..., V]."""
+        return self.lm_head(hidden)
+
+    def output(self, hidden: torch.Tensor, logits_at: torch.Tensor | None, with_logits: bool) -> ModelOutput:
+        """Final-normed ``hidden`` [B, T, H] with logits at every position, at one position per row
+        (``logits_at``: [B] -> logits [B, 1, V]), or none (``with_logits=False``: feature extraction, where the
+        LM head over a large vocabulary would cost more than the decoder)."""
+        if not with_logits:
+            return ModelOutput(logits=None, hidden=hidden)
+        if logits_at is not None:
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            return ModelOutput(logits=self.compute_logits(hidden[rows, logits_at].unsqueeze(1)), hidden=hidden)
+        return ModelOutput(logits=self.compute_logits(hidden), hidden=hidden)
+
     def finish_loading(self, device: torch.device | str) -> None:
         """Re-tie weights and rebuild non-persistent buffers after ``load_state_dict(assign=True)``."""
         self.tie_weights()
@@ -75,18 +90,21 @@ class LlamaForCausalLM(CausalLM):
 
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, slots: torch.Tensor | None,
-                key_length: int | None = None) -> ModelOutput:
+                key_length: int | None = None, logits_at: torch.Tensor | None = None,
+                with_logits: bool = True) -> ModelOutput:
         """Run T new tokens per request, writing their keys/values into the cache rows ``slots``.
 
         input_ids: [B, T] int64; positions: [B, T] int64 absolute positions, consecutive within a row;
         slots: [B] int64 cache rows. ``key_length`` (> every position) skips a host sync when given.
         ``cache=None`` (training only): causal attention within the T tokens, positions must be 0..T-1 style.
+        ``logits_at`` / ``with_logits``: see ``CausalLM.output``.
         """
         hidden = self.model.embed_tokens(input_ids)  # [B, T, H]
-        return self.forward_hidden(hidden, positions, cache, slots, key_length)
+        return self.forward_hidden(hidden, positions, cache, slots, key_length, logits_at, with_logits)
 
     def forward_hidden(self, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
-                       slots: torch.Tensor | None, key_length: int | None = None) -> ModelOutput:
+                       slots: torch.Tensor | None, key_length: int | None = None,
+                       logits_at: torch.Tensor | None = None, with_logits: bool = True) -> ModelOutput:
         """The decoder and LM head applied to input embeddings ``hidden``: [B, T, H].
 
         ``cache=None`` is the training path: plain causal attention over the T tokens, nothing stored.
@@ -100,8 +118,7 @@ class LlamaForCausalLM(CausalLM):
             plan = plan_attention(positions, cache, key_length)
             for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
                 hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plan)
-        hidden = self.model.norm(hidden)
-        return ModelOutput(logits=self.lm_head(hidden), hidden=hidden)
+        return self.output(self.model.norm(hidden), logits_at, with_logits)
 
 
 def check_cache(cache: KVCache, num_layers: int, input_ids: torch.Tensor, slots: torch.Tensor) -> None:

@@ -9,5 +9,5 @@ import torch
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor  # [B, T, V] in the model dtype
+    logits: torch.Tensor | None  # [B, T, V] in the model dtype ([B, 1, V] with logits_at; None without logits)
     hidden: torch.Tensor  # [B, T, H] last hidden state after the final norm (what feeds the LM head)

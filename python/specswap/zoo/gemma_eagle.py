@@ -51,11 +51,11 @@ class GemmaEagleRecipe:
     seed: int = 2026
     draft_vocab: int = 16384
     seq_len: int = 128
-    # A bf16 target forward makes features at ~2,300 tokens/s, a training step consumes ~250 positions/s: each
-    # round makes about as many fresh feature tokens as its steps consume, so the head rarely sees a window twice
-    # (the first shipped run made 16 windows per round, saw each ~10 times and was limited by data).
-    feature_windows_per_round: int = 128     # corpus windows of seq_len per feature round
-    self_generated_per_round: int = 32       # windows continued greedily by the target
+    # A round's steps consume ~2.4x the fresh feature tokens the round makes (features are hidden states only:
+    # no LM head over 262k tokens), so the head sees each window about 2-3 times. The first shipped run made 16
+    # windows per round, saw each ~10 times and was limited by data.
+    feature_windows_per_round: int = 64      # corpus windows of seq_len per feature round
+    self_generated_per_round: int = 16       # windows continued greedily by the target
     self_generated_batch: int = 16           # greedy continuation batch (sequential decoding: batch it)
     self_prompt_tokens: int = 64             # prompt tokens; the rest of seq_len is generated
     feature_batch: int = 4
@@ -107,7 +107,8 @@ def greedy_continue(target, prompts: torch.Tensor, total_length: int) -> torch.T
     """prompts: [B, P] -> [B, total_length]: each prompt continued with the target's greedy tokens."""
     batch, prompt_length = prompts.shape
     cache, slots = target.make_cache(batch, total_length), torch.arange(batch)
-    logits = target(prompts, positions_like(prompts), cache, slots, prompt_length).logits[:, -1]
+    logits = target(prompts, positions_like(prompts), cache, slots, prompt_length,
+                    logits_at=torch.full((batch,), prompt_length - 1)).logits[:, -1]
     tokens = [prompts]
     for position in range(prompt_length, total_length):
         next_tokens = logits.argmax(-1, keepdim=True)  # [B, 1]
@@ -124,7 +125,7 @@ def target_features(target, windows: torch.Tensor, batch: int) -> torch.Tensor:
     hidden = []
     for start in range(0, len(windows), batch):
         chunk = windows[start:start + batch]
-        hidden.append(target(chunk, positions_like(chunk), None, None).hidden.to(torch.bfloat16))
+        hidden.append(target(chunk, positions_like(chunk), None, None, with_logits=False).hidden.to(torch.bfloat16))
     return torch.cat(hidden)
 
 
