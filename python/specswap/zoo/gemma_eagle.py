@@ -62,7 +62,7 @@ class GemmaEagleRecipe:
     train_batch: int = 8
     steps_per_round: int = 24
     lr: float = 1e-3
-    planned_steps: int = 1200                # lr schedule length; training stops earlier at the time budget
+    planned_steps: int = 1000                # lr schedule length; training stops earlier at the time budget
     warmup_fraction: float = 0.03
     feature_noise: float = 0.1               # uniform, relative to the features' std (as in EAGLE)
     regression_weight: float = 1.0
