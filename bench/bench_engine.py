@@ -26,6 +26,7 @@ import statistics
 import time
 
 import torch
+from tqdm import tqdm
 
 from specswap.engine import Engine, resolve_checkpoint, resolve_dtype
 
@@ -199,6 +200,9 @@ def bench(target, drafts, tokenizer, args) -> list[dict]:
     configs = configurations(args.algorithm, args.static_steps, args.adaptive_config)
     hf = transformers_runners(args.model, target.dtype, tokenizer.encode) if args.hf and args.model != "random" \
         else {}
+    runs_total = len(args.workloads) * args.repeats * sum(len(configs) + (len(hf) if b == 1 else 0)
+                                                          for b in args.batch_sizes)
+    bar = tqdm(total=runs_total, desc="bench", unit="run", dynamic_ncols=True)
     for workload in args.workloads:
         prompts, temperature = WORKLOADS[workload]
         prompts = prompts[:args.num_prompts]
@@ -215,7 +219,9 @@ def bench(target, drafts, tokenizer, args) -> list[dict]:
             runs = {name: [] for name in runners}
             for repeat in range(args.repeats):  # interleaved, so drift hits every configuration alike
                 for name, runner in runners.items():
+                    bar.set_postfix_str(f"{workload} b={batch_size} {name}")
                     runs[name].append(runner(prompts, args.max_new_tokens, temperature, repeat))
+                    bar.update(1)
             speeds = {name: [tokens / seconds for tokens, seconds, *_ in r] for name, r in runs.items()}
             base = statistics.median(speeds["no-spec"])
             for name, runner in runners.items():
@@ -231,6 +237,7 @@ def bench(target, drafts, tokenizer, args) -> list[dict]:
                 if temperature == 0.0 and name != "no-spec":
                     row["agreement"] = agreement(runs[name][0][4], runs["no-spec"][0][4])
                 rows.append(row)
+    bar.close()
     return rows
 
 
