@@ -218,6 +218,25 @@ def test_composites_and_views_of_buffers_replay_on_new_data():
             assert torch.equal(out, forward())
 
 
+def test_row_gather_follows_the_row_index():
+    # cache[rows, :, :L] (every layer's KV read) replays as index_select: the same tensor, bit for bit
+    pool = _C.GraphPool(torch.device("cpu"))
+    runner = _C.GraphRunner("verify", 1, 1, pool)
+    cache, rows = torch.randn(3, 2, 16, 4), torch.tensor([2])
+    out = torch.empty(1, 2, 8, 4)
+
+    def gather():
+        return cache[rows, :, :8] * 1.0
+
+    with torch.inference_mode():
+        runner.capture(lambda: out.copy_(gather()))
+        for row in (0, 1, 2):
+            rows.fill_(row)
+            cache.copy_(torch.randn(3, 2, 16, 4))
+            runner.replay()
+            assert torch.equal(out, gather()) and torch.equal(out, cache[row:row + 1, :, :8])
+
+
 def test_backend_choice_per_device():
     backends = _C.compiled_backends()
     assert "cpu" in backends

@@ -1,5 +1,6 @@
 #include "graph/cpu/op_tape.h"
 
+#include <ATen/Functions.h>
 #include <ATen/core/List.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -60,6 +61,21 @@ bool is_view(const c10::FunctionSchema& schema) {
          });
 }
 
+
+// The row index of aten::index(self, [rows]) when that is a gather of whole rows of dim 0 by a 1-D
+// integer tensor (how every layer reads its request's KV-cache row: key_buffer[slots, :, :L]).
+std::optional<at::Tensor> gathered_rows(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& name = op.schema().operator_name();
+  if (name.name != "aten::index" || name.overload_name != "Tensor") return std::nullopt;
+  const auto indices = stack.back().toListRef();
+  if (indices.empty() || !indices[0].isTensor()) return std::nullopt;
+  for (std::size_t i = 1; i < indices.size(); ++i) {
+    if (!indices[i].isNone()) return std::nullopt;
+  }
+  const at::Tensor& rows = indices[0].toTensor();
+  if (rows.dim() != 1 || (rows.scalar_type() != at::kLong && rows.scalar_type() != at::kInt)) return std::nullopt;
+  return rows;
+}
 
 }  // namespace
 
@@ -159,6 +175,10 @@ void OpTape::on_operator(const c10::OperatorHandle& op, c10::DispatchKeySet keys
     decompose(op, keys, stack);
     return;
   }
+  if (auto rows = gathered_rows(op, *stack)) {
+    record_row_gather(op, keys, *rows, stack);
+    return;
+  }
   std::vector<Arg> args = args_on(*stack, num_args);
   call_unrecorded(op, stack);
   if (is_view(schema) && !reads_slots(args)) {
@@ -173,6 +193,29 @@ void OpTape::on_operator(const c10::OperatorHandle& op, c10::DispatchKeySet keys
     return;
   }
   record_entry(Entry{op, keys, std::move(args), {}, {}, {}}, *stack);
+}
+
+// index_select copies the same rows 2-4x faster than the general index kernel. Recorded in its
+// place only where it returns the very same tensor (sizes, strides, values: a copy either way).
+void OpTape::record_row_gather(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const at::Tensor& rows,
+                               torch::jit::Stack* stack) {
+  static const auto index_select = c10::Dispatcher::singleton().findSchemaOrThrow("aten::index_select", "");
+  const at::Tensor self = (*stack)[stack->size() - 2].toTensor();
+  std::vector<Arg> args = args_on(*stack, 2);
+  call_unrecorded(op, stack);
+  const at::Tensor& gathered = stack->back().toTensor();
+  at::Tensor selected;
+  {
+    c10::impl::ExcludeDispatchKeyGuard guard(kRecordKey);
+    selected = at::index_select(self, 0, rows);
+  }
+  if (selected.sizes() != gathered.sizes() || selected.strides() != gathered.strides()) {
+    record_entry(Entry{op, keys, std::move(args), {}, {}, {}}, *stack);
+    return;
+  }
+  stack->back() = selected;
+  std::vector<Arg> select_args{std::move(args[0]), arg_for(c10::IValue(0)), arg_for(c10::IValue(rows))};
+  record_entry(Entry{index_select, keys, std::move(select_args), {}, {}, {}}, *stack);
 }
 
 void OpTape::decompose(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {

@@ -59,6 +59,8 @@ class OpTape {
   std::vector<Arg> args_on(const torch::jit::Stack& stack, std::size_t num_args) const;
   int new_slot(const at::Tensor& tensor);
   void record_entry(Entry entry, const torch::jit::Stack& stack);
+  void record_row_gather(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const at::Tensor& rows,
+                         torch::jit::Stack* stack);
   void decompose(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
   static bool reads_slots(const std::vector<Arg>& args);
   void finish();
