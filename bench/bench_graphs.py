@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bursts", type=int, default=10,
+                        help="alternate eager/graph this many times, so both see the same machine load")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from specswap.graphs import capture_count
@@ -71,9 +73,9 @@ def main() -> None:
             tier_mb = memory.get(steps, 0) / 2**20
             # interleave short bursts so both see the same machine load
             results = {"eager": [], "graph": []}
-            for _ in range(4):
+            for _ in range(args.bursts):
                 for name, engine in (("eager", eager), ("graph", graphed)):
-                    results[name].append(time_rounds(engine, batch, args.rounds // 4))
+                    results[name].append(time_rounds(engine, batch, max(1, args.rounds // args.bursts)))
             ew = statistics.median(r[0] for r in results["eager"]); ec = statistics.median(r[1] for r in results["eager"])
             gw = statistics.median(r[0] for r in results["graph"]); gc = statistics.median(r[1] for r in results["graph"])
             print(f"{steps:>4} {batch:>5} {ew * 1e3:>9.3f} {gw * 1e3:>9.3f} {ew / gw:>6.2f}  {ec * 1e3:>9.3f} "

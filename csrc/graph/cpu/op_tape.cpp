@@ -61,7 +61,6 @@ bool is_view(const c10::FunctionSchema& schema) {
          });
 }
 
-
 // The row index of aten::index(self, [rows]) when that is a gather of whole rows of dim 0 by a 1-D
 // integer tensor (how every layer reads its request's KV-cache row: key_buffer[slots, :, :L]).
 std::optional<at::Tensor> gathered_rows(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
@@ -230,7 +229,8 @@ void OpTape::decompose(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
   try {
     op.redispatchBoxed(keys, stack);
   } catch (const HostValueError&) {
-    // scaled_dot_product_attention picks its kernel from shapes through a host value
+    // it needs a host value inside (aten::item reads _local_scalar_dense): record it whole, so a
+    // host value it returns is refused below and one it only uses is recomputed on every replay
     stopped = true;
   }
   bool whole = stopped;
@@ -258,8 +258,8 @@ void OpTape::decompose(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
   }
   if (!whole) return;
   // Record it as one operator instead: forget what it called.
-  for (std::size_t i = first_entry; i < entries_.size(); ++i) {
-    if (entries_[i].op.schema().is_mutable()) {
+  for (std::size_t i = first_entry; stopped && i < entries_.size(); ++i) {
+    if (entries_[i].op.schema().is_mutable()) {  // running it again would write twice
       throw std::runtime_error("graph capture: " + schema.operator_name().name + " wrote through " +
                                entries_[i].op.schema().operator_name().name +
                                " before it needed a host value; it cannot be recorded");
