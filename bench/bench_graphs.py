@@ -40,7 +40,7 @@ def time_rounds(engine, batch: int, rounds: int, prompt_len: int = 24, prefill: 
         worker.prefill(slots, prompts, [params] * batch)
     wall, cpu = [], []
     for i in range(rounds):
-        if worker.host_seq_lens[0] > worker.max_seq_len - 16:  # restart before the cache fills
+        if max(worker.host_seq_lens[slot] for slot in slots) > worker.max_seq_len - 16:  # restart before it fills
             worker.prefill(slots, prompts, [params] * batch)
         w, c = time.perf_counter(), time.thread_time()
         worker.decode_round(slots)

@@ -242,8 +242,9 @@ void OpTape::decompose(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
       return true;
     }
     if (std::find(folded_.begin(), folded_.end(), impl) != folded_.end()) return true;
-    return std::any_of(inputs.begin(), inputs.end(),
-                       [impl](const c10::IValue& v) { return v.isTensor() && v.toTensor().unsafeGetTensorImpl() == impl; });
+    return std::any_of(inputs.begin(), inputs.end(), [impl](const c10::IValue& v) {
+      return v.isTensor() && v.toTensor().unsafeGetTensorImpl() == impl;
+    });
   };
   const std::size_t num_returns = schema.returns().size();
   for (std::size_t i = stack->size() - num_returns; !whole && i < stack->size(); ++i) {
