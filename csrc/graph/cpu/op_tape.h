@@ -1,7 +1,8 @@
 // CPU graphs: record the dispatcher-level operators a stage runs once, then
-// replay that tape from C++ without Python. Replay calls the very kernels
-// eager ran, so outputs are bit-identical; what it removes is Python's
-// per-op overhead, which dominates small models on the CPU.
+// replay that tape from C++ without Python. Replay calls the kernels eager ran
+// (a row gather runs as index_select, the same copy), so outputs are
+// bit-identical; what it removes is Python's per-op overhead, which dominates
+// small models on the CPU.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
