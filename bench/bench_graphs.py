@@ -1,11 +1,12 @@
 """Graph replay vs eager: one decode round of the worker, side by side in one run.
 
-    python bench/bench_graphs.py [--model tiny] [--steps 1 3 7] [--batch 1 4] [--rounds 200]
+    python bench/bench_graphs.py [--model tiny] [--steps 1 3 7] [--batch 1 4] [--rounds 400] [--bursts 40]
 
 Reports the median wall time (and thread CPU time, steadier on a shared
 machine) per decode round for each tier and batch, eager and graphed, and
 their ratio; plus the start-up capture time and the memory each tier's
-graphs add. Greedy, fp32 by default.
+graphs add. Greedy, fp32 by default. Both engines run the same loaded
+weights; their rounds alternate in short bursts.
 """
 
 from __future__ import annotations
@@ -17,26 +18,29 @@ import time
 import torch
 
 
-def build(model_name: str, steps: int, batch: int, graphs: bool, dtype: torch.dtype, max_seq_len: int, device: str):
+def build(model, steps: int, batch: int, graphs: bool, dtype: torch.dtype, max_seq_len: int, device: str,
+          draft=None):
+    """An engine over a model name, or over an already loaded target and draft (``model``, ``draft``)."""
     from specswap.engine import Engine
 
-    engine = Engine(model_name, speculative_algorithm="EAGLE", speculative_num_steps=steps, dtype=dtype,
+    engine = Engine(model, draft, speculative_algorithm="EAGLE", speculative_num_steps=steps, dtype=dtype,
                     max_batch_size=max(batch, 1), max_seq_len=max_seq_len, device=device,
                     disable_graphs=not graphs)
     return engine
 
 
-def time_rounds(engine, batch: int, rounds: int, prompt_len: int = 24):
+def time_rounds(engine, batch: int, rounds: int, prompt_len: int = 24, prefill: bool = True):
     worker = engine.worker
     prompts = [[(7 * i + j) % 200 + 3 for j in range(prompt_len)] for i in range(batch)]
     from specswap.sampling import SamplingParams
 
     params = SamplingParams(max_new_tokens=10_000)
     slots = list(range(batch))
-    worker.prefill(slots, prompts, [params] * batch)
+    if prefill:
+        worker.prefill(slots, prompts, [params] * batch)
     wall, cpu = [], []
     for i in range(rounds):
-        if worker.host_seq_lens[0] > worker.max_seq_len - 16:  # restart before the cache fills
+        if max(worker.host_seq_lens[slot] for slot in slots) > worker.max_seq_len - 16:  # restart before it fills
             worker.prefill(slots, prompts, [params] * batch)
         w, c = time.perf_counter(), time.thread_time()
         worker.decode_round(slots)
@@ -50,11 +54,13 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 3, 7])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=400)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bursts", type=int, default=40,
+                        help="alternate eager/graph this many times, so both see the same machine load")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from specswap.graphs import capture_count
@@ -64,20 +70,27 @@ def main() -> None:
     for steps in args.steps:
         for batch in args.batch:
             eager = build(args.model, steps, batch, False, args.dtype, args.max_seq_len, args.device)
+            # the same loaded weights for both, as in one deployment (two copies would compete for the cache)
             before, start = capture_count(), time.perf_counter()
-            graphed = build(args.model, steps, batch, True, args.dtype, args.max_seq_len, args.device)
+            graphed = build(eager.target, steps, batch, True, args.dtype, args.max_seq_len, args.device,
+                            draft=eager.draft)
             capture_seconds, captures = time.perf_counter() - start, capture_count() - before
             memory = graphed.worker.tier_memory_bytes()
             tier_mb = memory.get(steps, 0) / 2**20
-            # interleave short bursts so both see the same machine load
+            # alternate short bursts (each request carries on where its last burst stopped) so both see the
+            # same machine load; a ratio is the median over bursts of eager / graph of adjacent bursts
             results = {"eager": [], "graph": []}
-            for _ in range(4):
+            for burst in range(args.bursts):
                 for name, engine in (("eager", eager), ("graph", graphed)):
-                    results[name].append(time_rounds(engine, batch, args.rounds // 4))
-            ew = statistics.median(r[0] for r in results["eager"]); ec = statistics.median(r[1] for r in results["eager"])
-            gw = statistics.median(r[0] for r in results["graph"]); gc = statistics.median(r[1] for r in results["graph"])
-            print(f"{steps:>4} {batch:>5} {ew * 1e3:>9.3f} {gw * 1e3:>9.3f} {ew / gw:>6.2f}  {ec * 1e3:>9.3f} "
-                  f"{gc * 1e3:>9.3f} {ec / gc:>6.2f}  {capture_seconds:>9.2f} {captures:>8} {tier_mb:>7.2f}")
+                    results[name].append(time_rounds(engine, batch, max(1, args.rounds // args.bursts),
+                                                     prefill=burst == 0))
+            eager_times, graph_times = results["eager"], results["graph"]
+            ew, ec = (statistics.median(r[i] for r in eager_times) for i in (0, 1))
+            gw, gc = (statistics.median(r[i] for r in graph_times) for i in (0, 1))
+            wall_ratio, cpu_ratio = (statistics.median(e[i] / g[i] for e, g in zip(eager_times, graph_times))
+                                     for i in (0, 1))
+            print(f"{steps:>4} {batch:>5} {ew * 1e3:>9.3f} {gw * 1e3:>9.3f} {wall_ratio:>6.2f}  {ec * 1e3:>9.3f} "
+                  f"{gc * 1e3:>9.3f} {cpu_ratio:>6.2f}  {capture_seconds:>9.2f} {captures:>8} {tier_mb:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -152,17 +152,20 @@ class StageGraphs:
         batch = input_ids.shape[0]
         key = self.runner_for(batch, key_length)
         runner, buffers = self.runners[key], self.buffers[key]
-        buffers["input_ids"][:batch].copy_(input_ids)
-        buffers["positions"][:batch].copy_(positions)
-        buffers["slots"][:batch].copy_(slots)
+        rows = buffers
         if runner.bucket > batch:
             # padded rows write only the scratch cache row, at positions inside the key bucket
             buffers["slots"][batch:].fill_(self.context.scratch_slot)
             buffers["positions"][batch:].copy_(self._offsets)
+            rows = {name: buffer[:batch] for name, buffer in buffers.items()}
+        # (a full bucket needs no slicing, which costs about as much as the copy itself)
+        rows["input_ids"].copy_(input_ids)
+        rows["positions"].copy_(positions)
+        rows["slots"].copy_(slots)
         if features is not None:
-            buffers["features"][:batch].copy_(features)
+            rows["features"].copy_(features)
         runner.replay()
-        return ModelOutput(logits=buffers["logits"][:batch], hidden=buffers["hidden"][:batch])
+        return ModelOutput(logits=rows["logits"], hidden=rows["hidden"])
 
     def memory_bytes(self) -> int:
         return sum(runner.memory_bytes() for runner in self.runners.values())

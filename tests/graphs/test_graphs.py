@@ -196,6 +196,47 @@ def test_replay_runs_the_recorded_ops_on_new_data():
     assert torch.equal(out, torch.softmax(a @ b + 1.0, dim=-1))
 
 
+def test_composites_and_views_of_buffers_replay_on_new_data():
+    # linear/matmul/reshape are recorded as the kernels they reach, views of buffers are made once at
+    # capture: both must still see what the buffers hold at replay, bit for bit
+    pool = _C.GraphPool(torch.device("cpu"))
+    runner = _C.GraphRunner("verify", 1, 1, pool)
+    x, weight, cache = torch.randn(2, 3, 8), torch.randn(16, 8), torch.randn(4, 16)
+    out = torch.empty(2, 3, 16)
+
+    def forward():
+        hidden = torch.nn.functional.linear(x, weight).reshape(6, 16)  # [2*3, 16]
+        window = cache[1:3].t()                                          # a view of a buffer: [16, 2]
+        return (hidden @ window @ window.t()).view(2, 3, 16).to(torch.float32)
+
+    with torch.inference_mode():
+        runner.capture(lambda: out.copy_(forward()))
+        for _ in range(3):
+            x.copy_(torch.randn(2, 3, 8))
+            cache.copy_(torch.randn(4, 16))
+            runner.replay()
+            assert torch.equal(out, forward())
+
+
+def test_row_gather_follows_the_row_index():
+    # cache[rows, :, :L] (every layer's KV read) replays as index_select: the same tensor, bit for bit
+    pool = _C.GraphPool(torch.device("cpu"))
+    runner = _C.GraphRunner("verify", 1, 1, pool)
+    cache, rows = torch.randn(3, 2, 16, 4), torch.tensor([2])
+    out = torch.empty(1, 2, 8, 4)
+
+    def gather():
+        return cache[rows, :, :8] * 1.0
+
+    with torch.inference_mode():
+        runner.capture(lambda: out.copy_(gather()))
+        for row in (0, 1, 2):
+            rows.fill_(row)
+            cache.copy_(torch.randn(3, 2, 16, 4))
+            runner.replay()
+            assert torch.equal(out, gather()) and torch.equal(out, cache[row:row + 1, :, :8])
+
+
 def test_backend_choice_per_device():
     backends = _C.compiled_backends()
     assert "cpu" in backends

@@ -1,7 +1,8 @@
 // CPU graphs: record the dispatcher-level operators a stage runs once, then
-// replay that tape from C++ without Python. Replay calls the very kernels
-// eager ran, so outputs are bit-identical; what it removes is Python's
-// per-op overhead, which dominates small models on the CPU.
+// replay that tape from C++ without Python. Replay calls the kernels eager ran
+// (a row gather runs as index_select, the same copy), so outputs are
+// bit-identical; what it removes is Python's per-op overhead, which dominates
+// small models on the CPU.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -17,12 +18,14 @@ class GraphPool;
 
 class OpTape {
  public:
-  // Runs `body` with recording on. Only top-level operators are recorded
-  // (their internals re-dispatch normally at replay). Throws if the body
-  // needs a host value from a tensor (item(), a bool result), which a tape
-  // would freeze.
+  // Runs `body` with recording on. Composite operators (CompositeImplicitAutograd:
+  // linear, matmul, to, reshape, ...) are decomposed while recording, so the tape
+  // holds the kernels they reach (mm, view, _to_copy) and replay skips the layers
+  // in between. Throws if the body needs a host value from a tensor (item(), a
+  // bool result), which a tape would freeze.
   void record(const std::function<void()>& body);
-  void replay() const;
+  // Not reentrant: a tape reuses its argument stack and slot table.
+  void replay();
 
   std::size_t num_ops() const noexcept { return entries_.size(); }
   // Bytes of tensors the tape holds as constants, except shared ones and
@@ -30,12 +33,12 @@ class OpTape {
   std::size_t constant_bytes(const GraphPool& pool, std::vector<const void*> exclude) const;
 
   // Called by the dispatcher fallback while recording.
-  void on_operator(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+  void on_operator(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
  private:
   struct TensorRef {
     int slot = -1;          // >= 0: produced by an earlier recorded op
-    at::Tensor constant;    // otherwise: a tensor that existed before (weights, buffers)
+    at::Tensor constant;    // otherwise: a tensor that existed before (weights, buffers) or a view of one
   };
   struct Arg {
     enum class Kind { kConstant, kTensor, kTensorList, kOptionalTensorList } kind = Kind::kConstant;
@@ -45,6 +48,7 @@ class OpTape {
   };
   struct Entry {
     c10::OperatorHandle op;
+    c10::DispatchKeySet keys;               // where eager dispatched it (below the recording key)
     std::vector<Arg> args;
     std::vector<std::vector<int>> outputs;  // per return: slot(s) (a list return has several)
     std::vector<bool> output_is_list;
@@ -53,14 +57,23 @@ class OpTape {
 
   TensorRef ref_for(const at::Tensor& tensor) const;
   Arg arg_for(const c10::IValue& value) const;
+  std::vector<Arg> args_on(const torch::jit::Stack& stack, std::size_t num_args) const;
   int new_slot(const at::Tensor& tensor);
+  void record_entry(Entry entry, const torch::jit::Stack& stack);
+  void record_row_gather(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const at::Tensor& rows,
+                         torch::jit::Stack* stack);
+  void decompose(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+  static bool reads_slots(const std::vector<Arg>& args);
   void finish();
 
   std::vector<Entry> entries_;
   int num_slots_ = 0;
-  std::size_t max_stack_ = 0;
+  // replay only: reused every call, so the hot path does not allocate its tables
+  std::vector<c10::IValue> slots_;
+  torch::jit::Stack stack_;
   // recording only: which slot holds the tensor with this TensorImpl
   std::vector<std::pair<const void*, int>> slot_of_impl_;
+  std::vector<const void*> folded_;      // views of constants, computed once at capture
   std::vector<c10::IValue> keep_alive_;  // recorded values, so impl addresses stay unique while recording
 };
 
