@@ -15,6 +15,7 @@ def write(tmp_path, payload, name="adaptive.json"):
 
 def test_full_file_round_trip(tmp_path):
     values = {
+        "policy": "goodput",
         "candidate_steps": [1, 2, 4, 8],
         "ema_alpha": 0.3,
         "update_interval": 2,
@@ -22,6 +23,10 @@ def test_full_file_round_trip(tmp_path):
         "down_hysteresis": -0.5,
         "up_hysteresis": 0.1,
         "snap_initial_steps": True,
+        "min_gain": 0.1,
+        "cost_prior_slope": 0.25,
+        "probe_rounds": 0,
+        "probe_interval": 20,
     }
     config = load_adaptive_config(write(tmp_path, values))
     assert config.to_dict() == values

@@ -36,5 +36,38 @@ int main() {
   bad = AdaptiveConfig{};
   bad.update_interval = 0;
   CHECK(throws([&] { bad.validate(); }));
+  bad = AdaptiveConfig{};
+  bad.min_gain = -0.1;
+  CHECK(throws([&] { bad.validate(); }));
+  CHECK(throws([] { policy_from_name("fastest"); }));
+  CHECK(policy_from_name("goodput") == PolicyKind::kGoodput);
+
+  // goodput: E(k), alpha from truncated geometric observations, decisions
+  // from timed rounds.
+  CHECK(AdaptiveSpeculativeParams::expected_tokens(0.5, 3) == 1.875);
+  CHECK(AdaptiveSpeculativeParams::expected_tokens(1.0, 7) == 8.0);
+  CHECK(AdaptiveSpeculativeParams::expected_tokens(0.3, 0) == 1.0);
+  AdaptiveConfig goodput;
+  goodput.policy = PolicyKind::kGoodput;
+  goodput.candidate_steps = {0, 1, 3, 7};
+  goodput.ema_alpha = 1.0;
+  goodput.probe_rounds = 1;  // batches 1-4 time tiers 3, 0, 1, 7; decide after
+  goodput.warmup_batches = 0;
+  goodput.update_interval = 1;
+  AdaptiveSpeculativeParams picker(3, goodput);
+  const std::vector<int> tiers{3, 0, 1, 7};
+  for (int expected : tiers) {
+    CHECK(picker.current_steps() == expected);
+    std::vector<int> accepted(4, expected);  // every draft accepted
+    if (expected > 0) accepted[0] = expected - 1;
+    picker.update(accepted, 1.0 + 0.1 * expected);
+  }
+  CHECK(picker.alpha() > 0.9 && picker.alpha() < 1.0);
+  CHECK(picker.current_steps() == 7);
+  const std::vector<int> none{0, 0, 0, 0};
+  CHECK(picker.update(none, 1.7) && picker.alpha() == 0.0 &&
+        picker.current_steps() == 0);  // nothing accepted: speculation off
+  const auto costs = picker.cost_estimates(4);
+  CHECK(costs.size() == 4 && costs[3] == 1.7);
   return 0;
 }
