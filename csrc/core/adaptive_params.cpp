@@ -35,6 +35,16 @@ const char* policy_name(PolicyKind policy) noexcept {
   return policy == PolicyKind::kGoodput ? "goodput" : "sglang";
 }
 
+const char* acceptance_model_name(AcceptanceModel model) noexcept {
+  return model == AcceptanceModel::kPositional ? "positional" : "geometric";
+}
+
+AcceptanceModel acceptance_model_from_name(const std::string& name) {
+  if (name == "geometric") return AcceptanceModel::kGeometric;
+  if (name == "positional") return AcceptanceModel::kPositional;
+  invalid("acceptance_model", "one of \"geometric\", \"positional\"", "\"" + name + "\"");
+}
+
 PolicyKind policy_from_name(const std::string& name) {
   if (name == "sglang") return PolicyKind::kSglang;
   if (name == "goodput") return PolicyKind::kGoodput;
@@ -45,6 +55,11 @@ void AdaptiveConfig::validate() const {
   if (policy != PolicyKind::kSglang && policy != PolicyKind::kGoodput) {
     invalid("policy", "one of \"sglang\", \"goodput\"",
             std::to_string(static_cast<int>(policy)));
+  }
+  if (acceptance_model != AcceptanceModel::kGeometric &&
+      acceptance_model != AcceptanceModel::kPositional) {
+    invalid("acceptance_model", "one of \"geometric\", \"positional\"",
+            std::to_string(static_cast<int>(acceptance_model)));
   }
   for (int steps : candidate_steps) {
     if (steps < 0 || steps > kMaxSteps) {
@@ -129,6 +144,9 @@ AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_steps,
   probe_batches_ = static_cast<std::uint64_t>(config_.probe_rounds) *
                    candidates_.size();
   zero_wait_ = first_zero_wait();
+  position_successes_.assign(AdaptiveConfig::kMaxSteps + 1, 0.0);
+  position_trials_.assign(AdaptiveConfig::kMaxSteps + 1, 0.0);
+  position_scratch_.assign(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0);
 }
 
 std::uint64_t AdaptiveSpeculativeParams::first_zero_wait() const noexcept {
@@ -187,12 +205,11 @@ bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths,
     // Tier 0 verifies no drafts, so alpha is frozen there: try the best
     // speculative tier for probe_rounds batches (at least one).
     estimate_costs(last_table_, scratch_.data());
-    const double a = alpha();
     std::size_t best = index_;
     double best_goodput = -1.0;
     for (std::size_t j = 0; j < candidates_.size(); ++j) {
       if (candidates_[j] == 0) continue;
-      const double goodput = expected_tokens(a, candidates_[j]) / scratch_[j];
+      const double goodput = model_tokens(candidates_[j]) / scratch_[j];
       if (goodput > best_goodput) best_goodput = goodput, best = j;
     }
     move_to(best, /*is_decision=*/false);
@@ -226,6 +243,30 @@ double AdaptiveSpeculativeParams::alpha() const noexcept {
   // correction: after one batch it is that batch's successes / trials.
   if (!(ema_trials_ > 0.0)) return kPriorAlpha;
   return ema_successes_ / ema_trials_;
+}
+
+double AdaptiveSpeculativeParams::position_acceptance(int position) const noexcept {
+  // Shrunk toward the pooled alpha by one pseudo-trial, so a position reached
+  // by few requests does not swing the estimate.
+  return (position_successes_[position] + alpha()) / (position_trials_[position] + 1.0);
+}
+
+double AdaptiveSpeculativeParams::model_tokens(int steps) const noexcept {
+  if (config_.acceptance_model == AcceptanceModel::kGeometric) {
+    return expected_tokens(alpha(), steps);
+  }
+  // positional: observed hazards up to the current tier (fresh), the deepest
+  // of them beyond it; the pooled alpha where nothing was observed.
+  const int depth = current_steps();
+  double tokens = 1.0;
+  double survive = 1.0;
+  double hazard = alpha();
+  for (int i = 1; i <= steps; ++i) {
+    if (i <= depth && position_trials_[i] > 0.0) hazard = position_acceptance(i);
+    survive *= hazard;
+    tokens += survive;
+  }
+  return tokens;
 }
 
 double AdaptiveSpeculativeParams::expected_tokens(double alpha,
@@ -265,6 +306,30 @@ void AdaptiveSpeculativeParams::update_goodput(std::span<const int> accept_lengt
     const double w = config_.ema_alpha;
     ema_successes_ = (1.0 - w) * ema_successes_ + w * static_cast<double>(successes);
     ema_trials_ = (1.0 - w) * ema_trials_ + w * static_cast<double>(trials);
+  }
+  // Per draft position i: reached (a trial) by requests with a >= i - 1 that
+  // drafted i, accepted by those with a >= i. Positions nobody reached this
+  // batch keep their EMAs.
+  if (steps > 0) {
+    std::fill(position_scratch_.begin(), position_scratch_.begin() + 2 * (steps + 1), 0.0);
+    double* reached = position_scratch_.data();
+    double* accepted_at = reached + (steps + 1);
+    for (int accepted : accept_lengths) {
+      const int a = std::clamp(accepted, 0, steps);
+      reached[std::min(a + 1, steps)] += 1.0;  // reached 1..min(a+1,k): counted as a suffix below
+      accepted_at[a] += 1.0;                   // accepted 1..a
+    }
+    // suffix sums: requests reaching position i = those whose last reached position is >= i
+    double reach = 0.0, accept = 0.0;
+    const double w = config_.ema_alpha;
+    for (int i = steps; i >= 1; --i) {
+      reach += reached[i];
+      accept += accepted_at[i];
+      if (reach > 0.0) {
+        position_successes_[i] = (1.0 - w) * position_successes_[i] + w * accept;
+        position_trials_[i] = (1.0 - w) * position_trials_[i] + w * reach;
+      }
+    }
   }
   last_table_ = table_of(static_cast<int>(accept_lengths.size()), sampled);
   if (std::isfinite(round_seconds) && round_seconds > 0.0) {
@@ -367,14 +432,12 @@ bool AdaptiveSpeculativeParams::decide_goodput(double min_gain) {
   ++decisions_;
   const bool allow_up = decisions_ >= up_blocked_until_;
   estimate_costs(last_table_, scratch_.data());
-  const double a = alpha();
-  const double current =
-      expected_tokens(a, current_steps()) / scratch_[index_];
+  const double current = model_tokens(current_steps()) / scratch_[index_];
   std::size_t best = index_;
   double best_goodput = current;
   for (std::size_t j = 0; j < candidates_.size(); ++j) {
     if (!allow_up && j > index_) continue;
-    const double goodput = expected_tokens(a, candidates_[j]) / scratch_[j];
+    const double goodput = model_tokens(candidates_[j]) / scratch_[j];
     if (goodput > best_goodput) best_goodput = goodput, best = j;
   }
   if (best == index_ || !(best_goodput > current * (1.0 + min_gain))) {

@@ -23,6 +23,12 @@ enum class PolicyKind { kSglang, kGoodput };
 const char* policy_name(PolicyKind policy) noexcept;
 PolicyKind policy_from_name(const std::string& name);
 
+// goodput's acceptance model: one alpha for every draft position (geometric,
+// the default) or one acceptance rate per draft position (positional).
+enum class AcceptanceModel { kGeometric, kPositional };
+const char* acceptance_model_name(AcceptanceModel model) noexcept;
+AcceptanceModel acceptance_model_from_name(const std::string& name);
+
 struct AdaptiveConfig {
   PolicyKind policy = PolicyKind::kSglang;
   std::vector<int> candidate_steps{1, 3, 7};
@@ -51,6 +57,11 @@ struct AdaptiveConfig {
   // 2 * update_interval batches, then after twice as many each time the
   // policy comes back to 0, up to probe_interval batches.
   int probe_interval = 50;
+  // goodput only: geometric = E(k) from one alpha; positional = from the
+  // acceptance rate of each draft position up to the current tier, the
+  // deepest one standing in for the positions beyond (bursty drafters such
+  // as NGRAM: once a match runs, it runs on).
+  AcceptanceModel acceptance_model = AcceptanceModel::kGeometric;
 
   static constexpr int kMaxSteps = 64;
 
@@ -96,6 +107,12 @@ class AdaptiveSpeculativeParams {
   // Expected tokens per round at tier k, bonus included:
   // sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha).
   static double expected_tokens(double alpha, int steps) noexcept;
+  // Expected tokens per round at `steps` under the configured acceptance
+  // model (geometric: expected_tokens(alpha(), steps)).
+  double model_tokens(int steps) const noexcept;
+  // positional model: acceptance rate of draft position 1..kMaxSteps given
+  // the earlier ones were accepted (EMA ratio, shrunk toward alpha()).
+  double position_acceptance(int position) const noexcept;
 
   // Seconds per round of every candidate (in candidate_steps() order) for a
   // batch of batch_size requests (0: the last batch's table): measured where
@@ -135,6 +152,10 @@ class AdaptiveSpeculativeParams {
   std::uint64_t batches_on_tier_ = 0;    // since the last switch
   std::uint64_t zero_wait_ = 0;          // batches at tier 0 before a probe
   int zero_probe_left_ = 0;              // batches left in a probe out of 0
+  // positional model, indexed by draft position 1..kMaxSteps
+  std::vector<double> position_successes_;
+  std::vector<double> position_trials_;
+  std::vector<double> position_scratch_;  // per-batch counts
   // oscillation guard: an up move followed at once by a down move is a
   // bounce; each bounce in a row doubles how many decisions refuse up moves.
   std::uint64_t decisions_ = 0;

@@ -78,6 +78,7 @@ py::dict config_to_dict(const AdaptiveConfig& config) {
   out["cost_prior_slope"] = config.cost_prior_slope;
   out["probe_rounds"] = config.probe_rounds;
   out["probe_interval"] = config.probe_interval;
+  out["acceptance_model"] = acceptance_model_name(config.acceptance_model);
   return out;
 }
 
@@ -156,7 +157,8 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const std::string& policy, std::vector<int> candidate_steps, double ema_alpha,
                        int update_interval, int warmup_batches, double down_hysteresis,
                        double up_hysteresis, bool snap_initial_steps, double min_gain,
-                       double cost_prior_slope, int probe_rounds, int probe_interval) {
+                       double cost_prior_slope, int probe_rounds, int probe_interval,
+                       const std::string& acceptance_model) {
              AdaptiveConfig config;
              config.policy = policy_from_name(policy);
              config.candidate_steps = std::move(candidate_steps);
@@ -170,6 +172,7 @@ PYBIND11_MODULE(_C, m) {
              config.cost_prior_slope = cost_prior_slope;
              config.probe_rounds = probe_rounds;
              config.probe_interval = probe_interval;
+             config.acceptance_model = acceptance_model_from_name(acceptance_model);
              config.validate();
              return config;
            }),
@@ -179,7 +182,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("warmup_batches") = 10, py::arg("down_hysteresis") = -0.25,
            py::arg("up_hysteresis") = 0.0, py::arg("snap_initial_steps") = false,
            py::arg("min_gain") = 0.03, py::arg("cost_prior_slope") = 0.1,
-           py::arg("probe_rounds") = 2, py::arg("probe_interval") = 50)
+           py::arg("probe_rounds") = 2, py::arg("probe_interval") = 50,
+           py::arg("acceptance_model") = std::string("geometric"))
       .def_property_readonly("policy", [](const AdaptiveConfig& c) { return policy_name(c.policy); })
       .def_readonly("candidate_steps", &AdaptiveConfig::candidate_steps)
       .def_readonly("ema_alpha", &AdaptiveConfig::ema_alpha)
@@ -192,6 +196,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("cost_prior_slope", &AdaptiveConfig::cost_prior_slope)
       .def_readonly("probe_rounds", &AdaptiveConfig::probe_rounds)
       .def_readonly("probe_interval", &AdaptiveConfig::probe_interval)
+      .def_property_readonly("acceptance_model",
+                             [](const AdaptiveConfig& c) { return acceptance_model_name(c.acceptance_model); })
       .def("validate", &AdaptiveConfig::validate)
       .def("to_dict", &config_to_dict)
       .def("__repr__", [](const AdaptiveConfig& c) {
@@ -225,6 +231,10 @@ PYBIND11_MODULE(_C, m) {
       .def_static("expected_tokens", &AdaptiveSpeculativeParams::expected_tokens,
                   py::arg("alpha"), py::arg("steps"),
                   "Expected tokens per round at `steps` drafts, bonus included.")
+      .def("model_tokens", &AdaptiveSpeculativeParams::model_tokens, py::arg("steps"),
+           "Expected tokens per round at `steps` under the configured acceptance model.")
+      .def("position_acceptance", &AdaptiveSpeculativeParams::position_acceptance, py::arg("position"),
+           "Positional model: acceptance rate of draft position 1..64 given the earlier ones were accepted.")
       .def("cost_estimates", [](const AdaptiveSpeculativeParams& params, int batch_size, bool sampled) {
              const auto costs = params.cost_estimates(batch_size, sampled);
              py::dict out;

@@ -18,6 +18,8 @@ ConfigSource = Union[None, str, "os.PathLike[str]", Mapping[str, Any], AdaptiveC
 
 # key -> (kind, valid range in words)
 POLICIES = ("sglang", "goodput")
+ACCEPTANCE_MODELS = ("geometric", "positional")
+_CHOICES = {"policy": POLICIES, "acceptance_model": ACCEPTANCE_MODELS}
 
 _SCHEMA: dict[str, tuple[str, str]] = {
     "policy": ("choice", "one of " + ", ".join(repr(name) for name in POLICIES)),
@@ -32,6 +34,7 @@ _SCHEMA: dict[str, tuple[str, str]] = {
     "cost_prior_slope": ("number", "a finite number >= 0"),
     "probe_rounds": ("integer", "an integer >= 0"),
     "probe_interval": ("integer", "an integer >= 1"),
+    "acceptance_model": ("choice", "one of " + ", ".join(repr(name) for name in ACCEPTANCE_MODELS)),
 }
 VALID_KEYS = tuple(_SCHEMA)
 
@@ -44,7 +47,7 @@ def _check_value(key: str, value: Any, where: str) -> Any:
     kind, valid = _SCHEMA[key]
     bad = ValueError(f"{where}{key} must be {valid}, got {value!r} ({type(value).__name__})")
     if kind == "choice":
-        if value not in POLICIES:  # also rejects non-strings
+        if not isinstance(value, str) or value not in _CHOICES[key]:
             raise bad
         return value
     if kind == "steps":

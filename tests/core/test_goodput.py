@@ -237,3 +237,51 @@ def test_sglang_ignores_round_seconds():
     for batch in batches:
         assert timed.update(batch, 0.5 + rng.random()) == untimed.update(batch)
         assert timed.current_steps == untimed.current_steps and timed.ema == untimed.ema
+
+
+# ---- positional acceptance model ------------------------------------------------------------------------------
+
+
+def test_position_acceptance_hand_computed():
+    params = goodput(3, **quiet(ema_alpha=1.0, acceptance_model="positional"))
+    params.update([3, 1, 0, 2])  # pooled alpha 6 / 9
+    alpha = 6 / 9
+    # position i: reached by requests with a >= i - 1, accepted by a >= i; one pseudo-trial at alpha
+    assert params.position_acceptance(1) == pytest.approx((3 + alpha) / (4 + 1))
+    assert params.position_acceptance(2) == pytest.approx((2 + alpha) / (3 + 1))
+    assert params.position_acceptance(3) == pytest.approx((1 + alpha) / (2 + 1))
+    assert params.position_acceptance(4) == pytest.approx(alpha)  # never drafted
+    h = [params.position_acceptance(i) for i in (1, 2, 3)]
+    # beyond the current tier the deepest observed position stands in
+    survive, tokens = 1.0, 1.0
+    for i in range(1, 8):
+        survive *= h[min(i, 3) - 1]
+        tokens += survive
+    assert params.model_tokens(7) == pytest.approx(tokens)
+    assert params.model_tokens(1) == pytest.approx(1 + h[0])
+
+
+def test_geometric_model_tokens_are_expected_tokens_at_alpha():
+    params = goodput(3, **quiet(ema_alpha=1.0))
+    params.update([3, 1, 0, 2])
+    assert params.model_tokens(7) == pytest.approx(expected_tokens(6 / 9, 7))
+
+
+def test_positional_model_sees_through_bursty_acceptance():
+    # NGRAM-like: in every batch one request's match runs past 7 drafts, the other's fails at once. At tier 3 the
+    # geometric alpha is 3/4, which prices tier 7 at 3.6 tokens (+1.9%: under min_gain, it stays); the rates per
+    # position (about 1/2, then 1, 1) price it near the truth (4.5 tokens, +36%).
+    cost = {1: 1.1, 3: 1.2, 7: 1.55}
+
+    def tiers_of(model):
+        params = goodput(3, **dict(quiet(candidate_steps=[1, 3, 7], acceptance_model=model),
+                                   warmup_batches=0, update_interval=1))
+        tiers = []
+        for _ in range(30):
+            steps = params.current_steps
+            tiers.append(steps)
+            params.update([steps, 0], cost[steps])
+        return tiers
+
+    assert tiers_of("positional")[10:] == [7] * 20
+    assert tiers_of("geometric") == [3] * 30

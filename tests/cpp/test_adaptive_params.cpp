@@ -69,5 +69,23 @@ int main() {
         picker.current_steps() == 0);  // nothing accepted: speculation off
   const auto costs = picker.cost_estimates(4);
   CHECK(costs.size() == 4 && costs[3] == 1.7);
+
+  // positional: a bursty drafter (0 or all of 3) promises more at 7 than
+  // the geometric alpha (3/4) says.
+  AdaptiveConfig positional;
+  positional.policy = PolicyKind::kGoodput;
+  positional.acceptance_model = acceptance_model_from_name("positional");
+  positional.ema_alpha = 1.0;
+  positional.probe_rounds = 0;
+  positional.warmup_batches = 1000;
+  AdaptiveSpeculativeParams bursty(3, positional);
+  std::vector<int> half(32, 0);
+  for (std::size_t i = 0; i < half.size(); i += 2) half[i] = 3;
+  bursty.update(half);
+  CHECK(bursty.alpha() == 0.75);
+  // per position about 1/2, 1, 1 (shrunk toward 3/4 by one pseudo-trial)
+  CHECK(bursty.model_tokens(7) >
+        AdaptiveSpeculativeParams::expected_tokens(bursty.alpha(), 7) + 0.5);
+  CHECK(throws([] { acceptance_model_from_name("bursty"); }));
   return 0;
 }
