@@ -1,7 +1,9 @@
 #include "core/adaptive_params.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 
@@ -25,9 +27,40 @@ std::vector<int> sorted_unique(std::vector<int> steps) {
   return steps;
 }
 
+constexpr double kPriorAlpha = 0.5;  // before any draft was verified
+
 }  // namespace
 
+const char* policy_name(PolicyKind policy) noexcept {
+  return policy == PolicyKind::kGoodput ? "goodput" : "sglang";
+}
+
+const char* acceptance_model_name(AcceptanceModel model) noexcept {
+  return model == AcceptanceModel::kPositional ? "positional" : "geometric";
+}
+
+AcceptanceModel acceptance_model_from_name(const std::string& name) {
+  if (name == "geometric") return AcceptanceModel::kGeometric;
+  if (name == "positional") return AcceptanceModel::kPositional;
+  invalid("acceptance_model", "one of \"geometric\", \"positional\"", "\"" + name + "\"");
+}
+
+PolicyKind policy_from_name(const std::string& name) {
+  if (name == "sglang") return PolicyKind::kSglang;
+  if (name == "goodput") return PolicyKind::kGoodput;
+  invalid("policy", "one of \"sglang\", \"goodput\"", "\"" + name + "\"");
+}
+
 void AdaptiveConfig::validate() const {
+  if (policy != PolicyKind::kSglang && policy != PolicyKind::kGoodput) {
+    invalid("policy", "one of \"sglang\", \"goodput\"",
+            std::to_string(static_cast<int>(policy)));
+  }
+  if (acceptance_model != AcceptanceModel::kGeometric &&
+      acceptance_model != AcceptanceModel::kPositional) {
+    invalid("acceptance_model", "one of \"geometric\", \"positional\"",
+            std::to_string(static_cast<int>(acceptance_model)));
+  }
   for (int steps : candidate_steps) {
     if (steps < 0 || steps > kMaxSteps) {
       invalid("candidate_steps entries",
@@ -58,6 +91,19 @@ void AdaptiveConfig::validate() const {
   }
   if (!std::isfinite(up_hysteresis)) {
     invalid("up_hysteresis", "a finite number", format_double(up_hysteresis));
+  }
+  if (!(std::isfinite(min_gain) && min_gain >= 0.0)) {
+    invalid("min_gain", "a finite number >= 0", format_double(min_gain));
+  }
+  if (!(std::isfinite(cost_prior_slope) && cost_prior_slope >= 0.0)) {
+    invalid("cost_prior_slope", "a finite number >= 0",
+            format_double(cost_prior_slope));
+  }
+  if (probe_rounds < 0) {
+    invalid("probe_rounds", ">= 0", std::to_string(probe_rounds));
+  }
+  if (probe_interval < 1) {
+    invalid("probe_interval", ">= 1", std::to_string(probe_interval));
   }
 }
 
@@ -90,9 +136,26 @@ AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_steps,
     index_ = static_cast<std::size_t>(it - candidates_.begin());
   }
   ema_ = static_cast<double>(current_steps() - 1);
+
+  initial_index_ = index_;
+  cost_ema_.assign(kNumTables * candidates_.size(),
+                   std::numeric_limits<double>::quiet_NaN());
+  scratch_.assign(candidates_.size(), 0.0);
+  probe_batches_ = static_cast<std::uint64_t>(config_.probe_rounds) *
+                   candidates_.size();
+  zero_wait_ = first_zero_wait();
+  position_successes_.assign(AdaptiveConfig::kMaxSteps + 1, 0.0);
+  position_trials_.assign(AdaptiveConfig::kMaxSteps + 1, 0.0);
+  position_scratch_.assign(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0);
 }
 
-bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths) {
+std::uint64_t AdaptiveSpeculativeParams::first_zero_wait() const noexcept {
+  return static_cast<std::uint64_t>(
+      std::min(2 * config_.update_interval, config_.probe_interval));
+}
+
+bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths,
+                                       double round_seconds, bool sampled) {
   // Idle batches neither move the EMA nor use up warmup.
   if (accept_lengths.empty()) return false;
   long long total = 0;
@@ -103,16 +166,64 @@ bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths) {
 
   ++num_batches_;
   const auto warmup = static_cast<std::uint64_t>(config_.warmup_batches);
-  if (num_batches_ <= warmup) return false;
-  if ((num_batches_ - warmup) % static_cast<std::uint64_t>(config_.update_interval) != 0) {
-    return false;
-  }
+  const auto interval = static_cast<std::uint64_t>(config_.update_interval);
   const std::size_t before = index_;
-  recompute();
+
+  if (config_.policy == PolicyKind::kSglang) {
+    if (num_batches_ <= warmup) return false;
+    if ((num_batches_ - warmup) % interval != 0) return false;
+    recompute_sglang();
+    return index_ != before;
+  }
+
+  update_goodput(accept_lengths, round_seconds, sampled, current_steps());
+  ++batches_on_tier_;
+  if (num_batches_ <= probe_batches_) {
+    // Start-up probing: the initial tier first, then the others ascending,
+    // probe_rounds batches each; decide as soon as every tier was timed.
+    if (num_batches_ < probe_batches_) {
+      const std::size_t slot =
+          static_cast<std::size_t>(num_batches_ / config_.probe_rounds);
+      const std::size_t next =
+          slot == 0 ? initial_index_ : (slot - 1 < initial_index_ ? slot - 1 : slot);
+      move_to(next, /*is_decision=*/false);
+    } else {
+      decide_goodput(/*min_gain=*/0.0);
+    }
+    return index_ != before;
+  }
+  if (zero_probe_left_ > 0) {
+    // The end of a probe out of tier 0: decide at once. Back to 0 again
+    // doubles the wait before the next probe (up to probe_interval).
+    if (--zero_probe_left_ > 0) return false;
+    decide_goodput(config_.min_gain);
+    zero_wait_ = current_steps() == 0 ? std::min<std::uint64_t>(2 * zero_wait_, config_.probe_interval)
+                                      : first_zero_wait();
+    return index_ != before;
+  }
+  if (current_steps() == 0 && batches_on_tier_ >= zero_wait_) {
+    // Tier 0 verifies no drafts, so alpha is frozen there: try the best
+    // speculative tier for probe_rounds batches (at least one).
+    estimate_costs(last_table_, scratch_.data());
+    std::size_t best = index_;
+    double best_goodput = -1.0;
+    for (std::size_t j = 0; j < candidates_.size(); ++j) {
+      if (candidates_[j] == 0) continue;
+      const double goodput = model_tokens(candidates_[j]) / scratch_[j];
+      if (goodput > best_goodput) best_goodput = goodput, best = j;
+    }
+    move_to(best, /*is_decision=*/false);
+    zero_probe_left_ = std::max(1, config_.probe_rounds);
+    return index_ != before;
+  }
+  if (num_batches_ <= warmup) return false;
+  if ((num_batches_ - warmup) % interval != 0) return false;
+  decide_goodput(config_.min_gain);
+  if (index_ != before && current_steps() == 0) zero_wait_ = first_zero_wait();
   return index_ != before;
 }
 
-void AdaptiveSpeculativeParams::recompute() {
+void AdaptiveSpeculativeParams::recompute_sglang() {
   // A tier of k drafts pays off once about k - 0.5 of them are accepted on
   // average; the hysteresis terms widen that band so the tier does not flap.
   while (index_ > 0 &&
@@ -123,6 +234,254 @@ void AdaptiveSpeculativeParams::recompute() {
          ema_ > candidates_[index_] - 0.5 + config_.up_hysteresis) {
     ++index_;
   }
+}
+
+// ---- goodput ------------------------------------------------------------
+
+double AdaptiveSpeculativeParams::alpha() const noexcept {
+  // Both EMAs start at 0 and decay alike, so their ratio needs no bias
+  // correction: after one batch it is that batch's successes / trials.
+  if (!(ema_trials_ > 0.0)) return kPriorAlpha;
+  return ema_successes_ / ema_trials_;
+}
+
+double AdaptiveSpeculativeParams::position_acceptance(int position) const noexcept {
+  // Shrunk toward the pooled alpha by one pseudo-trial, so a position reached
+  // by few requests does not swing the estimate.
+  return (position_successes_[position] + alpha()) / (position_trials_[position] + 1.0);
+}
+
+double AdaptiveSpeculativeParams::model_tokens(int steps) const noexcept {
+  if (config_.acceptance_model == AcceptanceModel::kGeometric) {
+    return expected_tokens(alpha(), steps);
+  }
+  // positional: observed hazards up to the current tier (fresh), the deepest
+  // of them beyond it; the pooled alpha where nothing was observed.
+  const int depth = current_steps();
+  double tokens = 1.0;
+  double survive = 1.0;
+  double hazard = alpha();
+  for (int i = 1; i <= steps; ++i) {
+    if (i <= depth && position_trials_[i] > 0.0) hazard = position_acceptance(i);
+    survive *= hazard;
+    tokens += survive;
+  }
+  return tokens;
+}
+
+double AdaptiveSpeculativeParams::expected_tokens(double alpha,
+                                                  int steps) noexcept {
+  // The bonus token always comes; draft i survives with probability alpha^i.
+  // A plain sum stays exact at alpha -> 1 (where it is steps + 1).
+  alpha = std::clamp(alpha, 0.0, 1.0);
+  double tokens = 1.0;
+  double survive = 1.0;
+  for (int i = 1; i <= steps; ++i) {
+    survive *= alpha;
+    tokens += survive;
+  }
+  return tokens;
+}
+
+int AdaptiveSpeculativeParams::bucket_of(int batch_size) noexcept {
+  if (batch_size <= 1) return 0;
+  const int bucket =
+      static_cast<int>(std::bit_width(static_cast<unsigned>(batch_size))) - 1;
+  return std::min(bucket, kNumBuckets - 1);
+}
+
+void AdaptiveSpeculativeParams::update_goodput(std::span<const int> accept_lengths,
+                                               double round_seconds, bool sampled,
+                                               int steps) {
+  // Truncated geometric observations: a of k drafts accepted is a successes,
+  // plus one failure when the run stopped before k.
+  long long successes = 0;
+  long long trials = 0;
+  for (int accepted : accept_lengths) {
+    const int a = std::clamp(accepted, 0, steps);
+    successes += a;
+    trials += a + (a < steps ? 1 : 0);
+  }
+  if (trials > 0) {  // tier 0 observes nothing: alpha stays as it was
+    const double w = config_.ema_alpha;
+    ema_successes_ = (1.0 - w) * ema_successes_ + w * static_cast<double>(successes);
+    ema_trials_ = (1.0 - w) * ema_trials_ + w * static_cast<double>(trials);
+  }
+  // Per draft position i: reached (a trial) by requests with a >= i - 1 that
+  // drafted i, accepted by those with a >= i. Positions nobody reached this
+  // batch keep their EMAs.
+  if (steps > 0) {
+    std::fill(position_scratch_.begin(), position_scratch_.begin() + 2 * (steps + 1), 0.0);
+    double* reached = position_scratch_.data();
+    double* accepted_at = reached + (steps + 1);
+    for (int accepted : accept_lengths) {
+      const int a = std::clamp(accepted, 0, steps);
+      reached[std::min(a + 1, steps)] += 1.0;  // reached 1..min(a+1,k): counted as a suffix below
+      accepted_at[a] += 1.0;                   // accepted 1..a
+    }
+    // suffix sums: requests reaching position i = those whose last reached position is >= i
+    double reach = 0.0, accept = 0.0;
+    const double w = config_.ema_alpha;
+    for (int i = steps; i >= 1; --i) {
+      reach += reached[i];
+      accept += accepted_at[i];
+      if (reach > 0.0) {
+        position_successes_[i] = (1.0 - w) * position_successes_[i] + w * accept;
+        position_trials_[i] = (1.0 - w) * position_trials_[i] + w * reach;
+      }
+    }
+  }
+  last_table_ = table_of(static_cast<int>(accept_lengths.size()), sampled);
+  if (std::isfinite(round_seconds) && round_seconds > 0.0) {
+    double& cost = cost_ema_[last_table_ * candidates_.size() + index_];
+    cost = std::isnan(cost)
+               ? round_seconds
+               : (1.0 - config_.ema_alpha) * cost + config_.ema_alpha * round_seconds;
+  }
+}
+
+bool AdaptiveSpeculativeParams::fit_table(int table, double* intercept,
+                                           double* slope) const noexcept {
+  // Least squares cost = intercept + slope * k through the measured tiers.
+  const std::size_t n = candidates_.size();
+  const double* row = cost_ema_.data() + table * n;
+  double count = 0.0, sum_k = 0.0, sum_c = 0.0;
+  for (std::size_t j = 0; j < n; ++j) {
+    if (std::isnan(row[j])) continue;
+    count += 1.0;
+    sum_k += candidates_[j];
+    sum_c += row[j];
+  }
+  if (count < 2.0) return false;
+  const double mean_k = sum_k / count, mean_c = sum_c / count;
+  double sxy = 0.0, sxx = 0.0;
+  for (std::size_t j = 0; j < n; ++j) {
+    if (std::isnan(row[j])) continue;
+    sxy += (candidates_[j] - mean_k) * (row[j] - mean_c);
+    sxx += (candidates_[j] - mean_k) * (candidates_[j] - mean_k);
+  }
+  double b = sxx > 0.0 ? std::max(0.0, sxy / sxx) : 0.0;  // more drafts never cost less
+  double a = mean_c - b * mean_k;
+  if (a <= 0.0) {  // keep a positive cost at k = 0, through the mean point
+    a = 1e-3 * mean_c;
+    b = mean_k > 0.0 ? (mean_c - a) / mean_k : 0.0;
+  }
+  *intercept = a;
+  *slope = b;
+  return true;
+}
+
+int AdaptiveSpeculativeParams::table_of(int batch_size, bool sampled) noexcept {
+  return (sampled ? kNumBuckets : 0) + bucket_of(batch_size);
+}
+
+void AdaptiveSpeculativeParams::estimate_costs(int table, double* out) const noexcept {
+  const std::size_t n = candidates_.size();
+  // Neighbours are other batch buckets of the same kind of round: sampled
+  // rounds pay per verified position for the distributions, so their cost
+  // grows faster with k and their table is no guide for greedy rounds.
+  const int first = table - table % kNumBuckets;
+  const int bucket = table - first;
+  auto measured_in = [&](int t) {
+    int count = 0;
+    for (std::size_t j = 0; j < n; ++j) count += !std::isnan(cost_ema_[t * n + j]);
+    return count;
+  };
+  const int measured = measured_in(table);
+  if (measured == 0) {
+    // Another batch size's table, nearest first (only ratios matter), else
+    // the prior: a round costs 1 + cost_prior_slope * k.
+    for (int d = 1; d < kNumBuckets; ++d) {
+      for (int b : {bucket - d, bucket + d}) {
+        if (b >= 0 && b < kNumBuckets && measured_in(first + b) > 0) {
+          estimate_costs(first + b, out);
+          return;
+        }
+      }
+    }
+    for (std::size_t j = 0; j < n; ++j) out[j] = 1.0 + config_.cost_prior_slope * candidates_[j];
+    return;
+  }
+  double a = 0.0, s = 0.0;
+  if (!fit_table(table, &a, &s)) {
+    // One tier timed here: a line through it with the relative slope of the
+    // nearest bucket that has a fit, else with the prior slope.
+    double relative = config_.cost_prior_slope;
+    for (int d = 1; d < kNumBuckets; ++d) {
+      double other_a = 0.0, other_s = 0.0;
+      if ((bucket - d >= 0 && fit_table(first + bucket - d, &other_a, &other_s)) ||
+          (bucket + d < kNumBuckets && fit_table(first + bucket + d, &other_a, &other_s))) {
+        relative = other_s / other_a;
+        break;
+      }
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      const double cost = cost_ema_[table * n + j];
+      if (std::isnan(cost)) continue;
+      a = cost / (1.0 + relative * candidates_[j]);
+      s = a * relative;
+    }
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    const double cost = cost_ema_[table * n + j];
+    out[j] = std::isnan(cost) ? a + s * candidates_[j] : cost;
+  }
+}
+
+bool AdaptiveSpeculativeParams::decide_goodput(double min_gain) {
+  ++decisions_;
+  const bool allow_up = decisions_ >= up_blocked_until_;
+  estimate_costs(last_table_, scratch_.data());
+  const double current = model_tokens(current_steps()) / scratch_[index_];
+  std::size_t best = index_;
+  double best_goodput = current;
+  for (std::size_t j = 0; j < candidates_.size(); ++j) {
+    if (!allow_up && j > index_) continue;
+    const double goodput = model_tokens(candidates_[j]) / scratch_[j];
+    if (goodput > best_goodput) best_goodput = goodput, best = j;
+  }
+  if (best == index_ || !(best_goodput > current * (1.0 + min_gain))) {
+    if (allow_up && bounces_ > 0 && decisions_ > last_switch_decision_ + 2) --bounces_;
+    return false;
+  }
+  move_to(best, /*is_decision=*/true);
+  return true;
+}
+
+void AdaptiveSpeculativeParams::move_to(std::size_t index, bool is_decision) noexcept {
+  if (index == index_) return;
+  const bool up = index > index_;
+  if (is_decision) {
+    if (!up && last_switch_up_ && decisions_ <= last_switch_decision_ + 2) {
+      // Up, then straight back down: the model over-promised the higher tier
+      // (say acceptance falls along the draft). Refuse up moves for 2, 4, 8,
+      // ... decisions while it keeps happening.
+      bounces_ = std::min(bounces_ + 1, 6);
+      up_blocked_until_ = decisions_ + 1 + (std::uint64_t{1} << bounces_);
+    }
+    last_switch_up_ = up;
+    last_switch_decision_ = decisions_;
+  } else {
+    last_switch_up_ = false;  // a probe is not an up move to bounce from
+  }
+  index_ = index;
+  batches_on_tier_ = 0;
+}
+
+std::vector<double> AdaptiveSpeculativeParams::cost_estimates(int batch_size,
+                                                              bool sampled) const {
+  std::vector<double> out(candidates_.size());
+  estimate_costs(batch_size > 0 ? table_of(batch_size, sampled) : last_table_, out.data());
+  return out;
+}
+
+std::vector<std::vector<double>> AdaptiveSpeculativeParams::measured_costs() const {
+  const std::size_t n = candidates_.size();
+  std::vector<std::vector<double>> out(kNumTables);
+  for (int t = 0; t < kNumTables; ++t) {
+    out[t].assign(cost_ema_.begin() + t * n, cost_ema_.begin() + (t + 1) * n);
+  }
+  return out;
 }
 
 }  // namespace specswap

@@ -1,28 +1,67 @@
-// The adaptive policy: an EMA of accepted draft tokens per verify chooses the
-// speculative step count among candidate tiers. Semantics follow SGLang's
-// adaptive speculative decoding (see docs/policy.md); callable from a C++
-// serving loop without Python.
+// The adaptive policy: chooses the speculative step count among candidate
+// tiers once per verify. Two policies (see docs/policy.md):
+//  - sglang: an EMA of accepted draft tokens per verify against the fixed
+//    thresholds `tier - 0.5` (SGLang's semantics, kept bit for bit);
+//  - goodput: a per-token acceptance probability alpha and a measured cost
+//    per round and tier; picks argmax E(k) / cost(k) with a hysteresis.
+// Callable from a C++ serving loop without Python.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
 
 namespace specswap {
 
+enum class PolicyKind { kSglang, kGoodput };
+
+// "sglang" / "goodput"; policy_from_name throws std::invalid_argument naming
+// the key and the valid values.
+const char* policy_name(PolicyKind policy) noexcept;
+PolicyKind policy_from_name(const std::string& name);
+
+// goodput's acceptance model: one alpha for every draft position (geometric,
+// the default) or one acceptance rate per draft position (positional).
+enum class AcceptanceModel { kGeometric, kPositional };
+const char* acceptance_model_name(AcceptanceModel model) noexcept;
+AcceptanceModel acceptance_model_from_name(const std::string& name);
+
 struct AdaptiveConfig {
+  PolicyKind policy = PolicyKind::kSglang;
   std::vector<int> candidate_steps{1, 3, 7};
   double ema_alpha = 0.2;
   int update_interval = 5;
   int warmup_batches = 10;
+  // sglang only: the bands around `tier - 0.5`.
   double down_hysteresis = -0.25;
   double up_hysteresis = 0.0;
   // false: the initial step count joins the candidates (no unused state is
   // built for it later). true: it snaps to the nearest candidate, ties to the
   // larger (SGLang's original behaviour).
   bool snap_initial_steps = false;
+  // goodput only: switch when the predicted goodput of the best tier beats
+  // the current tier's by more than this fraction.
+  double min_gain = 0.03;
+  // goodput only: cost of one draft step relative to a round without
+  // speculation, used for tiers whose cost was never measured (and for every
+  // tier when update() gets no timing).
+  double cost_prior_slope = 0.1;
+  // goodput only: batches spent on each candidate at start-up so that every
+  // tier's cost is measured (0: no probing).
+  int probe_rounds = 2;
+  // goodput only: at tier 0 (where no acceptance is observed) the best
+  // speculative tier is tried for probe_rounds batches (at least one) after
+  // 2 * update_interval batches, then after twice as many each time the
+  // policy comes back to 0, up to probe_interval batches.
+  int probe_interval = 50;
+  // goodput only: geometric = E(k) from one alpha; positional = from the
+  // acceptance rate of each draft position up to the current tier, the
+  // deepest one standing in for the positions beyond (bursty drafters such
+  // as NGRAM: once a match runs, it runs on).
+  AcceptanceModel acceptance_model = AcceptanceModel::kGeometric;
 
   static constexpr int kMaxSteps = 64;
 
@@ -33,13 +72,27 @@ struct AdaptiveConfig {
 
 class AdaptiveSpeculativeParams {
  public:
+  static constexpr double kNoTiming = std::numeric_limits<double>::quiet_NaN();
+  // Costs are kept per batch-size bucket (powers of two: 1, 2-3, 4-7, ...;
+  // the last bucket holds every larger batch) and per kind of round (greedy,
+  // sampled): tables 0..15 greedy, 16..31 sampled.
+  static constexpr int kNumBuckets = 16;
+  static constexpr int kNumTables = 2 * kNumBuckets;
+
   AdaptiveSpeculativeParams(int initial_steps, AdaptiveConfig config);
 
-  // Feeds one verify: accepted draft tokens per request (bonus excluded).
+  // Feeds one verify: accepted draft tokens per request (bonus excluded),
+  // made at current_steps(); round_seconds is the wall time of that decode
+  // round (NaN or <= 0: no timing, goodput then uses the cost prior for tiers
+  // never timed); sampled: the round built probability distributions (not
+  // all-greedy), which costs more per verified position. sglang ignores both.
   // Returns true only if the step count changed. No allocation.
-  bool update(std::span<const int> accept_lengths);
+  bool update(std::span<const int> accept_lengths,
+              double round_seconds = kNoTiming, bool sampled = false);
 
   int current_steps() const noexcept { return candidates_[index_]; }
+  // EMA of the batch-mean accepted draft tokens (sglang's signal; kept for
+  // both policies as a statistic).
   double ema() const noexcept { return ema_; }
   std::uint64_t num_batches() const noexcept { return num_batches_; }
   const std::vector<int>& candidate_steps() const noexcept {
@@ -47,14 +100,69 @@ class AdaptiveSpeculativeParams {
   }
   const AdaptiveConfig& config() const noexcept { return config_; }
 
+  // goodput's acceptance model: alpha = EMA(successes) / EMA(trials) over
+  // batches, where a request that accepted a of k drafts gives a successes
+  // and a + 1 trials if a < k, else k trials. 0.5 before any trial.
+  double alpha() const noexcept;
+  // Expected tokens per round at tier k, bonus included:
+  // sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha).
+  static double expected_tokens(double alpha, int steps) noexcept;
+  // Expected tokens per round at `steps` under the configured acceptance
+  // model (geometric: expected_tokens(alpha(), steps)).
+  double model_tokens(int steps) const noexcept;
+  // positional model: acceptance rate of draft position 1..kMaxSteps given
+  // the earlier ones were accepted (EMA ratio, shrunk toward alpha()).
+  double position_acceptance(int position) const noexcept;
+
+  // Seconds per round of every candidate (in candidate_steps() order) for a
+  // batch of batch_size requests (0: the last batch's table): measured where
+  // measured, else estimated (docs/policy.md). Allocates; for statistics.
+  std::vector<double> cost_estimates(int batch_size = 0, bool sampled = false) const;
+  // Measured EMA of seconds per round, per table and candidate (NaN where
+  // never measured); rows are tables 0..kNumTables-1.
+  std::vector<std::vector<double>> measured_costs() const;
+  static int bucket_of(int batch_size) noexcept;
+  static int table_of(int batch_size, bool sampled) noexcept;
+
  private:
-  void recompute();
+  void recompute_sglang();
+  bool decide_goodput(double min_gain);
+  void update_goodput(std::span<const int> accept_lengths, double round_seconds,
+                      bool sampled, int steps);
+  void estimate_costs(int table, double* out) const noexcept;
+  bool fit_table(int table, double* intercept, double* slope) const noexcept;
+  void move_to(std::size_t index, bool is_decision) noexcept;
+  std::uint64_t first_zero_wait() const noexcept;
 
   AdaptiveConfig config_;
   std::vector<int> candidates_;  // sorted, unique
   std::size_t index_ = 0;        // into candidates_
   double ema_ = 0.0;
   std::uint64_t num_batches_ = 0;  // non-empty batches seen
+
+  // goodput state
+  std::size_t initial_index_ = 0;
+  double ema_successes_ = 0.0;
+  double ema_trials_ = 0.0;
+  // [table * candidates + index]: EMA of seconds per round; NaN = never.
+  std::vector<double> cost_ema_;
+  mutable std::vector<double> scratch_;  // candidates_.size(): costs
+  int last_table_ = 0;
+  std::uint64_t probe_batches_ = 0;      // candidates * probe_rounds
+  std::uint64_t batches_on_tier_ = 0;    // since the last switch
+  std::uint64_t zero_wait_ = 0;          // batches at tier 0 before a probe
+  int zero_probe_left_ = 0;              // batches left in a probe out of 0
+  // positional model, indexed by draft position 1..kMaxSteps
+  std::vector<double> position_successes_;
+  std::vector<double> position_trials_;
+  std::vector<double> position_scratch_;  // per-batch counts
+  // oscillation guard: an up move followed at once by a down move is a
+  // bounce; each bounce in a row doubles how many decisions refuse up moves.
+  std::uint64_t decisions_ = 0;
+  std::uint64_t last_switch_decision_ = 0;
+  bool last_switch_up_ = false;
+  int bounces_ = 0;
+  std::uint64_t up_blocked_until_ = 0;   // decision count
 };
 
 }  // namespace specswap

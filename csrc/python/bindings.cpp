@@ -4,7 +4,9 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/adaptive_params.h"
@@ -64,6 +66,7 @@ StatePtr to_mutable(std::shared_ptr<const RuntimeState> state) {
 
 py::dict config_to_dict(const AdaptiveConfig& config) {
   py::dict out;
+  out["policy"] = policy_name(config.policy);
   out["candidate_steps"] = config.candidate_steps;
   out["ema_alpha"] = config.ema_alpha;
   out["update_interval"] = config.update_interval;
@@ -71,6 +74,11 @@ py::dict config_to_dict(const AdaptiveConfig& config) {
   out["down_hysteresis"] = config.down_hysteresis;
   out["up_hysteresis"] = config.up_hysteresis;
   out["snap_initial_steps"] = config.snap_initial_steps;
+  out["min_gain"] = config.min_gain;
+  out["cost_prior_slope"] = config.cost_prior_slope;
+  out["probe_rounds"] = config.probe_rounds;
+  out["probe_interval"] = config.probe_interval;
+  out["acceptance_model"] = acceptance_model_name(config.acceptance_model);
   return out;
 }
 
@@ -146,10 +154,13 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<AdaptiveConfig>(m, "AdaptiveConfig",
       "Adaptive policy settings; validated when a policy is built or validate() is called.")
-      .def(py::init([](std::vector<int> candidate_steps, double ema_alpha, int update_interval,
-                       int warmup_batches, double down_hysteresis, double up_hysteresis,
-                       bool snap_initial_steps) {
+      .def(py::init([](const std::string& policy, std::vector<int> candidate_steps, double ema_alpha,
+                       int update_interval, int warmup_batches, double down_hysteresis,
+                       double up_hysteresis, bool snap_initial_steps, double min_gain,
+                       double cost_prior_slope, int probe_rounds, int probe_interval,
+                       const std::string& acceptance_model) {
              AdaptiveConfig config;
+             config.policy = policy_from_name(policy);
              config.candidate_steps = std::move(candidate_steps);
              config.ema_alpha = ema_alpha;
              config.update_interval = update_interval;
@@ -157,14 +168,23 @@ PYBIND11_MODULE(_C, m) {
              config.down_hysteresis = down_hysteresis;
              config.up_hysteresis = up_hysteresis;
              config.snap_initial_steps = snap_initial_steps;
+             config.min_gain = min_gain;
+             config.cost_prior_slope = cost_prior_slope;
+             config.probe_rounds = probe_rounds;
+             config.probe_interval = probe_interval;
+             config.acceptance_model = acceptance_model_from_name(acceptance_model);
              config.validate();
              return config;
            }),
-           py::kw_only(),
+           py::kw_only(), py::arg("policy") = std::string(policy_name(AdaptiveConfig{}.policy)),
            py::arg("candidate_steps") = std::vector<int>{1, 3, 7},
            py::arg("ema_alpha") = 0.2, py::arg("update_interval") = 5,
            py::arg("warmup_batches") = 10, py::arg("down_hysteresis") = -0.25,
-           py::arg("up_hysteresis") = 0.0, py::arg("snap_initial_steps") = false)
+           py::arg("up_hysteresis") = 0.0, py::arg("snap_initial_steps") = false,
+           py::arg("min_gain") = 0.03, py::arg("cost_prior_slope") = 0.1,
+           py::arg("probe_rounds") = 2, py::arg("probe_interval") = 50,
+           py::arg("acceptance_model") = std::string("geometric"))
+      .def_property_readonly("policy", [](const AdaptiveConfig& c) { return policy_name(c.policy); })
       .def_readonly("candidate_steps", &AdaptiveConfig::candidate_steps)
       .def_readonly("ema_alpha", &AdaptiveConfig::ema_alpha)
       .def_readonly("update_interval", &AdaptiveConfig::update_interval)
@@ -172,6 +192,12 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("down_hysteresis", &AdaptiveConfig::down_hysteresis)
       .def_readonly("up_hysteresis", &AdaptiveConfig::up_hysteresis)
       .def_readonly("snap_initial_steps", &AdaptiveConfig::snap_initial_steps)
+      .def_readonly("min_gain", &AdaptiveConfig::min_gain)
+      .def_readonly("cost_prior_slope", &AdaptiveConfig::cost_prior_slope)
+      .def_readonly("probe_rounds", &AdaptiveConfig::probe_rounds)
+      .def_readonly("probe_interval", &AdaptiveConfig::probe_interval)
+      .def_property_readonly("acceptance_model",
+                             [](const AdaptiveConfig& c) { return acceptance_model_name(c.acceptance_model); })
       .def("validate", &AdaptiveConfig::validate)
       .def("to_dict", &config_to_dict)
       .def("__repr__", [](const AdaptiveConfig& c) {
@@ -179,23 +205,61 @@ PYBIND11_MODULE(_C, m) {
       });
 
   py::class_<AdaptiveSpeculativeParams>(m, "AdaptiveSpeculativeParams",
-      "EMA policy over accepted draft tokens per verify.")
+      "The adaptive policy (config.policy): sglang's EMA thresholds or goodput's "
+      "argmax E(k)/cost(k).")
       .def(py::init([](int initial_steps, py::object config) {
              AdaptiveConfig cfg = config.is_none() ? AdaptiveConfig{} : config.cast<AdaptiveConfig>();
              return AdaptiveSpeculativeParams(initial_steps, std::move(cfg));
            }),
            py::arg("initial_steps"), py::arg("config") = py::none())
-      .def("update", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths) {
-             return params.update(accept_lengths);
+      .def("update", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths,
+                        std::optional<double> round_seconds, bool sampled) {
+             return params.update(accept_lengths,
+                                  round_seconds.value_or(AdaptiveSpeculativeParams::kNoTiming), sampled);
            },
-           py::arg("accept_lengths"),
-           "Feed one verify (accepted draft tokens per request, bonus excluded); "
-           "True only if the step count changed.")
+           py::arg("accept_lengths"), py::arg("round_seconds") = py::none(), py::arg("sampled") = false,
+           "Feed one verify (accepted draft tokens per request, bonus excluded) made at "
+           "current_steps, the round's wall time in seconds (None: untimed) and whether it "
+           "sampled (not all-greedy); True only if the step count changed.")
       .def_property_readonly("current_steps", &AdaptiveSpeculativeParams::current_steps)
       .def_property_readonly("ema", &AdaptiveSpeculativeParams::ema)
+      .def_property_readonly("alpha", &AdaptiveSpeculativeParams::alpha,
+                             "Per-token acceptance estimate (goodput's model; 0.5 before any draft).")
       .def_property_readonly("num_batches", &AdaptiveSpeculativeParams::num_batches)
       .def_property_readonly("candidate_steps", &AdaptiveSpeculativeParams::candidate_steps)
-      .def_property_readonly("config", &AdaptiveSpeculativeParams::config);
+      .def_property_readonly("config", &AdaptiveSpeculativeParams::config)
+      .def_static("expected_tokens", &AdaptiveSpeculativeParams::expected_tokens,
+                  py::arg("alpha"), py::arg("steps"),
+                  "Expected tokens per round at `steps` drafts, bonus included.")
+      .def("model_tokens", &AdaptiveSpeculativeParams::model_tokens, py::arg("steps"),
+           "Expected tokens per round at `steps` under the configured acceptance model.")
+      .def("position_acceptance", &AdaptiveSpeculativeParams::position_acceptance, py::arg("position"),
+           "Positional model: acceptance rate of draft position 1..64 given the earlier ones were accepted.")
+      .def("cost_estimates", [](const AdaptiveSpeculativeParams& params, int batch_size, bool sampled) {
+             const auto costs = params.cost_estimates(batch_size, sampled);
+             py::dict out;
+             for (std::size_t j = 0; j < costs.size(); ++j) out[py::int_(params.candidate_steps()[j])] = costs[j];
+             return out;
+           },
+           py::arg("batch_size") = 0, py::arg("sampled") = false,
+           "Tier -> seconds per round for this batch size and kind of round (batch_size 0: the last "
+           "round's table), measured or estimated.")
+      .def("measured_costs", [](const AdaptiveSpeculativeParams& params) {
+             const auto table = params.measured_costs();
+             py::dict out;
+             for (const char* kind : {"greedy", "sampled"}) out[kind] = py::dict();
+             for (std::size_t t = 0; t < table.size(); ++t) {
+               py::dict row;
+               for (std::size_t j = 0; j < table[t].size(); ++j) {
+                 if (!std::isnan(table[t][j])) row[py::int_(params.candidate_steps()[j])] = table[t][j];
+               }
+               const int bucket = static_cast<int>(t) % AdaptiveSpeculativeParams::kNumBuckets;
+               const char* kind = static_cast<int>(t) < AdaptiveSpeculativeParams::kNumBuckets ? "greedy" : "sampled";
+               if (py::len(row)) out[kind].cast<py::dict>()[py::int_(1 << bucket)] = row;
+             }
+             return out;
+           },
+           "{'greedy'|'sampled': {smallest batch size of a bucket: {tier: EMA of measured seconds per round}}}.");
 
   m.attr("MAX_STEPS") = AdaptiveConfig::kMaxSteps;
 

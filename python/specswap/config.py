@@ -17,7 +17,12 @@ from specswap._core import MAX_STEPS, AdaptiveConfig
 ConfigSource = Union[None, str, "os.PathLike[str]", Mapping[str, Any], AdaptiveConfig]
 
 # key -> (kind, valid range in words)
+POLICIES = ("sglang", "goodput")
+ACCEPTANCE_MODELS = ("geometric", "positional")
+_CHOICES = {"policy": POLICIES, "acceptance_model": ACCEPTANCE_MODELS}
+
 _SCHEMA: dict[str, tuple[str, str]] = {
+    "policy": ("choice", "one of " + ", ".join(repr(name) for name in POLICIES)),
     "candidate_steps": ("steps", f"a list of at least two distinct integers in [0, {MAX_STEPS}]"),
     "ema_alpha": ("number", "a number in (0, 1]"),
     "update_interval": ("integer", "an integer >= 1"),
@@ -25,6 +30,11 @@ _SCHEMA: dict[str, tuple[str, str]] = {
     "down_hysteresis": ("number", "a finite number"),
     "up_hysteresis": ("number", "a finite number"),
     "snap_initial_steps": ("bool", "true or false"),
+    "min_gain": ("number", "a finite number >= 0"),
+    "cost_prior_slope": ("number", "a finite number >= 0"),
+    "probe_rounds": ("integer", "an integer >= 0"),
+    "probe_interval": ("integer", "an integer >= 1"),
+    "acceptance_model": ("choice", "one of " + ", ".join(repr(name) for name in ACCEPTANCE_MODELS)),
 }
 VALID_KEYS = tuple(_SCHEMA)
 
@@ -36,6 +46,10 @@ def _is_int(value: Any) -> bool:
 def _check_value(key: str, value: Any, where: str) -> Any:
     kind, valid = _SCHEMA[key]
     bad = ValueError(f"{where}{key} must be {valid}, got {value!r} ({type(value).__name__})")
+    if kind == "choice":
+        if not isinstance(value, str) or value not in _CHOICES[key]:
+            raise bad
+        return value
     if kind == "steps":
         if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
             raise bad

@@ -65,17 +65,28 @@ class AdaptiveController:
             self.pool.register(state)
         self._activate(self.params.current_steps)
 
-    def on_verify_complete(self, accept_lengths: Sequence[int]) -> bool:
-        """Feed one verify's accepted draft counts (bonus excluded); switch tier if the policy says so."""
-        if not self.params.update(accept_lengths):
+    @property
+    def alpha(self) -> float:
+        return self.params.alpha
+
+    def on_verify_complete(self, accept_lengths: Sequence[int], round_seconds: float | None = None,
+                           sampled: bool = False) -> bool:
+        """Feed one verify's accepted draft counts (bonus excluded), the round's wall time in seconds (None:
+        untimed; the goodput policy then falls back to its cost prior) and whether the round sampled (not
+        all-greedy: goodput keeps separate cost tables); switch tier if the policy says so."""
+        if not self.params.update(accept_lengths, round_seconds, sampled):
             return False
         self._activate(self.params.current_steps)
         return True
 
     def stats(self) -> dict[str, Any]:
         return {
+            "policy": self.config.policy,
             "current_steps": self.params.current_steps,
             "ema": self.params.ema,
+            "alpha": self.params.alpha,
+            "cost_estimates": self.params.cost_estimates(),  # tier -> seconds per round, last batch size
+            "measured_costs": self.params.measured_costs(),  # greedy/sampled -> batch bucket -> tier -> seconds
             "num_batches": self.params.num_batches,
             "num_switches": self.pool.num_switches,
             "candidate_steps": self.candidate_steps,

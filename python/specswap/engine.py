@@ -417,4 +417,6 @@ class Engine:
             stats["ema"] = controller_stats["ema"]
             stats["num_switches"] = controller_stats["num_switches"]
             stats["tiers"] = controller_stats["tiers"]
+            for key in ("policy", "alpha", "cost_estimates", "measured_costs"):
+                stats[key] = controller_stats[key]
         return stats

@@ -28,6 +28,7 @@ k >= 1 catches each lagging request up before drafting.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -372,6 +373,7 @@ class EAGLEWorker:
         batch = len(slots)
         if batch == 0:
             return RoundResult([], [], steps)
+        round_start = time.perf_counter()  # the round's cost, for the goodput policy
         slot_index = torch.tensor(slots, device=self.device)        # [B]
         seq_lens = self.seq_lens[slot_index]                         # [B] m
         key_length = max(self.host_seq_lens[s] for s in slots) + steps  # > every position written this round
@@ -438,7 +440,8 @@ class EAGLEWorker:
             if steps:  # the draft is in step again (tier 0 leaves it behind)
                 self.draft_len[slot] = self.host_seq_lens[slot] - (1 if self.speculative_algorithm == "EAGLE" else 2)
         if self.controller is not None and self.speculative_algorithm is not None:
-            self.controller.on_verify_complete(accept_list)  # a switch applies from the next round
+            # a switch applies from the next round
+            self.controller.on_verify_complete(accept_list, time.perf_counter() - round_start, not all_greedy)
         return RoundResult(new_tokens, accept_list, steps)
 
     def _draw_noise(self, state, slots: Sequence[int]) -> None:

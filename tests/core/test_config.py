@@ -15,6 +15,7 @@ def write(tmp_path, payload, name="adaptive.json"):
 
 def test_full_file_round_trip(tmp_path):
     values = {
+        "policy": "goodput",
         "candidate_steps": [1, 2, 4, 8],
         "ema_alpha": 0.3,
         "update_interval": 2,
@@ -22,6 +23,11 @@ def test_full_file_round_trip(tmp_path):
         "down_hysteresis": -0.5,
         "up_hysteresis": 0.1,
         "snap_initial_steps": True,
+        "min_gain": 0.1,
+        "cost_prior_slope": 0.25,
+        "probe_rounds": 0,
+        "probe_interval": 20,
+        "acceptance_model": "positional",
     }
     config = load_adaptive_config(write(tmp_path, values))
     assert config.to_dict() == values
@@ -72,6 +78,16 @@ def test_integer_alpha_accepted():
         ({"up_hysteresis": None}, "up_hysteresis", "finite"),
         ({"up_hysteresis": float("inf")}, "up_hysteresis", "finite"),
         ({"snap_initial_steps": "yes"}, "snap_initial_steps", "true or false"),
+        ({"policy": "fastest"}, "policy", "'sglang', 'goodput'"),
+        ({"policy": 1}, "policy", "'sglang', 'goodput'"),
+        ({"policy": None}, "policy", "'sglang', 'goodput'"),
+        ({"acceptance_model": "bursty"}, "acceptance_model", "'geometric', 'positional'"),
+        ({"min_gain": -0.01}, "min_gain", ">= 0"),
+        ({"min_gain": "3%"}, "min_gain", ">= 0"),
+        ({"cost_prior_slope": -1}, "cost_prior_slope", ">= 0"),
+        ({"probe_rounds": -1}, "probe_rounds", ">= 0"),
+        ({"probe_rounds": 1.5}, "probe_rounds", ">= 0"),
+        ({"probe_interval": 0}, "probe_interval", ">= 1"),
     ],
 )
 def test_bad_values_name_key_and_range(tmp_path, values, key, valid):
@@ -117,3 +133,10 @@ def test_wrong_source_type():
 def test_config_constructor_validates():
     with pytest.raises(ValueError, match="ema_alpha"):
         AdaptiveConfig(ema_alpha=0.0)
+
+
+def test_policy_default_and_choice():
+    assert AdaptiveConfig().policy == "sglang"
+    assert load_adaptive_config({"policy": "goodput"}).policy == "goodput"
+    with pytest.raises(ValueError, match="policy must be one of"):
+        AdaptiveConfig(policy="goodput2")  # the C++ check, for callers that skip the loader

@@ -116,3 +116,17 @@ def test_wrong_state_from_worker():
 
     with pytest.raises(ValueError, match="returned a state for 5 steps"):
         AdaptiveController(LyingWorker(3), None).init_states()
+
+
+def test_round_seconds_reach_the_goodput_policy_and_stats():
+    worker = RecordingWorker(3)
+    controller = AdaptiveController(worker, {"policy": "goodput", "probe_rounds": 0, "warmup_batches": 100})
+    controller.init_states()
+    controller.on_verify_complete([3, 1], 0.25)
+    controller.on_verify_complete([3, 1], 0.5, sampled=True)
+    controller.on_verify_complete([3, 1])  # untimed: no cost sample
+    stats = controller.stats()
+    assert stats["policy"] == "goodput"
+    assert stats["alpha"] == controller.alpha == pytest.approx(4 / 5)
+    assert stats["measured_costs"] == {"greedy": {2: {3: 0.25}}, "sampled": {2: {3: 0.5}}}
+    assert stats["cost_estimates"][3] == 0.25

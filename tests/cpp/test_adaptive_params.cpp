@@ -36,5 +36,56 @@ int main() {
   bad = AdaptiveConfig{};
   bad.update_interval = 0;
   CHECK(throws([&] { bad.validate(); }));
+  bad = AdaptiveConfig{};
+  bad.min_gain = -0.1;
+  CHECK(throws([&] { bad.validate(); }));
+  CHECK(throws([] { policy_from_name("fastest"); }));
+  CHECK(policy_from_name("goodput") == PolicyKind::kGoodput);
+
+  // goodput: E(k), alpha from truncated geometric observations, decisions
+  // from timed rounds.
+  CHECK(AdaptiveSpeculativeParams::expected_tokens(0.5, 3) == 1.875);
+  CHECK(AdaptiveSpeculativeParams::expected_tokens(1.0, 7) == 8.0);
+  CHECK(AdaptiveSpeculativeParams::expected_tokens(0.3, 0) == 1.0);
+  AdaptiveConfig goodput;
+  goodput.policy = PolicyKind::kGoodput;
+  goodput.candidate_steps = {0, 1, 3, 7};
+  goodput.ema_alpha = 1.0;
+  goodput.probe_rounds = 1;  // batches 1-4 time tiers 3, 0, 1, 7; decide after
+  goodput.warmup_batches = 0;
+  goodput.update_interval = 1;
+  AdaptiveSpeculativeParams picker(3, goodput);
+  const std::vector<int> tiers{3, 0, 1, 7};
+  for (int expected : tiers) {
+    CHECK(picker.current_steps() == expected);
+    std::vector<int> accepted(4, expected);  // every draft accepted
+    if (expected > 0) accepted[0] = expected - 1;
+    picker.update(accepted, 1.0 + 0.1 * expected);
+  }
+  CHECK(picker.alpha() > 0.9 && picker.alpha() < 1.0);
+  CHECK(picker.current_steps() == 7);
+  const std::vector<int> none{0, 0, 0, 0};
+  CHECK(picker.update(none, 1.7) && picker.alpha() == 0.0 &&
+        picker.current_steps() == 0);  // nothing accepted: speculation off
+  const auto costs = picker.cost_estimates(4);
+  CHECK(costs.size() == 4 && costs[3] == 1.7);
+
+  // positional: a bursty drafter (0 or all of 3) promises more at 7 than
+  // the geometric alpha (3/4) says.
+  AdaptiveConfig positional;
+  positional.policy = PolicyKind::kGoodput;
+  positional.acceptance_model = acceptance_model_from_name("positional");
+  positional.ema_alpha = 1.0;
+  positional.probe_rounds = 0;
+  positional.warmup_batches = 1000;
+  AdaptiveSpeculativeParams bursty(3, positional);
+  std::vector<int> half(32, 0);
+  for (std::size_t i = 0; i < half.size(); i += 2) half[i] = 3;
+  bursty.update(half);
+  CHECK(bursty.alpha() == 0.75);
+  // per position about 1/2, 1, 1 (shrunk toward 3/4 by one pseudo-trial)
+  CHECK(bursty.model_tokens(7) >
+        AdaptiveSpeculativeParams::expected_tokens(bursty.alpha(), 7) + 0.5);
+  CHECK(throws([] { acceptance_model_from_name("bursty"); }));
   return 0;
 }

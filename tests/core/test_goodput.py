@@ -1,0 +1,287 @@
+"""The goodput policy: acceptance model, expected tokens, cost model, decisions (docs/policy.md)."""
+
+import random
+
+import pytest
+
+from specswap import AdaptiveConfig, AdaptiveSpeculativeParams
+
+expected_tokens = AdaptiveSpeculativeParams.expected_tokens
+
+
+def goodput(initial=3, **overrides):
+    return AdaptiveSpeculativeParams(initial, AdaptiveConfig(policy="goodput", **overrides))
+
+
+def quiet(**overrides):
+    # no start-up probing and no decision: the estimators alone
+    return dict(probe_rounds=0, warmup_batches=1000, **overrides)
+
+
+def geometric(alpha, steps, rng):
+    accepted = 0
+    while accepted < steps and rng.random() < alpha:
+        accepted += 1
+    return accepted
+
+
+def run(params, alpha, cost, rounds, rng, batch=4):
+    """Feed `rounds` verifies at the policy's own tier; return the tier of each round."""
+    tiers = []
+    for _ in range(rounds):
+        steps = params.current_steps
+        tiers.append(steps)
+        params.update([geometric(alpha, steps, rng) for _ in range(batch)], cost(steps))
+    return tiers
+
+
+def best_tier(alpha, cost, candidates=(0, 1, 3, 7)):
+    return max(candidates, key=lambda k: expected_tokens(alpha, k) / cost(k))
+
+
+# ---- acceptance model ------------------------------------------------------------------------------------------
+
+
+def test_alpha_prior_before_any_draft():
+    assert goodput(**quiet()).alpha == 0.5
+
+
+def test_alpha_from_truncated_geometric_observations():
+    params = goodput(3, **quiet(ema_alpha=1.0))
+    # 3 of 3: 3 successes, no failure; 1 of 3: 1 + 1 failure; 0 of 3: 1 failure
+    params.update([3, 1, 0])
+    assert params.alpha == pytest.approx(4 / 6)
+
+
+def test_alpha_is_a_ratio_of_emas_over_batches():
+    params = goodput(3, **quiet(ema_alpha=0.5))
+    params.update([3, 3])  # 6 / 6 (zero-started EMAs: the first batch's ratio exactly)
+    assert params.alpha == pytest.approx(1.0)
+    # EMAs after [3, 3]: successes 0.5*6 = 3, trials 0.5*6 = 3
+    params.update([0, 0])  # successes 0.5*3 + 0.5*0 = 1.5, trials 0.5*3 + 0.5*2 = 2.5
+    assert params.alpha == pytest.approx(1.5 / 2.5)
+    params.update([2, 0, 1])  # successes 0.75 + 0.5*3 = 2.25, trials 1.25 + 0.5*(3 + 1 + 2) = 4.25
+    assert params.alpha == pytest.approx(2.25 / 4.25)
+
+
+def test_alpha_frozen_at_tier_zero_and_clamped_at_k():
+    params = goodput(0, **quiet(ema_alpha=1.0, candidate_steps=[0, 3]))
+    params.update([0, 0, 0])  # tier 0 verifies no draft: nothing observed
+    assert params.alpha == 0.5
+    params = goodput(1, **quiet(ema_alpha=1.0, candidate_steps=[1, 3]))
+    params.update([5, 0])  # 5 of 1 is read as 1 of 1
+    assert params.alpha == pytest.approx(1 / 2)
+
+
+def test_sglang_ema_still_reported_under_goodput():
+    params = goodput(3, **quiet(ema_alpha=1.0))
+    params.update([2, 3])
+    assert params.ema == 2.5
+
+
+# ---- expected tokens ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "alpha, steps, tokens",
+    [
+        (0.5, 0, 1.0),
+        (0.5, 1, 1.5),
+        (0.5, 3, 1.875),
+        (0.9, 7, (1 - 0.9**8) / (1 - 0.9)),
+        (0.3, 3, (1 - 0.3**4) / (1 - 0.3)),
+        (1.0, 7, 8.0),  # alpha -> 1: k + 1
+        (0.0, 7, 1.0),
+    ],
+)
+def test_expected_tokens(alpha, steps, tokens):
+    assert expected_tokens(alpha, steps) == pytest.approx(tokens)
+
+
+# ---- decisions ------------------------------------------------------------------------------------------------
+
+
+def linear_cost(c0, c1):
+    return lambda k: c0 + c1 * k
+
+
+@pytest.mark.parametrize(
+    "alpha, cost, expected",
+    [
+        (0.9, linear_cost(1.0, 0.1), 7),   # high acceptance, cheap drafts: the deepest tier
+        (0.3, linear_cost(1.0, 0.1), 1),   # low acceptance: one draft still pays
+        (0.5, linear_cost(1.0, 1.0), 0),   # a draft step costs a whole round: speculation off
+    ],
+)
+def test_synthetic_cost_table_picks_the_best_tier(alpha, cost, expected):
+    assert best_tier(alpha, cost) == expected  # the table really has that optimum
+    params = goodput(3, candidate_steps=[0, 1, 3, 7])
+    tiers = run(params, alpha, cost, 60, random.Random(0))
+    assert params.measured_costs()["greedy"][4] == {k: pytest.approx(cost(k)) for k in (0, 1, 3, 7)}  # probed
+    if expected == 0:  # but for short probes back up
+        assert tiers[-20:].count(0) >= 16, tiers
+    else:
+        assert tiers[-20:] == [expected] * 20, tiers
+
+
+def test_jumps_three_to_seven_in_one_decision():
+    params = goodput(3, **dict(quiet(ema_alpha=1.0), warmup_batches=0, update_interval=1))
+    assert params.update([3, 3, 3, 3], 1.0) is True  # alpha 1, prior costs 1 + 0.1k: 8/1.7 beats 4/1.3
+    assert params.current_steps == 7
+
+
+def test_untimed_updates_use_the_cost_prior():
+    params = goodput(3, **dict(quiet(ema_alpha=1.0, cost_prior_slope=0.25), warmup_batches=0))
+    params.update([3, 2, 3, 3])  # no round_seconds
+    assert params.measured_costs() == {"greedy": {}, "sampled": {}}
+    assert params.cost_estimates() == {k: pytest.approx(1 + 0.25 * k) for k in (1, 3, 7)}
+
+
+def test_hysteresis_blocks_a_marginal_switch():
+    batch = [3, 3, 3, 2]  # alpha 11/12
+    alpha = 11 / 12
+    tokens_ratio = expected_tokens(alpha, 7) / expected_tokens(alpha, 3)
+    # prior slope s making tier 7 exactly 2% better than tier 3: (1 + 7s) / (1 + 3s) = tokens_ratio / 1.02
+    target = tokens_ratio / 1.02
+    slope = (target - 1) / (7 - 3 * target)
+    for min_gain, expected in [(0.03, 3), (0.01, 7)]:
+        params = goodput(3, **dict(quiet(ema_alpha=1.0, cost_prior_slope=slope, min_gain=min_gain),
+                                   warmup_batches=0, update_interval=1, candidate_steps=[3, 7]))
+        params.update(batch)
+        assert params.alpha == pytest.approx(alpha)
+        assert params.current_steps == expected, min_gain
+
+
+def test_costs_of_unmeasured_tiers_are_linear_through_measured_ones():
+    params = goodput(1, **quiet(candidate_steps=[1, 3, 7]))
+    params.update([1], 2.0)
+    assert params.cost_estimates(1) == {1: 2.0, 3: pytest.approx(2.0 * 1.3 / 1.1), 7: pytest.approx(2.0 * 1.7 / 1.1)}
+    params = goodput(1, **dict(quiet(candidate_steps=[1, 3, 7]), probe_rounds=1))
+    params.update([1], 2.0)  # probe: tier 1, then 3
+    params.update([3], 3.0)
+    assert params.cost_estimates(1) == {1: 2.0, 3: 3.0, 7: pytest.approx(5.0)}  # 1.5 + 0.5 k
+    # a batch size never timed borrows the nearest timed bucket's table
+    assert params.cost_estimates(8) == params.cost_estimates(1)
+
+
+def test_cost_table_is_kept_per_batch_size_bucket():
+    params = goodput(3, **quiet(candidate_steps=[1, 3, 7]))
+    params.update([1], 1.0)
+    params.update([1, 1], 1.5)
+    params.update([1, 1, 1], 2.0)  # 3 shares the bucket 2-3
+    assert params.measured_costs()["greedy"] == {1: {3: 1.0}, 2: {3: pytest.approx(0.8 * 1.5 + 0.2 * 2.0)}}
+
+
+def test_sampled_rounds_keep_their_own_table():
+    # sampling pays per verified position: its costs must not stand in for greedy ones
+    params = goodput(3, **dict(quiet(candidate_steps=[1, 3, 7]), probe_rounds=1))
+    for cost in (2.0, 1.2, 3.6):  # probe 3, 1, 7 on sampled rounds; nothing accepted: the cheapest, 1
+        params.update([0, 0], cost, sampled=True)
+    assert params.current_steps == 1
+    assert params.measured_costs() == {"greedy": {}, "sampled": {2: {1: 1.2, 3: 2.0, 7: 3.6}}}
+    assert params.cost_estimates(2) == {k: pytest.approx(1 + 0.1 * k) for k in (1, 3, 7)}  # greedy: the prior
+    params.update([1, 1], 1.0)  # one greedy round at 1: a line through it with the prior's relative slope
+    assert params.cost_estimates(2) == {1: 1.0, 3: pytest.approx(1.3 / 1.1), 7: pytest.approx(1.7 / 1.1)}
+    assert params.cost_estimates(2, sampled=True)[7] == 3.6
+
+
+def test_phased_trace_reaches_the_best_tier_after_each_change():
+    cost = linear_cost(1.0, 0.15)
+    params = goodput(3, candidate_steps=[0, 1, 3, 7])
+    rng = random.Random(7)
+    phases = [0.9, 0.3, 0.9, 0.3]
+    assert [best_tier(a, cost) for a in phases] == [7, 1, 7, 1]
+    within = 20  # rounds after a phase change (warmup, EMA lag, one decision interval)
+    for alpha in phases:
+        tiers = run(params, alpha, cost, 80, rng)
+        settled = tiers[within:]
+        assert settled.count(best_tier(alpha, cost)) >= 0.9 * len(settled), (alpha, tiers)
+
+
+def test_tier_zero_probes_back_up_and_returns_when_acceptance_recovers():
+    cost = linear_cost(1.0, 0.3)
+    params = goodput(3, candidate_steps=[0, 1, 3, 7], probe_interval=40)
+    rng = random.Random(3)
+    tiers = run(params, 0.05, cost, 200, rng)
+    assert tiers[-100:].count(0) >= 94, tiers  # off, but for probes of 2 batches, ever rarer (10, 20, 40, 40...)
+    assert 1 in tiers[-100:]  # the probe
+    tiers = run(params, 0.95, cost, 80, rng)
+    assert tiers[-20:] == [7] * 20, tiers  # the next probe sees the acceptance come back
+
+
+def test_position_dependent_acceptance_does_not_flap():
+    # later drafts accepted less often than the model assumes: tier 1 promises too much for 7
+    probabilities = [0.95, 0.9, 0.8, 0.5, 0.3, 0.2, 0.1]
+    rng = random.Random(1)
+
+    def draw(steps):
+        accepted = 0
+        while accepted < steps and rng.random() < probabilities[accepted]:
+            accepted += 1
+        return accepted
+
+    params = goodput(3, candidate_steps=[0, 1, 3, 7])
+    switches = 0
+    for _ in range(400):
+        before = params.current_steps
+        params.update([draw(before) for _ in range(4)], 1.0 + 0.15 * before)
+        switches += params.current_steps != before
+    assert switches <= 20, switches  # 400 batches = 80 decisions; unguarded it flaps on most of them
+
+
+def test_sglang_ignores_round_seconds():
+    rng = random.Random(5)
+    batches = [[rng.randint(0, 7) for _ in range(3)] for _ in range(100)]
+    timed = AdaptiveSpeculativeParams(3, AdaptiveConfig(policy="sglang"))
+    untimed = AdaptiveSpeculativeParams(3, AdaptiveConfig(policy="sglang"))
+    for batch in batches:
+        assert timed.update(batch, 0.5 + rng.random()) == untimed.update(batch)
+        assert timed.current_steps == untimed.current_steps and timed.ema == untimed.ema
+
+
+# ---- positional acceptance model ------------------------------------------------------------------------------
+
+
+def test_position_acceptance_hand_computed():
+    params = goodput(3, **quiet(ema_alpha=1.0, acceptance_model="positional"))
+    params.update([3, 1, 0, 2])  # pooled alpha 6 / 9
+    alpha = 6 / 9
+    # position i: reached by requests with a >= i - 1, accepted by a >= i; one pseudo-trial at alpha
+    assert params.position_acceptance(1) == pytest.approx((3 + alpha) / (4 + 1))
+    assert params.position_acceptance(2) == pytest.approx((2 + alpha) / (3 + 1))
+    assert params.position_acceptance(3) == pytest.approx((1 + alpha) / (2 + 1))
+    assert params.position_acceptance(4) == pytest.approx(alpha)  # never drafted
+    h = [params.position_acceptance(i) for i in (1, 2, 3)]
+    # beyond the current tier the deepest observed position stands in
+    survive, tokens = 1.0, 1.0
+    for i in range(1, 8):
+        survive *= h[min(i, 3) - 1]
+        tokens += survive
+    assert params.model_tokens(7) == pytest.approx(tokens)
+    assert params.model_tokens(1) == pytest.approx(1 + h[0])
+
+
+def test_geometric_model_tokens_are_expected_tokens_at_alpha():
+    params = goodput(3, **quiet(ema_alpha=1.0))
+    params.update([3, 1, 0, 2])
+    assert params.model_tokens(7) == pytest.approx(expected_tokens(6 / 9, 7))
+
+
+def test_positional_model_sees_through_bursty_acceptance():
+    # NGRAM-like: in every batch one request's match runs past 7 drafts, the other's fails at once. At tier 3 the
+    # geometric alpha is 3/4, which prices tier 7 at 3.6 tokens (+1.9%: under min_gain, it stays); the rates per
+    # position (about 1/2, then 1, 1) price it near the truth (4.5 tokens, +36%).
+    cost = {1: 1.1, 3: 1.2, 7: 1.55}
+
+    def tiers_of(model):
+        params = goodput(3, **dict(quiet(candidate_steps=[1, 3, 7], acceptance_model=model),
+                                   warmup_batches=0, update_interval=1))
+        tiers = []
+        for _ in range(30):
+            steps = params.current_steps
+            tiers.append(steps)
+            params.update([steps, 0], cost[steps])
+        return tiers
+
+    assert tiers_of("positional")[10:] == [7] * 20
+    assert tiers_of("geometric") == [3] * 30
