@@ -198,8 +198,10 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> str:
 def bench(target, drafts, tokenizer, args) -> list[dict]:
     rows = []
     configs = configurations(args.algorithm, args.static_steps, args.adaptive_config)
-    hf = transformers_runners(args.model, target.dtype, tokenizer.encode) if args.hf and args.model != "random" \
-        else {}
+    def encode(text: str) -> list[int]:  # exactly as the engine tokenizes a string prompt (BOS included)
+        return tokenizer.encode(text, add_bos=tokenizer.bos_token_id is not None)
+
+    hf = transformers_runners(args.model, target.dtype, encode) if args.hf and args.model != "random" else {}
     runs_total = len(args.workloads) * args.repeats * sum(len(configs) + (len(hf) if b == 1 else 0)
                                                           for b in args.batch_sizes)
     bar = tqdm(total=runs_total, desc="bench", unit="run", dynamic_ncols=True)
