@@ -578,12 +578,16 @@ class EAGLEWorker:
 def propose_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATCH,
                   min_match: int = NGRAM_MIN_MATCH) -> list[int]:
     """The ``steps`` tokens that followed the latest earlier occurrence of the longest suffix of ``tokens``
-    (max_match down to min_match long); padded with the last token when the match runs out or none exists."""
+    (max_match down to min_match long), copied on over the drafts themselves where the text runs out (an
+    overlapping copy, as in LZ77: periodic text continues for as many steps as asked, not for one period);
+    the last token repeated when no suffix occurs earlier."""
     length = len(tokens)
     for size in range(min(max_match, length - 1), min_match - 1, -1):
         suffix = tokens[length - size:]
         for start in range(length - size - 1, -1, -1):  # latest first; the suffix itself is excluded
             if tokens[start:start + size] == suffix:
-                follow = tokens[start + size:start + size + steps]
-                return follow + [follow[-1]] * (steps - len(follow))
+                drafts: list[int] = []
+                for index in range(start + size, start + size + steps):
+                    drafts.append(tokens[index] if index < length else drafts[index - length])
+                return drafts
     return [tokens[-1]] * steps

@@ -226,7 +226,8 @@ def test_start_up_tier_is_built_once_and_shared_with_the_controller_state():
 def test_ngram_proposals_continue_the_latest_longest_match():
     assert propose_ngram([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
     assert propose_ngram([7, 1, 2, 9, 5, 2, 1, 2], 2) == [9, 5]        # longest suffix [1, 2] wins over [2]
-    assert propose_ngram([1, 2, 9, 1, 2], 4) == [9, 1, 2, 2]          # the match runs out: pad
+    assert propose_ngram([1, 2, 9, 1, 2], 4) == [9, 1, 2, 9]          # the copy runs on over its own drafts
+    assert propose_ngram([5, 6, 5, 6], 5) == [5, 6, 5, 6, 5]          # periodic text: as many steps as asked
     assert propose_ngram([1, 2, 3], 2) == [3, 3]                       # no match: repeat the last token
     assert propose_ngram([4, 8, 4, 6, 4], 1) == [6]                    # the latest occurrence
 
