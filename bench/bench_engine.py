@@ -28,7 +28,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from specswap.engine import Engine, resolve_checkpoint, resolve_dtype
+from specswap.engine import Engine, encode_text, resolve_checkpoint, resolve_dtype
 
 CODE_PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -198,10 +198,8 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> str:
 def bench(target, drafts, tokenizer, args) -> list[dict]:
     rows = []
     configs = configurations(args.algorithm, args.static_steps, args.adaptive_config)
-    def encode(text: str) -> list[int]:  # exactly as the engine tokenizes a string prompt (BOS included)
-        return tokenizer.encode(text, add_bos=tokenizer.bos_token_id is not None)
-
-    hf = transformers_runners(args.model, target.dtype, encode) if args.hf and args.model != "random" else {}
+    hf = transformers_runners(args.model, target.dtype, lambda text: encode_text(tokenizer, text)) \
+        if args.hf and args.model != "random" else {}
     runs_total = len(args.workloads) * args.repeats * sum(len(configs) + (len(hf) if b == 1 else 0)
                                                           for b in args.batch_sizes)
     bar = tqdm(total=runs_total, desc="bench", unit="run", dynamic_ncols=True)

@@ -21,7 +21,7 @@ import torch
 from specswap.sampling import SamplingParams
 from specswap.worker import SPECULATIVE_ALGORITHMS, EAGLEWorker
 
-__all__ = ["Engine", "RequestOutput", "resolve_dtype", "resolve_checkpoint", "cpu_has_fast_bf16"]
+__all__ = ["Engine", "RequestOutput", "resolve_dtype", "resolve_checkpoint", "cpu_has_fast_bf16", "encode_text"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DEFAULT_MAX_SEQ_LEN = 2048
@@ -112,6 +112,11 @@ def resolve_checkpoint(name: str | Path, dtype: torch.dtype = torch.bfloat16) ->
         raise ValueError(f"zoo model {str(name)!r} is not built yet ({path} is missing); build it with "
                          f"`python -m specswap.zoo train tiny` or pass a checkpoint directory")
     return path
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a string prompt, with BOS when the tokenizer has one (how the engine tokenizes)."""
+    return tokenizer.encode(text, add_bos=tokenizer.bos_token_id is not None)
 
 
 def prefill_groups(requests: list, token_budget: int) -> list[list]:
@@ -231,7 +236,7 @@ class Engine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("string prompts need a tokenizer; pass token ids or Engine(..., tokenizer=...)")
-            return self.tokenizer.encode(prompt, add_bos=self.tokenizer.bos_token_id is not None)
+            return encode_text(self.tokenizer, prompt)
         if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
                                                             for t in prompt):
             raise ValueError(f"a prompt must be a string or a list of token ids; got {type(prompt).__name__}")

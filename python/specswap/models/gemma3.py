@@ -248,18 +248,6 @@ class Gemma3ForCausalLM(CausalLM):
         self.rotary_local = RotaryEmbedding(config.rope_local, config.head_dim)
         self.tie_weights()
 
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
-                slots: torch.Tensor | None, key_length: int | None = None, logits_at: torch.Tensor | None = None,
-                with_logits: bool = True) -> ModelOutput:
-        """Run T new tokens per request, writing their keys/values into the cache rows ``slots``.
-
-        input_ids: [B, T] int64; positions: [B, T] int64 absolute positions, consecutive within a row;
-        slots: [B] int64 cache rows. ``key_length`` (> every position) skips a host sync when given.
-        """
-        hidden = self.model.embed_tokens(input_ids)  # [B, T, H], already scaled
-        return self.forward_hidden(hidden, positions, cache, slots, key_length, logits_at, with_logits)
-
     def forward_hidden(self, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
                        slots: torch.Tensor | None, key_length: int | None = None,
                        logits_at: torch.Tensor | None = None, with_logits: bool = True) -> ModelOutput:

@@ -37,6 +37,20 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, slots: torch.Tensor | None,
+                key_length: int | None = None, logits_at: torch.Tensor | None = None,
+                with_logits: bool = True) -> ModelOutput:
+        """Run T new tokens per request, writing their keys/values into the cache rows ``slots``.
+
+        input_ids: [B, T] int64; positions: [B, T] int64 absolute positions, consecutive within a row;
+        slots: [B] int64 cache rows. ``key_length`` (> every position) skips a host sync when given.
+        ``cache=None`` (training only): causal attention within the T tokens, positions must be 0..T-1 style.
+        ``logits_at`` / ``with_logits``: see ``output``. The embedding is the architecture's own (Gemma's
+        scales), then ``forward_hidden`` runs its decoder.
+        """
+        return self.forward_hidden(self.model.embed_tokens(input_ids), positions, cache, slots, key_length,
+                                   logits_at, with_logits)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head over final-normed hidden states [..., H] -> [..., V]."""
         return self.lm_head(hidden)
@@ -87,20 +101,6 @@ class LlamaForCausalLM(CausalLM):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         self.tie_weights()
-
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, slots: torch.Tensor | None,
-                key_length: int | None = None, logits_at: torch.Tensor | None = None,
-                with_logits: bool = True) -> ModelOutput:
-        """Run T new tokens per request, writing their keys/values into the cache rows ``slots``.
-
-        input_ids: [B, T] int64; positions: [B, T] int64 absolute positions, consecutive within a row;
-        slots: [B] int64 cache rows. ``key_length`` (> every position) skips a host sync when given.
-        ``cache=None`` (training only): causal attention within the T tokens, positions must be 0..T-1 style.
-        ``logits_at`` / ``with_logits``: see ``CausalLM.output``.
-        """
-        hidden = self.model.embed_tokens(input_ids)  # [B, T, H]
-        return self.forward_hidden(hidden, positions, cache, slots, key_length, logits_at, with_logits)
 
     def forward_hidden(self, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
                        slots: torch.Tensor | None, key_length: int | None = None,
