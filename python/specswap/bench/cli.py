@@ -155,7 +155,8 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
     else:
         if models is None:
             algorithm = None if args.speculative_algorithm is None else args.speculative_algorithm
-            models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device)
+            models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device,
+                             args.draft_quantization)
         steps = candidate_steps(args.speculative_adaptive_config)
         modes = mode_settings(args.modes, models.speculative_algorithm, steps, args.speculative_num_steps,
                               args.speculative_adaptive_config)

@@ -16,6 +16,7 @@ from .kv_cache import KVCache
 from .layers import DecoderLayer, RMSNorm, RotaryEmbedding, plan_attention
 from .llama import check_cache
 from .outputs import ModelOutput
+from .quantize import int8_linear, quantize_linears_int8, quantize_rows_int8
 
 
 class EagleHead(nn.Module):
@@ -40,10 +41,12 @@ class EagleHead(nn.Module):
         object.__setattr__(self, "lm_head", lm_head)
         self.token_map: torch.Tensor | None = None
         self._draft_lm_weight: torch.Tensor | None = None
+        self._draft_lm_scales: torch.Tensor | None = None  # set when the LM head rows are int8
         self.set_token_map(token_map)
 
     def set_token_map(self, token_map: torch.Tensor | None, source: str = "token_map") -> None:
         """Restrict the draft logits to ``token_map`` (draft id -> target id); None restores the full vocab."""
+        self._draft_lm_scales = None
         if token_map is None:
             self.token_map, self._draft_lm_weight = None, None
             return
@@ -59,6 +62,16 @@ class EagleHead(nn.Module):
         # rows of the shared LM head for the draft vocabulary, gathered once rather than every step
         self._draft_lm_weight = self.lm_head.weight.detach()[token_map]
 
+    def quantize_int8(self) -> None:
+        """Weight-only int8 for every linear of the head and its LM head rows (see ``quantize``): about half the
+        bytes a draft step reads. The LM head becomes a quantized copy of the draft vocabulary's rows (of the
+        whole target vocabulary without a token map); the target's own LM head is untouched."""
+        if self._draft_lm_scales is not None:
+            return
+        quantize_linears_int8(self)
+        rows = self.lm_head.weight if self._draft_lm_weight is None else self._draft_lm_weight
+        self._draft_lm_weight, self._draft_lm_scales = quantize_rows_int8(rows, rows.dtype)
+
     @property
     def draft_vocab_size(self) -> int:
         return self.config.target_vocab_size if self.token_map is None else self.token_map.numel()
@@ -68,7 +81,8 @@ class EagleHead(nn.Module):
 
     def make_cache(self, max_batch_size: int, capacity: int, dtype: torch.dtype | None = None,
                    device: torch.device | str | None = None) -> KVCache:
-        weight = self.fc.weight
+        # an Int8Linear keeps the activation dtype in its scales
+        weight = getattr(self.fc, "scales", self.fc.weight)
         return KVCache(1, max_batch_size, self.config.num_key_value_heads, capacity, self.config.head_dim,
                        dtype=dtype or weight.dtype, device=device or weight.device)
 
@@ -85,5 +99,7 @@ class EagleHead(nn.Module):
             plan = plan_attention(positions, cache, key_length)
             hidden = self.layers[0](hidden, cos, sin, cache.keys[0], cache.values[0], slots, positions, plan)
         hidden = self.norm(hidden)
+        if self._draft_lm_scales is not None:
+            return ModelOutput(logits=int8_linear(hidden, self._draft_lm_weight, self._draft_lm_scales), hidden=hidden)
         lm_weight = self.lm_head.weight if self._draft_lm_weight is None else self._draft_lm_weight
         return ModelOutput(logits=F.linear(hidden, lm_weight), hidden=hidden)

@@ -139,8 +139,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
 
 
 def load_eagle_head(path: str | Path, target: LlamaForCausalLM, dtype: torch.dtype | None = None,
-                    device: torch.device | str | None = None) -> EagleHead:
-    """Load an EAGLE head that shares ``target``'s embedding and LM head; dtype/device default to the target's."""
+                    device: torch.device | str | None = None, quantization: str | None = None) -> EagleHead:
+    """Load an EAGLE head that shares ``target``'s embedding and LM head; dtype/device default to the target's.
+    ``quantization="int8"`` makes the head's linears and LM head rows weight-only int8 after loading
+    (``EagleHead.quantize_int8``); None keeps the checkpoint's weights in ``dtype``."""
+    if quantization not in (None, "int8"):
+        raise ValueError(f"quantization must be None or 'int8'; got {quantization!r}")
     directory = _checkpoint_dir(path)
     source = str(directory / "config.json")
     config = EagleConfig.from_dict(read_config_json(directory), source)
@@ -169,6 +173,8 @@ def load_eagle_head(path: str | Path, target: LlamaForCausalLM, dtype: torch.dty
         head.set_token_map(token_map, source=weights_source)
     except ValueError as error:
         raise CheckpointError(str(error)) from error
+    if quantization == "int8":
+        head.quantize_int8()
     return head.eval()
 
 

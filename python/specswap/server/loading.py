@@ -45,6 +45,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
     parser.add_argument("--speculative-adaptive-config", default=None,
                         help="adaptive policy JSON (docs/policy.md); needs --speculative-adaptive")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8"],
+                        help="weight-only int8 for the EAGLE head (auto: on CPU in bf16); output is unchanged")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (cache slots)")
     parser.add_argument("--threads", type=int, default=None,
@@ -95,11 +97,12 @@ def _draft_directory(model: str, draft: str | None, algorithm: str) -> Path:
 
 
 def load_models(model: str, draft: str | None = None, speculative_algorithm: str | None = "EAGLE",
-                dtype: str = "auto", device: str = "cpu") -> LoadedModels:
+                dtype: str = "auto", device: str = "cpu", draft_quantization: str = "auto") -> LoadedModels:
     """Load the target (and draft) once. ``speculative_algorithm=None`` picks EAGLE when a head is found, else
-    NGRAM; "NONE" loads no draft."""
+    NGRAM; "NONE" loads no draft. ``draft_quantization``: see ``Engine``."""
     from specswap.engine import resolve_dtype
     from specswap.models import load_draft_model, load_eagle_head, load_model, load_tokenizer
+    from specswap.models.quantize import resolve_draft_quantization
 
     torch_dtype = resolve_dtype(dtype, device)
     algorithm = speculative_algorithm
@@ -114,7 +117,8 @@ def load_models(model: str, draft: str | None = None, speculative_algorithm: str
     target = load_model(target_dir, dtype=torch_dtype, device=device)
     drafter = None
     if algorithm == "EAGLE":
-        drafter = load_eagle_head(draft_dir, target)
+        drafter = load_eagle_head(draft_dir, target, quantization=resolve_draft_quantization(
+            draft_quantization, algorithm, torch_dtype, device))
     elif algorithm == "STANDALONE":
         drafter = load_draft_model(draft_dir, target)
     return LoadedModels(str(model), target, drafter, load_tokenizer(target_dir),
