@@ -188,6 +188,8 @@ class EAGLEWorker:
         self.state: TierState | Any = None
         self._tiers: dict[int, TierState] = {}  # built once per tier, shared by the state the controller keeps
         self.apply_runtime_state(self._tier(speculative_num_steps))
+        if speculative_algorithm == "NGRAM":
+            self._tier(0)  # the plain-decode round that a batch with nothing to look up runs
 
     # ---- AdaptiveSpecWorker protocol -------------------------------------------------------------
 
@@ -374,6 +376,13 @@ class EAGLEWorker:
         if batch == 0:
             return RoundResult([], [], steps)
         round_start = time.perf_counter()  # the round's cost, for the goodput policy
+        proposals = None
+        if self.speculative_algorithm == "NGRAM" and steps:
+            proposals = [propose_ngram(self.host_tokens[slot], steps) for slot in slots]
+            if not any(proposals):
+                # no request's last token occurs earlier: nothing worth verifying, so this round is a plain
+                # decode (tier 0, verify width 1, prebuilt); it tested no tier, so the controller does not see it
+                state, steps = self._tiers[0], 0
         slot_index = torch.tensor(slots, device=self.device)        # [B]
         seq_lens = self.seq_lens[slot_index]                         # [B] m
         key_length = max(self.host_seq_lens[s] for s in slots) + steps  # > every position written this round
@@ -395,7 +404,7 @@ class EAGLEWorker:
         elif self.speculative_algorithm == "STANDALONE":
             self._draft_standalone(state, slot_index, seq_lens, key_length, sampling)
         elif self.speculative_algorithm == "NGRAM":
-            self._draft_ngram(state, slots, with_law=not all_greedy)
+            self._draft_ngram(state, slots, proposals, with_law=not all_greedy)
 
         # verify: [x_{m-1}, d_1..d_k] at positions m-1..m+k-1
         verify_ids = state.verify.input_ids[:batch]                   # [B, k+1]
@@ -439,7 +448,7 @@ class EAGLEWorker:
             self.host_tokens[slot].extend(new_tokens[-1])
             if steps:  # the draft is in step again (tier 0 leaves it behind)
                 self.draft_len[slot] = self.host_seq_lens[slot] - (1 if self.speculative_algorithm == "EAGLE" else 2)
-        if self.controller is not None and self.speculative_algorithm is not None:
+        if self.controller is not None and self.speculative_algorithm is not None and state is self.state:
             # a switch applies from the next round
             self.controller.on_verify_complete(accept_list, time.perf_counter() - round_start, not all_greedy)
         return RoundResult(new_tokens, accept_list, steps)
@@ -548,12 +557,13 @@ class EAGLEWorker:
                 self.draft(input_ids, positions, self.draft_cache, slot_index, key_length=end)
             self.draft_len[slot] = end
 
-    def _draft_ngram(self, state, slots: Sequence[int], with_law: bool) -> None:
-        """Prompt lookup: each request's drafts continue the latest earlier match of its last tokens."""
+    def _draft_ngram(self, state, slots: Sequence[int], proposals: list[list[int]], with_law: bool) -> None:
+        """Prompt lookup: each request's drafts continue the latest earlier match of its last tokens (a request
+        with no match, in a batch where others have one, repeats its last token: it costs no extra width)."""
         batch, steps = len(slots), state.speculative_num_steps
-        proposals = [propose_ngram(self.host_tokens[slot], steps) for slot in slots]
+        rows = [proposal or [self.host_tokens[slot][-1]] * steps for proposal, slot in zip(proposals, slots)]
         draft_tokens = state.draft.draft_tokens[:batch]                        # [B, k]
-        draft_tokens.copy_(torch.tensor(proposals, dtype=torch.long))
+        draft_tokens.copy_(torch.tensor(rows, dtype=torch.long))
         if with_law:
             # a deterministic proposal is a one-hot draft law: accept with prob p(d), else draw from p without d
             draft_probs = state.draft.draft_probs[:batch].zero_()              # [B, k, V]
@@ -580,7 +590,7 @@ def propose_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATC
     """The ``steps`` tokens that followed the latest earlier occurrence of the longest suffix of ``tokens``
     (max_match down to min_match long), copied on over the drafts themselves where the text runs out (an
     overlapping copy, as in LZ77: periodic text continues for as many steps as asked, not for one period);
-    the last token repeated when no suffix occurs earlier."""
+    [] when no suffix occurs earlier (not even the last token): a guess then would only widen the verify."""
     length = len(tokens)
     for size in range(min(max_match, length - 1), min_match - 1, -1):
         suffix = tokens[length - size:]
@@ -590,4 +600,4 @@ def propose_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATC
                 for index in range(start + size, start + size + steps):
                     drafts.append(tokens[index] if index < length else drafts[index - length])
                 return drafts
-    return [tokens[-1]] * steps
+    return []

@@ -174,7 +174,9 @@ def test_greedy_equals_target_only_under_any_switch_pattern(name, prompts, max_n
         return steps
 
     tokens, _, used = run_to_completion(worker, prompts, max_new_tokens, switch=switch)
-    assert used == switched
+    # an NGRAM round with nothing to look up runs as a plain decode (tier 0) whatever the tier
+    assert len(used) == len(switched)
+    assert all(u == s or (algorithm == "NGRAM" and u == 0) for u, s in zip(used, switched)), (used, switched)
     assert tokens == target_only(target, prompts, max_new_tokens)
 
 
@@ -228,8 +230,37 @@ def test_ngram_proposals_continue_the_latest_longest_match():
     assert propose_ngram([7, 1, 2, 9, 5, 2, 1, 2], 2) == [9, 5]        # longest suffix [1, 2] wins over [2]
     assert propose_ngram([1, 2, 9, 1, 2], 4) == [9, 1, 2, 9]          # the copy runs on over its own drafts
     assert propose_ngram([5, 6, 5, 6], 5) == [5, 6, 5, 6, 5]          # periodic text: as many steps as asked
-    assert propose_ngram([1, 2, 3], 2) == [3, 3]                       # no match: repeat the last token
+    assert propose_ngram([1, 2, 3], 2) == []                           # no match: nothing worth verifying
     assert propose_ngram([4, 8, 4, 6, 4], 1) == [6]                    # the latest occurrence
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_ngram_round_with_nothing_to_look_up_is_a_plain_decode_the_controller_does_not_see(graphs):
+    target = random_target(seed=3)
+    # a prompt of 3 distinct tokens whose first new token is a fourth: nothing in it to look up
+    lonely_prompt = next(p for p in ([a, a + 1, a + 2] for a in range(2, 60))
+                         if target_only(target, [p], 1)[0][0] not in p)
+    every_token = list(range(64))  # any new token occurred before: a lookup always matches
+    seen = []
+
+    class Recorder:
+        def on_verify_complete(self, accept_lengths, seconds, sampled):
+            seen.append(list(accept_lengths))
+
+    worker = EAGLEWorker(target, None, "NGRAM", speculative_num_steps=3, max_batch_size=2, max_seq_len=96,
+                         graphs=graphs)
+    worker.controller = Recorder()
+    worker.prefill([0, 1], [lonely_prompt, every_token], [SamplingParams()] * 2)
+    lonely = worker.decode_round([0])
+    assert lonely.speculative_num_steps == 0 and lonely.accept_lengths == [0] and len(lonely.new_tokens[0]) == 1
+    assert seen == []  # it tested no tier: the controller does not see it
+    mixed = worker.decode_round([0, 1])
+    assert mixed.speculative_num_steps == 3 and len(seen) == 1  # one row has a match: the tier runs for both
+    tokens, _, _ = run_to_completion(EAGLEWorker(target, None, "NGRAM", 3, max_batch_size=2, max_seq_len=96,
+                                                 graphs=graphs), [lonely_prompt, every_token], 12)
+    reference, _, _ = run_to_completion(EAGLEWorker(target, None, None, max_batch_size=2, max_seq_len=96),
+                                        [lonely_prompt, every_token], 12)
+    assert tokens == reference
 
 
 def test_bad_worker_arguments_are_named():
