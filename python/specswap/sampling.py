@@ -161,6 +161,59 @@ def accept_draft_tokens(
     return accept_lengths, sample_from_probs(residual, residual_noise)
 
 
+def accept_from_logits(
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    uniforms: torch.Tensor,
+    residual_noise: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``accept_draft_tokens`` for rows without top-k/top-p, straight from the target's logits.
+
+    The same test and the same draws (u < p/q, then argmax(residual / E)), with p = softmax(logits / T) (one-hot
+    at the argmax for T = 0), but the target's law is only built where it is read: p of each draft token through
+    a log-sum-exp per position, and one full row at the position each request stops. On a 262k vocabulary this
+    replaces [B, k+1, V] float tensors (and, for one-hot drafts, a [B, k, V] draft law) by [B, V].
+
+    target_logits: [B, k+1, V]; temperature: [B] (<= 0: greedy row); draft_tokens: [B, k]; draft_probs:
+    [B, k, V] laws the drafts were drawn from, or None for deterministic drafts (one-hot: NGRAM);
+    uniforms: [B, k]; residual_noise: [B, V] Exp(1). Returns (accept_lengths [B], next_tokens [B]).
+    """
+    batch_size, positions, vocab_size = target_logits.shape
+    num_draft = positions - 1
+    rows = torch.arange(batch_size, device=target_logits.device)
+    greedy = (temperature <= 0).unsqueeze(-1)                                                 # [B, 1]
+    scaled = target_logits.float() / torch.where(greedy, 1.0, temperature.float().unsqueeze(-1)).unsqueeze(-1)
+    log_norm = scaled.logsumexp(dim=-1)                                                       # [B, k+1]
+    top = argmax(target_logits) if bool(greedy.any()) else None                               # [B, k+1]
+    if num_draft:
+        index = draft_tokens.unsqueeze(-1)                                                    # [B, k, 1]
+        p_of_draft = (scaled[:, :num_draft].gather(-1, index).squeeze(-1) - log_norm[:, :num_draft]).exp()
+        if top is not None:
+            p_of_draft = torch.where(greedy, (draft_tokens == top[:, :num_draft]).float(), p_of_draft)
+        q_of_draft = 1.0 if draft_probs is None else draft_probs.gather(-1, index).squeeze(-1)  # [B, k]
+        accepted = uniforms * q_of_draft < p_of_draft
+        accept_lengths = accepted.long().cumprod(dim=-1).sum(dim=-1)                          # [B]
+    else:
+        accept_lengths = torch.zeros(batch_size, dtype=torch.long, device=target_logits.device)
+    p_at = (scaled[rows, accept_lengths] - log_norm[rows, accept_lengths].unsqueeze(-1)).exp()  # [B, V]
+    if top is not None:
+        one_hot = torch.zeros_like(p_at).scatter_(-1, top[rows, accept_lengths].unsqueeze(-1), 1.0)
+        p_at = torch.where(greedy, one_hot, p_at)
+    if not num_draft:
+        return accept_lengths, sample_from_probs(p_at, residual_noise)
+    stop = accept_lengths.clamp(max=num_draft - 1)
+    if draft_probs is None:
+        q_at = torch.zeros_like(p_at).scatter_(-1, draft_tokens[rows, stop].unsqueeze(-1), 1.0)
+    else:
+        q_at = draft_probs[rows, stop]                                                        # [B, V]
+    all_accepted = (accept_lengths == num_draft).unsqueeze(-1)
+    residual = torch.where(all_accepted, p_at, (p_at - q_at).clamp(min=0))
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_at)
+    return accept_lengths, sample_from_probs(residual, residual_noise)
+
+
 def accept_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The all-greedy batch shortcut of accept_draft_tokens (same result, no distributions built).
 

@@ -34,8 +34,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_greedy, argmax, logits_to_probs,
-                               sample_from_probs)
+from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy, argmax,
+                               logits_to_probs, sample_from_probs)
 
 __all__ = ["EAGLEWorker", "RoundResult", "TierState", "DraftStage", "VerifyStage", "DraftExtendStage",
            "SPECULATIVE_ALGORITHMS", "propose_ngram"]
@@ -404,7 +404,9 @@ class EAGLEWorker:
         elif self.speculative_algorithm == "STANDALONE":
             self._draft_standalone(state, slot_index, seq_lens, key_length, sampling)
         elif self.speculative_algorithm == "NGRAM":
-            self._draft_ngram(state, slots, proposals, with_law=not all_greedy)
+            # a one-hot draft law is only written out for the filtered path (accept_from_logits needs none)
+            self._draft_ngram(state, slots, proposals,
+                              with_law=not all_greedy and (apply_filters or self.accept_fn is not accept_draft_tokens))
 
         # verify: [x_{m-1}, d_1..d_k] at positions m-1..m+k-1
         verify_ids = state.verify.input_ids[:batch]                   # [B, k+1]
@@ -417,6 +419,11 @@ class EAGLEWorker:
             out = self.target(verify_ids, positions, self.target_cache, slot_index, key_length=key_length)
         if all_greedy:
             accept_lengths, next_tokens = accept_greedy(out.logits, draft_tokens)  # [B], [B]
+        elif not apply_filters and self.accept_fn is accept_draft_tokens:
+            # no top-k/top-p: the same test straight from the logits, building p only where it is read
+            accept_lengths, next_tokens = accept_from_logits(
+                out.logits, temperature, draft_tokens, None if self.speculative_algorithm == "NGRAM" else draft_probs,
+                state.verify.uniforms[:batch], state.verify.residual_noise[:batch])
         else:
             target_probs = logits_to_probs(
                 out.logits.reshape(batch * (steps + 1), -1), temperature.repeat_interleave(steps + 1),
@@ -464,11 +471,14 @@ class EAGLEWorker:
         if not sampling_rows:
             return
         batch = len(slots)
-        draft.draft_noise[:batch].fill_(1.0)
+        drafts_sample = steps and self.speculative_algorithm != "NGRAM"  # NGRAM's drafts are not drawn
+        if drafts_sample:
+            draft.draft_noise[:batch].fill_(1.0)
         verify.residual_noise[:batch].fill_(1.0)
         for row, generator in sampling_rows:
             if steps:
-                draft.draft_noise[row].exponential_(generator=generator)
+                if drafts_sample:
+                    draft.draft_noise[row].exponential_(generator=generator)
                 verify.uniforms[row].uniform_(generator=generator)
             verify.residual_noise[row].exponential_(generator=generator)
 

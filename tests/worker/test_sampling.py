@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_greedy, logits_to_probs,
-                               sample_from_probs)
+from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy,
+                               logits_to_probs, sample_from_probs)
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -137,6 +137,34 @@ def test_first_emitted_token_follows_target_and_biased_verifier_fails(accept_fn,
     _, counts = _emitted_pairs(p.expand(k + 1, 6), q.expand(k, 6), 40000, seed=0, accept_fn=accept_fn)
     pvalue = chi_square_pvalue(counts, p)
     assert (pvalue > 1e-3) == should_match, pvalue
+
+
+@pytest.mark.parametrize("one_hot_drafts", [False, True])
+@pytest.mark.parametrize("steps", [0, 1, 3])
+def test_accept_from_logits_takes_the_same_decisions_as_the_full_law(one_hot_drafts, steps):
+    # same logits, noise and uniforms: the sparse path must accept and emit exactly what the full path does
+    gen = torch.Generator().manual_seed(steps + 10 * one_hot_drafts)
+    batch, vocab = 64, 50
+    logits = torch.randn(batch, steps + 1, vocab, generator=gen) * 2
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.5] * (batch // 4))  # greedy rows mixed in
+    drafts = torch.randint(0, vocab, (batch, steps), generator=gen)
+    # make a good share of drafts the target's favourite, so long acceptances happen too
+    favourite = logits[:, :steps].argmax(-1)
+    drafts = torch.where(torch.rand(batch, steps, generator=gen) < 0.6, favourite, drafts)
+    if one_hot_drafts:
+        draft_probs = torch.zeros(batch, steps, vocab).scatter_(-1, drafts.unsqueeze(-1), 1.0)
+    else:
+        draft_probs = torch.softmax(torch.randn(batch, steps, vocab, generator=gen), -1)
+    uniforms = torch.rand(batch, steps, generator=gen)
+    noise = torch.empty(batch, vocab).exponential_(generator=gen)
+    n = batch * (steps + 1)
+    full = logits_to_probs(logits.reshape(n, vocab), temperature.repeat_interleave(steps + 1),
+                           torch.zeros(n, dtype=torch.long), torch.ones(n), apply_filters=False)
+    expected = accept_draft_tokens(full.view(batch, steps + 1, vocab), draft_probs, drafts, uniforms, noise)
+    got = accept_from_logits(logits, temperature, drafts, None if one_hot_drafts else draft_probs, uniforms, noise)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    if steps:
+        assert 0 < int((expected[0] > 0).sum()) and int((expected[0] == 0).sum()) > 0  # both paths exercised
 
 
 def test_sampling_params_reject_bad_values_by_name():
