@@ -19,13 +19,13 @@ import torch
 
 
 def build(model, steps: int, batch: int, graphs: bool, dtype: torch.dtype, max_seq_len: int, device: str,
-          draft=None):
+          draft=None, round_graphs: bool | None = None):
     """An engine over a model name, or over an already loaded target and draft (``model``, ``draft``)."""
     from specswap.engine import Engine
 
     engine = Engine(model, draft, speculative_algorithm="EAGLE", speculative_num_steps=steps, dtype=dtype,
                     max_batch_size=max(batch, 1), max_seq_len=max_seq_len, device=device,
-                    disable_graphs=not graphs)
+                    disable_graphs=not graphs, round_graphs=round_graphs if graphs else None)
     return engine
 
 
@@ -61,7 +61,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bursts", type=int, default=40,
                         help="alternate eager/graph this many times, so both see the same machine load")
+    parser.add_argument("--round-graphs", choices=["auto", "on", "off"], default="auto",
+                        help="whole greedy rounds as one graph (auto: on for targets up to 50M parameters); "
+                             "off: stage graphs only")
     args = parser.parse_args()
+    round_graphs = {"auto": None, "on": True, "off": False}[args.round_graphs]
     torch.set_num_threads(args.threads)
     from specswap.graphs import capture_count
 
@@ -73,7 +77,7 @@ def main() -> None:
             # the same loaded weights for both, as in one deployment (two copies would compete for the cache)
             before, start = capture_count(), time.perf_counter()
             graphed = build(eager.target, steps, batch, True, args.dtype, args.max_seq_len, args.device,
-                            draft=eager.draft)
+                            draft=eager.draft, round_graphs=round_graphs)
             capture_seconds, captures = time.perf_counter() - start, capture_count() - before
             memory = graphed.worker.tier_memory_bytes()
             tier_mb = memory.get(steps, 0) / 2**20

@@ -26,6 +26,7 @@ const char* stage_name(Stage stage) {
     case Stage::kDraft: return "draft";
     case Stage::kVerify: return "verify";
     case Stage::kDraftExtend: return "draft_extend";
+    case Stage::kRound: return "round";
   }
   return "?";
 }
@@ -34,7 +35,8 @@ Stage stage_from_name(const std::string& name) {
   if (name == "draft") return Stage::kDraft;
   if (name == "verify") return Stage::kVerify;
   if (name == "draft_extend") return Stage::kDraftExtend;
-  throw std::invalid_argument("unknown stage '" + name + "'; valid: draft, verify, draft_extend");
+  if (name == "round") return Stage::kRound;
+  throw std::invalid_argument("unknown stage '" + name + "'; valid: draft, verify, draft_extend, round");
 }
 
 GraphPool::GraphPool(c10::Device device) : device_(device) {}

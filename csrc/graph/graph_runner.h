@@ -19,7 +19,8 @@
 
 namespace specswap::graph {
 
-enum class Stage : int { kDraft = 0, kVerify = 1, kDraftExtend = 2 };
+// kRound: a whole greedy decode round (drafts, verify, acceptance, draft-extend) in one runner
+enum class Stage : int { kDraft = 0, kVerify = 1, kDraftExtend = 2, kRound = 3 };
 const char* stage_name(Stage stage);
 Stage stage_from_name(const std::string& name);
 

@@ -146,14 +146,16 @@ class Engine:
     stage graphs captured at start-up. ``draft_quantization`` ("auto", "none", "int8"): weight-only int8 for the
     EAGLE head ("auto": on CPU in bf16, where a head step is bound by reading its weights); the output is the
     target's either way, only the acceptance can move. A built head is quantized, in place, only when "int8" is
-    named.
+    named. ``round_graphs`` (None = auto: on for targets up to 50M parameters) also captures each tier's whole
+    greedy round as one graph (docs/graphs.md).
     """
 
     def __init__(self, model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",
                  speculative_num_steps: int = 3, speculative_adaptive: bool = False,
                  speculative_adaptive_config: Any = None, device: str | torch.device = "cpu",
                  dtype: str | torch.dtype = "auto", max_batch_size: int = 8, max_seq_len: int | None = None,
-                 tokenizer: Any = None, disable_graphs: bool = False, draft_quantization: str = "auto"):
+                 tokenizer: Any = None, disable_graphs: bool = False, draft_quantization: str = "auto",
+                 round_graphs: bool | None = None):
         if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
                              f"valid: {SPECULATIVE_ALGORITHMS}")
@@ -186,7 +188,8 @@ class Engine:
         tiers = tuple(adaptive_config.candidate_steps) if adaptive_config is not None else ()
         # graphs: every stage of every tier captured once here (specswap.graphs); disable_graphs runs eagerly
         self.worker = EAGLEWorker(target, draft, speculative_algorithm, speculative_num_steps, max_batch_size,
-                                  max_seq_len, tiers=tiers, graphs=not disable_graphs)
+                                  max_seq_len, tiers=tiers, graphs=not disable_graphs,
+                                  round_graphs=None if disable_graphs else round_graphs)
         if speculative_adaptive:
             from specswap.controller import AdaptiveController
             self.controller = AdaptiveController(self.worker, adaptive_config)

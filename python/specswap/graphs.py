@@ -171,6 +171,79 @@ class StageGraphs:
         return sum(runner.memory_bytes() for runner in self.runners.values())
 
 
+class RoundGraphs:
+    """A whole greedy decode round of one tier, captured per (batch bucket, key-length bucket).
+
+    ``body(slot_index, key_length) -> (accept_lengths, next_tokens)`` is the worker's round on tensors with the
+    models called directly (drafts, verify, acceptance, draft-extend, commit); recorded once per bucket, it
+    replays as one tape, so the Python and dispatch between the stages' kernels (a tenth of a round on the
+    tiny pair) is gone too. Only the slot list changes between replays; everything else the round reads
+    (tokens, lengths, the head's last output) lives in the worker's per-slot tensors, which the tape holds by
+    reference. Padded rows run on the scratch slot, whose committed length is reset to 1 before each replay so
+    its writes stay inside the bucket. Sampling rounds keep to the stage graphs (their random draws are
+    drawn per request on the host).
+    """
+
+    def __init__(self, context: GraphContext, speculative_num_steps: int, body, seq_lens: torch.Tensor):
+        self.context = context
+        self.speculative_num_steps = speculative_num_steps
+        self.body = body
+        self.seq_lens = seq_lens  # the worker's [S + 1] committed lengths (row S: scratch)
+        self.runners: dict[tuple[int, int], _C.GraphRunner] = {}
+        self.buffers: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self.device = seq_lens.device
+
+    def capture(self) -> None:
+        tokens = self.speculative_num_steps + 1
+        for batch in self.context.batch_buckets:
+            for key_length in self.context.key_buckets:
+                if key_length < tokens:
+                    continue
+                self.runners[(batch, key_length)] = self._capture_one(batch, key_length)
+                runner = self.runners[(batch, key_length)]
+                self.buffers[(batch, key_length)] = {name: runner.buffer(name) for name in runner.buffer_names()}
+
+    @torch.inference_mode()
+    def _capture_one(self, batch: int, key_length: int) -> _C.GraphRunner:
+        runner = _C.GraphRunner("round", self.speculative_num_steps, batch, self.context.pool)
+        long = dict(dtype=torch.long, device=self.device)
+        slots = torch.full((batch,), self.context.scratch_slot, **long)
+        accept_lengths, next_tokens = torch.zeros(batch, **long), torch.zeros(batch, **long)
+        for name, tensor in (("slots", slots), ("accept_lengths", accept_lengths), ("next_tokens", next_tokens)):
+            runner.set_buffer(name, tensor)
+
+        def body():
+            accepted, following = self.body(slots, key_length)
+            accept_lengths.copy_(accepted)
+            next_tokens.copy_(following)
+
+        self.seq_lens[self.context.scratch_slot] = 1
+        runner.capture(body)
+        return runner
+
+    def __call__(self, slots: Sequence[int], key_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the round for these cache rows; returns views (accept_lengths [B], next_tokens [B]) valid until
+        the next replay of the same bucket."""
+        batch = len(slots)
+        batches, keys = self.context.batch_buckets, self.context.key_buckets
+        b = bisect.bisect_left(batches, batch)
+        k = bisect.bisect_left(keys, max(key_length, self.speculative_num_steps + 1))
+        if b == len(batches) or k == len(keys):
+            raise ValueError(f"round graphs cover batch <= {batches[-1]} and key_length <= {keys[-1]}; "
+                             f"got batch {batch}, key_length {key_length}")
+        key = (batches[b], keys[k])
+        buffers = self.buffers[key]
+        if batches[b] > batch:
+            buffers["slots"][batch:].fill_(self.context.scratch_slot)
+            self.seq_lens[self.context.scratch_slot] = 1
+        buffers["slots"][:batch] = torch.tensor(slots, dtype=torch.long)
+        self.runners[key].replay()
+        return buffers["accept_lengths"][:batch], buffers["next_tokens"][:batch]
+
+    def memory_bytes(self) -> int:
+        return sum(runner.memory_bytes() for runner in self.runners.values())
+
+
 def capture_count() -> int:
     """Graph captures so far in this process (all backends)."""
     return _C.graph_capture_count()

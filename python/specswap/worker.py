@@ -44,6 +44,9 @@ SPECULATIVE_ALGORITHMS = ("EAGLE", "STANDALONE", "NGRAM", None)
 # NGRAM (prompt lookup): the longest suffix of this length range that occurred before proposes what followed it
 NGRAM_MAX_MATCH = 4
 NGRAM_MIN_MATCH = 1
+# graph mode captures whole greedy rounds (RoundGraphs) for targets up to this size by default: there a round
+# is a few ms and its Python glue a tenth of it; past it a round is memory-bound and capture costs seconds
+ROUND_GRAPH_MAX_PARAMS = 50_000_000
 
 
 @dataclass
@@ -104,11 +107,14 @@ class EAGLEWorker:
     looked up in the request's own prompt and output (a one-hot draft law), with speculative_algorithm None
     it decodes target-only, one token per round. Caches hold max_seq_len plus room for the largest tier in
     ``tiers`` (never just the active one), so switching up can never overflow them.
+    ``graphs``: replay each stage from graphs captured per tier at start-up; ``round_graphs`` (graph mode
+    only; None = auto, on for targets up to ROUND_GRAPH_MAX_PARAMS) also captures each tier's whole greedy
+    round (``specswap.graphs.RoundGraphs``), which greedy batches then replay as one tape.
     """
 
     def __init__(self, target, draft=None, speculative_algorithm: str | None = "EAGLE",
                  speculative_num_steps: int = 3, max_batch_size: int = 8, max_seq_len: int = 512,
-                 tiers: Sequence[int] = (), graphs: bool = False):
+                 tiers: Sequence[int] = (), graphs: bool = False, round_graphs: bool | None = None):
         if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
                              f"valid: {SPECULATIVE_ALGORITHMS}")
@@ -143,6 +149,12 @@ class EAGLEWorker:
         self.cache_capacity = max_seq_len + self.max_steps + 1
         # graph mode: one extra cache row that padded batch rows write into
         cache_rows = max_batch_size + 1 if graphs else max_batch_size
+        if round_graphs is None:  # auto: where a round is short enough for its Python to matter
+            round_graphs = graphs and sum(p.numel() for p in target.parameters()) <= ROUND_GRAPH_MAX_PARAMS
+        if round_graphs and not graphs:
+            raise ValueError("round_graphs=True needs graphs=True")
+        self.round_graphs_enabled = bool(round_graphs)
+        self._round_graphs: dict[int, Any] = {}  # tier -> RoundGraphs (greedy rounds, graph mode)
         self.target_cache = target.make_cache(cache_rows, self.cache_capacity)
         self.draft_cache = draft.make_cache(cache_rows, self.cache_capacity) if draft is not None else None
         self.graph_context = None
@@ -157,17 +169,19 @@ class EAGLEWorker:
 
         # Per-slot request state, indexed by cache row.
         long = dict(dtype=torch.long, device=self.device)
-        self.seq_lens = torch.zeros(max_batch_size, **long)     # [S] m: committed tokens
-        self.last_tokens = torch.zeros(max_batch_size, **long)  # [S] x_{m-1}
-        self.prev_tokens = torch.zeros(max_batch_size, **long)  # [S] x_{m-2} (standalone step 1)
-        self.temperature = torch.zeros(max_batch_size, device=self.device)
-        self.top_p = torch.ones(max_batch_size, device=self.device)
-        self.top_k = torch.zeros(max_batch_size, **long)
+        # in graph mode per-slot state has the scratch row too: a round graph's padded rows read and write it
+        slot_rows = cache_rows
+        self.seq_lens = torch.zeros(slot_rows, **long)     # [S] m: committed tokens
+        self.last_tokens = torch.zeros(slot_rows, **long)  # [S] x_{m-1}
+        self.prev_tokens = torch.zeros(slot_rows, **long)  # [S] x_{m-2} (standalone step 1)
+        self.temperature = torch.zeros(slot_rows, device=self.device)
+        self.top_p = torch.ones(slot_rows, device=self.device)
+        self.top_k = torch.zeros(slot_rows, **long)
         if speculative_algorithm == "EAGLE":
             hidden_size = target.config.hidden_size
-            self.next_draft_logits = torch.zeros(max_batch_size, self.draft_vocab_size, dtype=target.dtype,
+            self.next_draft_logits = torch.zeros(slot_rows, self.draft_vocab_size, dtype=target.dtype,
                                                  device=self.device)  # [S, Vd] head output at m-2
-            self.next_draft_hidden = torch.zeros(max_batch_size, hidden_size, dtype=target.dtype,
+            self.next_draft_hidden = torch.zeros(slot_rows, hidden_size, dtype=target.dtype,
                                                  device=self.device)  # [S, H]
         self.host_seq_lens = [0] * max_batch_size
         self.host_tokens: list[list[int]] = [[] for _ in range(max_batch_size)]  # prompt + output: x_0..x_{m-1}
@@ -175,7 +189,7 @@ class EAGLEWorker:
         self.draft_len = [0] * max_batch_size
         if speculative_algorithm == "EAGLE" and 0 in (speculative_num_steps, *tiers):
             # f_{m-1} of tier-0 rounds, for the catch-up: [S, capacity, H] (only when tier 0 is a candidate)
-            self.tier0_features = torch.zeros(max_batch_size, self.cache_capacity, target.config.hidden_size,
+            self.tier0_features = torch.zeros(slot_rows, self.cache_capacity, target.config.hidden_size,
                                               dtype=target.dtype, device=self.device)
         self.params: list[SamplingParams | None] = [None] * max_batch_size
         self.generators: list[torch.Generator | None] = [None] * max_batch_size
@@ -240,9 +254,18 @@ class EAGLEWorker:
             residual_noise=self._residual_noise,
         )
         extend = DraftExtendStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device))
+        tier = TierState(steps, steps + 1, draft, verify, extend)
         if self.graph_context is not None:
             self._capture_tier(steps, draft, verify, extend)
-        return TierState(steps, steps + 1, draft, verify, extend)
+            if self.round_graphs_enabled:
+                from specswap.graphs import RoundGraphs
+
+                self._round_graphs[steps] = RoundGraphs(
+                    self.graph_context, steps, lambda slot_index, key_length: self._round_tensors(
+                        tier, slot_index, key_length, None, eager=True),
+                    self.seq_lens)
+                self._round_graphs[steps].capture()
+        return tier
 
     def _capture_tier(self, steps: int, draft: DraftStage, verify: VerifyStage, extend: DraftExtendStage) -> None:
         """Capture this tier's verify and draft-extend forwards (and, once for all tiers, the draft steps)."""
@@ -274,7 +297,7 @@ class EAGLEWorker:
         for steps, tier in self._tiers.items():
             nbytes = sum(t.numel() * t.element_size() for t in (tier.draft.draft_tokens, tier.verify.input_ids,
                                                                 tier.verify.uniforms, tier.draft_extend.input_ids))
-            for graphs in (tier.verify.graphs, tier.draft_extend.graphs):
+            for graphs in (tier.verify.graphs, tier.draft_extend.graphs, self._round_graphs.get(steps)):
                 nbytes += graphs.memory_bytes() if graphs is not None else 0
             out[steps] = nbytes
         if self._draft_step_graphs:
@@ -383,66 +406,27 @@ class EAGLEWorker:
                 # no request's last token occurs earlier: nothing worth verifying, so this round is a plain
                 # decode (tier 0, verify width 1, prebuilt); it tested no tier, so the controller does not see it
                 state, steps = self._tiers[0], 0
-        slot_index = torch.tensor(slots, device=self.device)        # [B]
-        seq_lens = self.seq_lens[slot_index]                         # [B] m
         key_length = max(self.host_seq_lens[s] for s in slots) + steps  # > every position written this round
-        temperature, top_k, top_p = self.temperature[slot_index], self.top_k[slot_index], self.top_p[slot_index]
         apply_filters = any(self.params[s].needs_filter for s in slots)
         # an all-greedy batch skips building distributions: argmax in, argmax out (same tokens)
         all_greedy = all(self.params[s].greedy for s in slots)
-        self._draw_noise(state, slots)
-
-        draft_tokens = state.draft.draft_tokens[:batch]   # [B, k]
-        draft_probs = state.draft.draft_probs[:batch]     # [B, k, V]
-        sampling = None if all_greedy else (temperature, top_k, top_p, apply_filters)
         if steps and self.draft is not None:
             self._catch_up(slots)
-        if not steps:
-            pass  # tier 0: no draft work at all
-        elif self.speculative_algorithm == "EAGLE":
-            self._draft_eagle(state, slot_index, seq_lens, key_length, sampling)
-        elif self.speculative_algorithm == "STANDALONE":
-            self._draft_standalone(state, slot_index, seq_lens, key_length, sampling)
-        elif self.speculative_algorithm == "NGRAM":
+        if proposals is not None and steps:
             # a one-hot draft law is only written out for the filtered path (accept_from_logits needs none)
             self._draft_ngram(state, slots, proposals,
                               with_law=not all_greedy and (apply_filters or self.accept_fn is not accept_draft_tokens))
-
-        # verify: [x_{m-1}, d_1..d_k] at positions m-1..m+k-1
-        verify_ids = state.verify.input_ids[:batch]                   # [B, k+1]
-        verify_ids[:, 0] = self.last_tokens[slot_index]
-        verify_ids[:, 1:] = draft_tokens
-        positions = (seq_lens - 1).unsqueeze(-1) + state.verify.offsets  # [B, k+1]
-        if state.verify.graphs is not None:
-            out = state.verify.graphs(verify_ids, positions, slot_index, key_length)
+        round_graphs = self._round_graphs.get(steps) if all_greedy else None
+        if round_graphs is not None:
+            # the whole round replayed from one tape: drafts, verify, acceptance, draft-extend, commit
+            accept_lengths, next_tokens = round_graphs(slots, key_length)
         else:
-            out = self.target(verify_ids, positions, self.target_cache, slot_index, key_length=key_length)
-        if all_greedy:
-            accept_lengths, next_tokens = accept_greedy(out.logits, draft_tokens)  # [B], [B]
-        elif not apply_filters and self.accept_fn is accept_draft_tokens:
-            # no top-k/top-p: the same test straight from the logits, building p only where it is read
-            accept_lengths, next_tokens = accept_from_logits(
-                out.logits, temperature, draft_tokens, None if self.speculative_algorithm == "NGRAM" else draft_probs,
-                state.verify.uniforms[:batch], state.verify.residual_noise[:batch])
-        else:
-            target_probs = logits_to_probs(
-                out.logits.reshape(batch * (steps + 1), -1), temperature.repeat_interleave(steps + 1),
-                top_k.repeat_interleave(steps + 1), top_p.repeat_interleave(steps + 1), apply_filters,
-            ).view(batch, steps + 1, -1)                                   # [B, k+1, V]
-            accept_lengths, next_tokens = self.accept_fn(
-                target_probs, draft_probs, draft_tokens, state.verify.uniforms[:batch],
-                state.verify.residual_noise[:batch])                       # [B], [B]
-
-        if self.speculative_algorithm == "EAGLE":
-            if steps:
-                self._draft_extend(state, slot_index, positions, out.hidden, accept_lengths, next_tokens, key_length)
-            else:  # keep f_{m-1} for the catch-up
-                self.tier0_features[slot_index, seq_lens - 1] = out.hidden[:, 0]
-
-        # commit: m += a + 1; the rejected tail is forgotten, not erased
-        self.seq_lens[slot_index] = seq_lens + accept_lengths + 1
-        self.prev_tokens[slot_index] = verify_ids.gather(1, accept_lengths.unsqueeze(-1)).squeeze(-1)
-        self.last_tokens[slot_index] = next_tokens
+            slot_index = torch.tensor(slots, device=self.device)        # [B]
+            self._draw_noise(state, slots)
+            sampling = None if all_greedy else (self.temperature[slot_index], self.top_k[slot_index],
+                                                self.top_p[slot_index], apply_filters)
+            accept_lengths, next_tokens = self._round_tensors(state, slot_index, key_length, sampling)
+        draft_tokens = state.draft.draft_tokens[:batch]
 
         accept_list = accept_lengths.tolist()  # the round's one host sync
         draft_list = draft_tokens.tolist()
@@ -459,6 +443,63 @@ class EAGLEWorker:
             # a switch applies from the next round
             self.controller.on_verify_complete(accept_list, time.perf_counter() - round_start, not all_greedy)
         return RoundResult(new_tokens, accept_list, steps)
+
+    def _round_tensors(self, state, slot_index: torch.Tensor, key_length: int, sampling,
+                       eager: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The round on tensors, no host sync: drafts (EAGLE / STANDALONE; NGRAM's are already in place), verify,
+        acceptance, draft-extend and the commit of seq_lens / last / previous tokens. Returns (accept_lengths [B],
+        next_tokens [B]). ``sampling``: None for an all-greedy batch, else (temperature, top_k, top_p,
+        apply_filters) per row. ``eager``: call the models directly even where stage graphs exist (how a round
+        graph records the round)."""
+        batch, steps = slot_index.shape[0], state.speculative_num_steps
+        seq_lens = self.seq_lens[slot_index]                         # [B] m
+        draft_tokens = state.draft.draft_tokens[:batch]   # [B, k]
+        draft_probs = state.draft.draft_probs[:batch]     # [B, k, V]
+        if steps and self.speculative_algorithm == "EAGLE":
+            self._draft_eagle(state, slot_index, seq_lens, key_length, sampling, eager)
+        elif steps and self.speculative_algorithm == "STANDALONE":
+            self._draft_standalone(state, slot_index, seq_lens, key_length, sampling, eager)
+
+        # verify: [x_{m-1}, d_1..d_k] at positions m-1..m+k-1
+        verify_ids = state.verify.input_ids[:batch]                   # [B, k+1]
+        verify_ids[:, 0] = self.last_tokens[slot_index]
+        verify_ids[:, 1:] = draft_tokens
+        positions = (seq_lens - 1).unsqueeze(-1) + state.verify.offsets  # [B, k+1]
+        if state.verify.graphs is not None and not eager:
+            out = state.verify.graphs(verify_ids, positions, slot_index, key_length)
+        else:
+            out = self.target(verify_ids, positions, self.target_cache, slot_index, key_length=key_length)
+        if sampling is None:
+            accept_lengths, next_tokens = accept_greedy(out.logits, draft_tokens)  # [B], [B]
+        else:
+            temperature, top_k, top_p, apply_filters = sampling
+            if not apply_filters and self.accept_fn is accept_draft_tokens:
+                # no top-k/top-p: the same test straight from the logits, building p only where it is read
+                accept_lengths, next_tokens = accept_from_logits(
+                    out.logits, temperature, draft_tokens,
+                    None if self.speculative_algorithm == "NGRAM" else draft_probs,
+                    state.verify.uniforms[:batch], state.verify.residual_noise[:batch])
+            else:
+                target_probs = logits_to_probs(
+                    out.logits.reshape(batch * (steps + 1), -1), temperature.repeat_interleave(steps + 1),
+                    top_k.repeat_interleave(steps + 1), top_p.repeat_interleave(steps + 1), apply_filters,
+                ).view(batch, steps + 1, -1)                                   # [B, k+1, V]
+                accept_lengths, next_tokens = self.accept_fn(
+                    target_probs, draft_probs, draft_tokens, state.verify.uniforms[:batch],
+                    state.verify.residual_noise[:batch])                       # [B], [B]
+
+        if self.speculative_algorithm == "EAGLE":
+            if steps:
+                self._draft_extend(state, slot_index, positions, out.hidden, accept_lengths, next_tokens, key_length,
+                                   eager)
+            else:  # keep f_{m-1} for the catch-up
+                self.tier0_features[slot_index, seq_lens - 1] = out.hidden[:, 0]
+
+        # commit: m += a + 1; the rejected tail is forgotten, not erased
+        self.seq_lens[slot_index] = seq_lens + accept_lengths + 1
+        self.prev_tokens[slot_index] = verify_ids.gather(1, accept_lengths.unsqueeze(-1)).squeeze(-1)
+        self.last_tokens[slot_index] = next_tokens
+        return accept_lengths, next_tokens
 
     def _draw_noise(self, state, slots: Sequence[int]) -> None:
         """Fill this round's random draws from each sampling request's own generator (ones for greedy rows).
@@ -506,7 +547,7 @@ class EAGLEWorker:
         state.draft.draft_tokens[:batch, step] = tokens
         return tokens
 
-    def _draft_eagle(self, state, slot_index, seq_lens, key_length, sampling):
+    def _draft_eagle(self, state, slot_index, seq_lens, key_length, sampling, eager=False):
         steps = state.speculative_num_steps
         logits = self.next_draft_logits[slot_index]  # [B, Vd] head output at m-2: the law of d_1
         hidden = self.next_draft_hidden[slot_index]  # [B, H]
@@ -515,7 +556,7 @@ class EAGLEWorker:
             if step + 1 < steps:
                 # head position m-1+step consumes (d_{step+1}, its own previous hidden)
                 positions = (seq_lens - 1 + step).unsqueeze(-1)  # [B, 1]
-                if state.draft.graphs is not None:
+                if state.draft.graphs is not None and not eager:
                     out = state.draft.graphs[1](tokens.unsqueeze(-1), positions, slot_index, key_length,
                                                 hidden.unsqueeze(1))
                 else:
@@ -523,12 +564,12 @@ class EAGLEWorker:
                                      slot_index, key_length=key_length)
                 logits, hidden = out.logits[:, 0], out.hidden[:, 0]
 
-    def _draft_standalone(self, state, slot_index, seq_lens, key_length, sampling):
+    def _draft_standalone(self, state, slot_index, seq_lens, key_length, sampling, eager=False):
         steps = state.speculative_num_steps
         # step 1: [x_{m-2}, x_{m-1}] at m-2, m-1
         input_ids = torch.stack((self.prev_tokens[slot_index], self.last_tokens[slot_index]), dim=-1)  # [B, 2]
         positions = (seq_lens - 2).unsqueeze(-1) + torch.arange(2, device=self.device)                   # [B, 2]
-        graphs = state.draft.graphs
+        graphs = None if eager else state.draft.graphs
         if graphs is not None:
             out = graphs[2](input_ids, positions, slot_index, key_length)
         else:
@@ -579,13 +620,14 @@ class EAGLEWorker:
             draft_probs = state.draft.draft_probs[:batch].zero_()              # [B, k, V]
             draft_probs.scatter_(-1, draft_tokens.unsqueeze(-1), 1.0)
 
-    def _draft_extend(self, state, slot_index, positions, target_hidden, accept_lengths, next_tokens, key_length):
+    def _draft_extend(self, state, slot_index, positions, target_hidden, accept_lengths, next_tokens, key_length,
+                      eager=False):
         """Head over [d_1..d_a, b] with target features f_{m-1}..f_{m+a-1}; keep its output at index a."""
         batch, steps = positions.shape[0], state.speculative_num_steps
         input_ids = state.draft_extend.input_ids[:batch]  # [B, k+1]
         input_ids[:, :steps] = state.draft.draft_tokens[:batch]
         input_ids.scatter_(1, accept_lengths.unsqueeze(-1), next_tokens.unsqueeze(-1))
-        if state.draft_extend.graphs is not None:
+        if state.draft_extend.graphs is not None and not eager:
             out = state.draft_extend.graphs(input_ids, positions, slot_index, key_length, target_hidden)
         else:
             out = self.draft(input_ids, target_hidden, positions, self.draft_cache, slot_index,

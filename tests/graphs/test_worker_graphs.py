@@ -74,3 +74,67 @@ def test_graph_mode_sampling_runs_and_is_seeded():
                 out[row].extend(new)
         return out
     assert run() == run()
+
+
+def _worker_with(algorithm, steps, round_graphs, tiers=(), max_batch_size=4):
+    target = random_target(seed=0)
+    draft = random_eagle_head(target) if algorithm == "EAGLE" else target if algorithm == "STANDALONE" else None
+    return EAGLEWorker(target, draft, algorithm, steps, max_batch_size=max_batch_size, max_seq_len=96, tiers=tiers,
+                       graphs=True, round_graphs=round_graphs)
+
+
+@pytest.mark.parametrize("algorithm, steps", [("EAGLE", 1), ("EAGLE", 3), ("STANDALONE", 2), ("NGRAM", 3),
+                                              (None, 0)])
+def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(algorithm, steps):
+    # 3 requests in a bucket of 4: the padded row runs on the scratch slot and must disturb nothing
+    stage_only, _, _ = run_to_completion(_worker_with(algorithm, steps, round_graphs=False), PROMPTS, 20)
+    worker = _worker_with(algorithm, steps, round_graphs=True)
+    assert set(worker._round_graphs) >= {steps}
+    replays = []
+    for tier, graphs in list(worker._round_graphs.items()):
+        def counted(slots, key_length, graphs=graphs):
+            replays.append(len(slots))
+            return graphs(slots, key_length)
+
+        worker._round_graphs[tier] = counted
+
+    def no_stage_replay(*args, **kwargs):
+        raise AssertionError("a greedy round replayed a stage graph instead of its round graph")
+
+    for tier in worker._tiers.values():  # greedy rounds must not touch the stage graphs at all
+        tier.verify.graphs = no_stage_replay
+        tier.draft_extend.graphs = no_stage_replay if tier.draft_extend.graphs is not None else None
+    if worker._draft_step_graphs:
+        worker._draft_step_graphs = {width: no_stage_replay for width in worker._draft_step_graphs}
+        for tier in worker._tiers.values():
+            tier.draft.graphs = worker._draft_step_graphs
+    tokens, _, _ = run_to_completion(worker, PROMPTS, 20)
+    reference, _, _ = run_to_completion(_worker(None, 0, graphs=False), PROMPTS, 20)
+    assert tokens == stage_only == reference
+    assert replays and max(replays) == 3
+
+
+def test_round_graphs_follow_tier_switches_and_report_memory():
+    worker = _worker_with("EAGLE", 3, round_graphs=True, tiers=(1, 3, 7))
+    controller = AdaptiveController(worker, {"candidate_steps": [1, 3, 7], "ema_alpha": 1.0,
+                                             "warmup_batches": 0, "update_interval": 1})
+    worker.controller = controller
+    controller.init_states()
+    assert set(worker._round_graphs) == {1, 3, 7}
+    captured = capture_count()
+    tokens, _, tiers = run_to_completion(worker, PROMPTS, 24)
+    assert capture_count() == captured
+    reference, _, _ = run_to_completion(_worker(None, 0, graphs=False), PROMPTS, 24)
+    assert tokens == reference
+    with_rounds = worker.tier_memory_bytes()
+    without = _worker_with("EAGLE", 3, round_graphs=False, tiers=(1, 3, 7))
+    AdaptiveController(without, {"candidate_steps": [1, 3, 7]}).init_states()
+    assert all(with_rounds[t] > without.tier_memory_bytes()[t] for t in (1, 3, 7))
+
+
+def test_round_graphs_need_graph_mode_and_default_to_small_targets():
+    target = random_target(seed=0)
+    with pytest.raises(ValueError, match="needs graphs=True"):
+        EAGLEWorker(target, None, None, graphs=False, round_graphs=True)
+    assert EAGLEWorker(target, None, None, max_seq_len=32, graphs=True).round_graphs_enabled
+    assert not EAGLEWorker(target, None, None, max_seq_len=32, graphs=False).round_graphs_enabled
