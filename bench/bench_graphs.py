@@ -4,8 +4,8 @@
 
 Reports the median wall time (and thread CPU time, steadier on a shared
 machine) per decode round for each tier and batch, eager and graphed, and
-their ratio; plus the start-up capture time and the memory each tier's
-graphs add. Greedy, fp32 by default. Both engines run the same loaded
+their ratio (and, where round graphs are on, the ratio with stage graphs
+only); plus the start-up capture time and the memory each tier's graphs add. Greedy, fp32 by default. Both engines run the same loaded
 weights; their rounds alternate in short bursts.
 """
 
@@ -70,31 +70,38 @@ def main() -> None:
     from specswap.graphs import capture_count
 
     print(f"{'tier':>4} {'batch':>5} {'eager ms':>9} {'graph ms':>9} {'ratio':>6}  {'eager cpu':>9} {'graph cpu':>9} "
-          f"{'ratio':>6}  {'capture s':>9} {'captures':>8} {'tier MB':>7}")
+          f"{'ratio':>6}  {'stage-only cpu ratio':>20}  {'capture s':>9} {'captures':>8} {'tier MB':>7}")
     for steps in args.steps:
         for batch in args.batch:
             eager = build(args.model, steps, batch, False, args.dtype, args.max_seq_len, args.device)
-            # the same loaded weights for both, as in one deployment (two copies would compete for the cache)
+            # the same loaded weights for every engine, as in one deployment (copies would compete for the cache)
             before, start = capture_count(), time.perf_counter()
             graphed = build(eager.target, steps, batch, True, args.dtype, args.max_seq_len, args.device,
                             draft=eager.draft, round_graphs=round_graphs)
             capture_seconds, captures = time.perf_counter() - start, capture_count() - before
             memory = graphed.worker.tier_memory_bytes()
             tier_mb = memory.get(steps, 0) / 2**20
-            # alternate short bursts (each request carries on where its last burst stopped) so both see the
+            engines = [("eager", eager), ("graph", graphed)]
+            if graphed.worker.round_graphs_enabled:  # the stage graphs alone, for what the round graphs add
+                engines.append(("stage", build(eager.target, steps, batch, True, args.dtype, args.max_seq_len,
+                                               args.device, draft=eager.draft, round_graphs=False)))
+            # alternate short bursts (each request carries on where its last burst stopped) so all see the
             # same machine load; a ratio is the median over bursts of eager / graph of adjacent bursts
-            results = {"eager": [], "graph": []}
+            results = {name: [] for name, _ in engines}
             for burst in range(args.bursts):
-                for name, engine in (("eager", eager), ("graph", graphed)):
+                for name, engine in engines:
                     results[name].append(time_rounds(engine, batch, max(1, args.rounds // args.bursts),
                                                      prefill=burst == 0))
-            eager_times, graph_times = results["eager"], results["graph"]
-            ew, ec = (statistics.median(r[i] for r in eager_times) for i in (0, 1))
-            gw, gc = (statistics.median(r[i] for r in graph_times) for i in (0, 1))
-            wall_ratio, cpu_ratio = (statistics.median(e[i] / g[i] for e, g in zip(eager_times, graph_times))
-                                     for i in (0, 1))
-            print(f"{steps:>4} {batch:>5} {ew * 1e3:>9.3f} {gw * 1e3:>9.3f} {wall_ratio:>6.2f}  {ec * 1e3:>9.3f} "
-                  f"{gc * 1e3:>9.3f} {cpu_ratio:>6.2f}  {capture_seconds:>9.2f} {captures:>8} {tier_mb:>7.2f}")
+
+            def ratio(name, i):
+                return statistics.median(e[i] / g[i] for e, g in zip(results["eager"], results[name]))
+
+            ew, ec = (statistics.median(r[i] for r in results["eager"]) for i in (0, 1))
+            gw, gc = (statistics.median(r[i] for r in results["graph"]) for i in (0, 1))
+            stage = f"{ratio('stage', 1):>20.2f}" if "stage" in results else f"{'-':>20}"
+            print(f"{steps:>4} {batch:>5} {ew * 1e3:>9.3f} {gw * 1e3:>9.3f} {ratio('graph', 0):>6.2f}  "
+                  f"{ec * 1e3:>9.3f} {gc * 1e3:>9.3f} {ratio('graph', 1):>6.2f}  {stage}  {capture_seconds:>9.2f} "
+                  f"{captures:>8} {tier_mb:>7.2f}")
 
 
 if __name__ == "__main__":
