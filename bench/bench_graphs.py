@@ -5,8 +5,10 @@
 Reports the median wall time (and thread CPU time, steadier on a shared
 machine) per decode round for each tier and batch, eager and graphed, and
 their ratio (and, where round graphs are on, the ratio with stage graphs
-only); plus the start-up capture time and the memory each tier's graphs add. Greedy, fp32 by default. Both engines run the same loaded
-weights; their rounds alternate in short bursts.
+only); plus the start-up capture time and the memory each tier's graphs
+add. Greedy, fp32 by default (--dtype bfloat16: the engine's default on
+CPUs with fast bf16). The engines run the same loaded weights; their rounds
+alternate in short bursts.
 """
 
 from __future__ import annotations
