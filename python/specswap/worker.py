@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy, argmax,
-                               logits_to_probs, sample_from_probs)
+                               exponential_, logits_to_probs, sample_from_probs)
 
 __all__ = ["EAGLEWorker", "RoundResult", "TierState", "DraftStage", "VerifyStage", "DraftExtendStage",
            "SPECULATIVE_ALGORITHMS", "propose_ngram"]
@@ -345,7 +345,7 @@ class EAGLEWorker:
         noise = torch.ones_like(probs)
         for row, (request_params, generator) in enumerate(zip(params, generators)):
             if not request_params.greedy:
-                noise[row].exponential_(generator=generator)
+                exponential_(noise[row], generator)
         first_tokens = sample_from_probs(probs, noise)                                        # [B]
         if self.speculative_algorithm == "EAGLE":
             # head position j consumes (x_{j+1}, f_j): tokens x_1..x_P with features f_0..f_{P-1}
@@ -519,9 +519,9 @@ class EAGLEWorker:
         for row, generator in sampling_rows:
             if steps:
                 if drafts_sample:
-                    draft.draft_noise[row].exponential_(generator=generator)
+                    exponential_(draft.draft_noise[row], generator)
                 verify.uniforms[row].uniform_(generator=generator)
-            verify.residual_noise[row].exponential_(generator=generator)
+            exponential_(verify.residual_noise[row], generator)
 
     def _sample_draft(self, state, step: int, logits, sampling) -> torch.Tensor:
         """Draw draft token ``step`` from draft logits [B, Vd]; record it and its law in target vocabulary.

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy,
-                               logits_to_probs, sample_from_probs)
+                               exponential_, logits_to_probs, sample_from_probs)
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -63,10 +63,12 @@ def test_mixed_rows_each_use_their_own_params():
     assert (mixed[1] > 0).sum() == 4
 
 
-def test_sample_from_probs_follows_the_distribution():
+@pytest.mark.parametrize("draw", ["torch", "specswap"])
+def test_sample_from_probs_follows_the_distribution(draw):
     probs = torch.tensor([0.5, 0.25, 0.125, 0.125, 0.0])
     gen = torch.Generator().manual_seed(0)
-    noise = torch.empty(20000, 5).exponential_(generator=gen)
+    noise = torch.empty(20000, 5)
+    noise = noise.exponential_(generator=gen) if draw == "torch" else exponential_(noise, gen)
     tokens = sample_from_probs(probs.expand(20000, 5), noise)
     counts = torch.bincount(tokens, minlength=5)
     assert counts[4] == 0
@@ -165,6 +167,20 @@ def test_accept_from_logits_takes_the_same_decisions_as_the_full_law(one_hot_dra
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     if steps:
         assert 0 < int((expected[0] > 0).sum()) and int((expected[0] == 0).sum()) > 0  # both paths exercised
+
+
+def test_exponential_noise_has_the_exp1_law():
+    gen = torch.Generator().manual_seed(3)
+    draws = exponential_(torch.empty(200_000), gen).double()
+    assert (draws > 0).all()
+    # Kolmogorov-Smirnov distance to Exp(1): 1.63 / sqrt(n) is the 1% critical value
+    ordered = draws.sort().values
+    cdf = 1 - torch.exp(-ordered)
+    grid = torch.arange(1, len(ordered) + 1, dtype=torch.float64) / len(ordered)
+    assert (grid - cdf).abs().max() < 1.63 / len(ordered) ** 0.5
+    # and the same stream gives the same draws
+    again = exponential_(torch.empty(200_000), torch.Generator().manual_seed(3)).double()
+    assert torch.equal(draws, again)
 
 
 def test_sampling_params_reject_bad_values_by_name():
