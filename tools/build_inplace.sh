@@ -6,5 +6,10 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 cmake -S . -B build/inplace -G Ninja -DPython3_EXECUTABLE="$(command -v "$PYTHON")" "$@" >/dev/null
 cmake --build build/inplace
-cp build/inplace/_C*.so python/specswap/
+for so in build/inplace/_C*.so; do
+  # copied beside, then renamed into place: a process that loaded the old library keeps its (unlinked) file
+  # instead of crashing on one rewritten under it
+  cp "$so" "python/specswap/.$(basename "$so").tmp"
+  mv -f "python/specswap/.$(basename "$so").tmp" "python/specswap/$(basename "$so")"
+done
 echo "built $(ls python/specswap/_C*.so)"

@@ -28,6 +28,8 @@ std::vector<int> sorted_unique(std::vector<int> steps) {
 }
 
 constexpr double kPriorAlpha = 0.5;  // before any draft was verified
+// Predicted goodput ratio that still moves up while bounces block up moves.
+constexpr double kBlockedUpGain = 1.5;
 
 }  // namespace
 
@@ -436,8 +438,11 @@ bool AdaptiveSpeculativeParams::decide_goodput(double min_gain) {
   std::size_t best = index_;
   double best_goodput = current;
   for (std::size_t j = 0; j < candidates_.size(); ++j) {
-    if (!allow_up && j > index_) continue;
     const double goodput = model_tokens(candidates_[j]) / scratch_[j];
+    // While up moves are blocked after bounces, only a large predicted gain
+    // lifts the block: the guard is for a model that over-promised by a
+    // little, not for a workload whose acceptance has changed (a new phase).
+    if (!allow_up && j > index_ && !(goodput > current * kBlockedUpGain)) continue;
     if (goodput > best_goodput) best_goodput = goodput, best = j;
   }
   if (best == index_ || !(best_goodput > current * (1.0 + min_gain))) {
