@@ -323,6 +323,9 @@ def measure(work: Path, out: Path, prompts_per_domain: int = 4, prompt_tokens: i
     head = load_eagle_head(out, target)
     heldout = torch.load(work / "data.pt")["heldout"]  # first half code windows, second half prose
     half = len(heldout) // 2
+    if not 1 <= prompts_per_domain <= half:
+        raise ValueError(f"prompts_per_domain must be 1..{half} (the held-out windows per domain); "
+                         f"got {prompts_per_domain}")
     results: dict = {"method": f"greedy chain drafting, bf16 target, {prompts_per_domain} held-out prompts per "
                                f"domain of {prompt_tokens} tokens, {new_tokens} new tokens; accepted = draft tokens "
                                "accepted per target verify"}
@@ -352,11 +355,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specswap" / "gemma-3-270m-eagle-run")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--planned-steps", type=int)
-    parser.add_argument("--measure", action="store_true", help="only measure the shipped head's acceptance")
+    parser.add_argument("--measure", action="store_true",
+                        help="only measure the acceptance of the head in --out (recorded in its training_record.json)")
+    parser.add_argument("--prompts-per-domain", type=int, default=4,
+                        help="--measure: held-out prompts per domain (at most 12)")
     args = parser.parse_args(argv)
     if args.measure:
         torch.set_num_threads(GemmaEagleRecipe.threads)
-        print(json.dumps(measure(args.work, args.out), indent=2))
+        print(json.dumps(measure(args.work, args.out, prompts_per_domain=args.prompts_per_domain), indent=2))
         return
     recipe = GemmaEagleRecipe()
     if args.planned_steps:
