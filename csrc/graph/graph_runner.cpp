@@ -41,6 +41,18 @@ Stage stage_from_name(const std::string& name) {
 
 GraphPool::GraphPool(c10::Device device) : device_(device) {}
 
+at::Tensor GraphPool::derived(const void* key, const std::function<at::Tensor()>& make) {
+  auto it = derived_.find(key);
+  if (it == derived_.end()) it = derived_.emplace(key, make()).first;
+  return it->second;
+}
+
+std::size_t GraphPool::derived_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto& [key, tensor] : derived_) bytes += static_cast<std::size_t>(tensor.numel()) * tensor.element_size();
+  return bytes;
+}
+
 void GraphPool::share(const at::Tensor& tensor) {
   const void* storage = tensor.storage().unsafeGetStorageImpl();
   if (!is_shared(tensor)) shared_storages_.push_back(storage);

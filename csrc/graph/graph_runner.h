@@ -40,9 +40,22 @@ class GraphPool {
   void share(const at::Tensor& tensor);
   bool is_shared(const at::Tensor& tensor) const;
 
+  // CPU, bf16: record each matmul by a weight as oneDNN's linear over the
+  // weight repacked once (faster at the small batches decoding runs, same
+  // bits; checked at capture). Off unless the caller turns it on: the packed
+  // copy is a second copy of the weights, worth it for small models only.
+  bool pack_linear_weights() const noexcept { return pack_linear_weights_; }
+  void set_pack_linear_weights(bool on) noexcept { pack_linear_weights_ = on; }
+  // A tensor derived once from a shared one (a repacked weight), keyed by the
+  // source's data pointer and shared by every runner of the pool.
+  at::Tensor derived(const void* key, const std::function<at::Tensor()>& make);
+  std::size_t derived_bytes() const;
+
  private:
   c10::Device device_;
   std::vector<const void*> shared_storages_;
+  bool pack_linear_weights_ = false;
+  std::map<const void*, at::Tensor> derived_;
 };
 
 class GraphRunner : public StageResource {

@@ -270,7 +270,13 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("device", &graph::GraphPool::device)
       .def("share", &graph::GraphPool::share, py::arg("tensor"),
            "Mark a tensor's storage as shared (weights, KV caches): runners do not count it as theirs.")
-      .def("is_shared", &graph::GraphPool::is_shared, py::arg("tensor"));
+      .def("is_shared", &graph::GraphPool::is_shared, py::arg("tensor"))
+      .def_property("pack_linear_weights", &graph::GraphPool::pack_linear_weights,
+                    &graph::GraphPool::set_pack_linear_weights,
+                    "CPU bf16: record matmuls by weights as oneDNN linears over weights repacked once (same "
+                    "bits, checked at capture); the packed copies are shared by every runner of the pool.")
+      .def_property_readonly("derived_bytes", &graph::GraphPool::derived_bytes,
+                             "Bytes of tensors derived once for the whole pool (repacked weights).");
 
   py::class_<graph::GraphRunner, StageResource, std::shared_ptr<graph::GraphRunner>>(m, "GraphRunner",
       "One captured stage of one tier at one batch bucket, with persistent buffers.")

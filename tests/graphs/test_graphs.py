@@ -81,6 +81,45 @@ def test_target_replay_equals_eager_in_every_bucket(num_tokens):
 
 
 @torch.inference_mode()
+def test_packed_bf16_linears_replay_the_same_bits_as_eager():
+    target = small_target().to(torch.bfloat16)
+    cache_graph = target.make_cache(MAX_BATCH + 1, CAPACITY)
+    cache_eager = target.make_cache(MAX_BATCH + 1, CAPACITY)
+    torch.manual_seed(5)
+    lengths = [7, 30, 70, 100]
+    state = torch.get_rng_state()
+    _fill_cache(target, cache_graph, lengths)
+    torch.set_rng_state(state)
+    _fill_cache(target, cache_eager, lengths)
+    context = GraphContext(torch.device("cpu"), MAX_BATCH, CAPACITY)
+    context.share_model(target, cache_graph)
+    context.pool.pack_linear_weights = True
+    graphs = StageGraphs(context, "verify", 3, target, cache_graph, 4, with_features=False)
+    graphs.capture()
+    # every linear of the layers and the LM head, packed once for all 9 runners (not once per runner)
+    weights = [m.weight for m in target.modules() if isinstance(m, torch.nn.Linear)]
+    assert context.pool.derived_bytes == sum(w.numel() * w.element_size() for w in weights)
+    # ... and counted there, not by each runner: the runners hold what they would hold without packing
+    plain_context = GraphContext(torch.device("cpu"), MAX_BATCH, CAPACITY)
+    plain_cache = target.make_cache(MAX_BATCH + 1, CAPACITY)
+    plain_context.share_model(target, plain_cache)
+    plain = StageGraphs(plain_context, "verify", 3, target, plain_cache, 4, with_features=False)
+    plain.capture()
+    assert plain_context.pool.derived_bytes == 0
+    assert {k: r.memory_bytes() for k, r in graphs.runners.items()} == \
+        {k: r.memory_bytes() for k, r in plain.runners.items()}
+    for batch in (1, 2, 4):
+        slots = torch.arange(batch)
+        positions = torch.tensor(lengths[:batch])[:, None] + torch.arange(4)
+        input_ids = torch.randint(0, 96, (batch, 4))
+        key_length = int(positions.max()) + 1
+        out = graphs(input_ids, positions, slots, key_length)
+        ref = target(input_ids, positions, cache_eager, slots, key_length=graphs.runner_for(batch, key_length)[1])
+        assert torch.equal(out.logits, ref.logits) and torch.equal(out.hidden, ref.hidden), batch
+        lengths[:batch] = [n + 4 for n in lengths[:batch]]
+
+
+@torch.inference_mode()
 def test_stale_rows_of_a_larger_batch_never_write_real_slots():
     target = small_target()
     cache = target.make_cache(MAX_BATCH + 1, CAPACITY)

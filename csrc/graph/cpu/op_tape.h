@@ -23,7 +23,8 @@ class OpTape {
   // holds the kernels they reach (mm, view, _to_copy) and replay skips the layers
   // in between. Throws if the body needs a host value from a tensor (item(), a
   // bool result), which a tape would freeze.
-  void record(const std::function<void()>& body);
+  // `pool` (may be null): where repacked weights are shared (GraphPool::pack_linear_weights).
+  void record(const std::function<void()>& body, GraphPool* pool = nullptr);
   // Not reentrant: a tape reuses its argument stack and slot table.
   void replay();
 
@@ -63,11 +64,13 @@ class OpTape {
   void record_row_gather(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const at::Tensor& rows,
                          torch::jit::Stack* stack);
   void decompose(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+  bool record_packed_linear(const c10::OperatorHandle& op, torch::jit::Stack* stack);
   static bool reads_slots(const std::vector<Arg>& args);
   void finish();
 
   std::vector<Entry> entries_;
   int num_slots_ = 0;
+  GraphPool* pool_ = nullptr;  // while recording
   // replay only: reused every call, so the hot path does not allocate its tables
   std::vector<c10::IValue> slots_;
   torch::jit::Stack stack_;
