@@ -138,12 +138,14 @@ CLOCK = time.perf_counter  # set by --clock
 class EngineRunner:
     """One configuration: generate the prompts, return (tokens, seconds, accepted, rounds, token lists)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, ignore_eos: bool = False):
         self.engine = engine
+        self.ignore_eos = ignore_eos
 
     def __call__(self, prompts, max_new_tokens: int, temperature: float, seed: int):
         start = CLOCK()
-        results = self.engine.generate(prompts, max_new_tokens, temperature=temperature, seed=seed)
+        results = self.engine.generate(prompts, max_new_tokens, temperature=temperature, seed=seed,
+                                       ignore_eos=self.ignore_eos)
         seconds = CLOCK() - start
         return (sum(len(r.token_ids) for r in results), seconds, sum(sum(r.accept_lengths) for r in results),
                 sum(r.num_verify_rounds for r in results), [r.token_ids for r in results])
@@ -214,7 +216,7 @@ def bench(target, drafts, tokenizer, args) -> list[dict]:
             runners = {name: EngineRunner(Engine(target, drafts.get(kwargs["speculative_algorithm"]),
                                                  tokenizer=tokenizer, max_batch_size=batch_size,
                                                  max_seq_len=args.max_seq_len, disable_graphs=args.disable_graphs,
-                                                 **kwargs))
+                                                 **kwargs), ignore_eos=args.ignore_eos)
                        for name, kwargs in configs.items()}
             if batch_size == 1:
                 runners.update(hf)
@@ -286,6 +288,10 @@ def main() -> None:
                         help="wall time, or this process's CPU time (steadier on a shared machine with --threads 1)")
     parser.add_argument("--adaptive-config", type=json.loads, default=None,
                         help='JSON object of policy keys, e.g. \'{"warmup_batches": 2}\'')
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="engines run every prompt to --max-new-tokens (equal work per configuration: an output "
+                             "that leaves greedy at a bf16 near-tie and hits EOS early cannot shrink the batch); "
+                             "transformers rows still stop at EOS")
     parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8"],
                         help="EAGLE head weights: int8 weight-only or as stored (auto: int8 in bf16 on CPU)")
     parser.add_argument("--disable-graphs", action="store_true", help="run the engines eagerly (default: stage graphs)")

@@ -271,7 +271,7 @@ class Engine:
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, **kwargs) -> int:
         """Queue a request; returns its id. Sampling settings come as a SamplingParams or as keywords
-        (max_new_tokens, temperature, top_p, top_k, seed, stop)."""
+        (max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)."""
         if params is None:
             params = SamplingParams(**kwargs)
         elif kwargs:
@@ -343,7 +343,7 @@ class Engine:
         for token in tokens:
             request.token_ids.append(token)
             self._generated_tokens += 1
-            if token in self.eos_token_ids:
+            if token in self.eos_token_ids and not request.params.ignore_eos:
                 request.finish_reason = "stop"
                 break
             if len(request.token_ids) >= request.max_tokens:
@@ -395,8 +395,9 @@ class Engine:
 
     def generate(self, prompts: Sequence[str | Sequence[int]] | str, max_new_tokens: int = 16,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                 stop: str | Sequence[str] | None = None) -> list[RequestOutput]:
+                 stop: str | Sequence[str] | None = None, ignore_eos: bool = False) -> list[RequestOutput]:
         """Generate for every prompt (one result each, in order). Prompt i is seeded with seed + i.
+        ``ignore_eos``: run every prompt to ``max_new_tokens`` (for benchmarks that compare equal work).
 
         All prompts and settings are validated before any is queued.
         """
@@ -405,7 +406,8 @@ class Engine:
         requests = []
         for index, prompt in enumerate(prompts):
             params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                    top_k=top_k, seed=None if seed is None else seed + index, stop=stop or ())
+                                    top_k=top_k, seed=None if seed is None else seed + index, stop=stop or (),
+                                    ignore_eos=ignore_eos)
             requests.append(self._make_request(prompt, params))
         self._waiting.extend(requests)
         wanted = [r.request_id for r in requests]

@@ -31,7 +31,8 @@ class SamplingParams:
 
     temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1.0 means no
     nucleus cut. ``seed`` seeds the request's own generator (None: random).
-    ``stop`` holds stop strings; generation also stops at the model's EOS.
+    ``stop`` holds stop strings; generation also stops at the model's EOS unless ``ignore_eos`` (as vLLM's
+    benchmarks use it: every request runs to ``max_new_tokens``, so throughput compares equal work).
     """
 
     max_new_tokens: int = 16
@@ -40,6 +41,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
 
     def __post_init__(self):
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -63,6 +65,8 @@ class SamplingParams:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must be non-empty strings, got {s!r}")
         object.__setattr__(self, "stop", stop)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:

@@ -303,3 +303,16 @@ def test_draft_quantization_of_a_built_head_only_when_named():
         Engine(target, target, "STANDALONE", max_seq_len=32, draft_quantization="int8")
     with pytest.raises(ValueError, match="valid"):
         Engine(target, head, "EAGLE", max_seq_len=32, draft_quantization="fp4")
+
+
+def test_ignore_eos_runs_to_the_budget_through_eos():
+    reference = target_only_tokens([PROMPTS[1]], 30)[0]
+    eos = reference[6]  # a token the greedy output reaches: make it the EOS
+    tokenizer = CharTokenizer()
+    tokenizer.eos_token_ids = {eos}
+    stopped = engine("EAGLE", tokenizer=tokenizer).generate([PROMPTS[1]], 30)[0]
+    assert stopped.finish_reason == "stop" and len(stopped.token_ids) < 30
+    full = engine("EAGLE", tokenizer=tokenizer).generate([PROMPTS[1]], 30, ignore_eos=True)[0]
+    assert full.finish_reason == "length" and full.token_ids == reference  # through the EOS, still lossless
+    with pytest.raises(ValueError, match="ignore_eos"):
+        SamplingParams(ignore_eos="yes")
