@@ -69,24 +69,18 @@ class GraphContext:
                    cache.key_positions)
 
 
-class StageGraphs:
-    """One stage of one tier: a model forward over ``num_tokens`` tokens per request, captured per bucket."""
+class _BucketedGraphs:
+    """Runners of one stage of one tier, one per (batch bucket, key bucket) with key bucket >= ``num_tokens``;
+    a subclass captures one runner (``_capture_one``) and replays it."""
 
-    def __init__(self, context: GraphContext, stage: str, speculative_num_steps: int, model: torch.nn.Module,
-                 cache, num_tokens: int, with_features: bool):
+    def __init__(self, context: GraphContext, stage: str, speculative_num_steps: int, num_tokens: int):
         self.context = context
         self.stage = stage
         self.speculative_num_steps = speculative_num_steps
-        self.model = model
-        self.cache = cache
         self.num_tokens = num_tokens
-        self.with_features = with_features
         self.runners: dict[tuple[int, int], _C.GraphRunner] = {}
         # the runners' persistent buffers by name, looked up once here instead of on every replay
         self.buffers: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-        self.device = cache.keys[0].device
-        self.dtype = next(model.parameters()).dtype
-        self._offsets = torch.arange(num_tokens, device=self.device)
 
     def capture(self) -> None:
         """Capture every (batch bucket, key bucket) once."""
@@ -97,6 +91,36 @@ class StageGraphs:
                 runner = self._capture_one(batch, key_length)
                 self.runners[(batch, key_length)] = runner
                 self.buffers[(batch, key_length)] = {name: runner.buffer(name) for name in runner.buffer_names()}
+
+    def _capture_one(self, batch: int, key_length: int) -> _C.GraphRunner:
+        raise NotImplementedError
+
+    def runner_for(self, batch: int, key_length: int) -> tuple[int, int]:
+        """The (batch bucket, key bucket) that serves ``batch`` requests reading ``key_length`` keys."""
+        batches, keys = self.context.batch_buckets, self.context.key_buckets
+        b = bisect.bisect_left(batches, batch)
+        k = bisect.bisect_left(keys, max(key_length, self.num_tokens))
+        if b == len(batches) or k == len(keys):
+            raise ValueError(f"{self.stage} graphs cover batch <= {batches[-1]} and key_length <= {keys[-1]}; "
+                             f"got batch {batch}, key_length {key_length}")
+        return batches[b], keys[k]
+
+    def memory_bytes(self) -> int:
+        return sum(runner.memory_bytes() for runner in self.runners.values())
+
+
+class StageGraphs(_BucketedGraphs):
+    """One stage of one tier: a model forward over ``num_tokens`` tokens per request, captured per bucket."""
+
+    def __init__(self, context: GraphContext, stage: str, speculative_num_steps: int, model: torch.nn.Module,
+                 cache, num_tokens: int, with_features: bool):
+        super().__init__(context, stage, speculative_num_steps, num_tokens)
+        self.model = model
+        self.cache = cache
+        self.with_features = with_features
+        self.device = cache.keys[0].device
+        self.dtype = next(model.parameters()).dtype
+        self._offsets = torch.arange(num_tokens, device=self.device)
 
     @torch.inference_mode()
     def _capture_one(self, batch: int, key_length: int) -> _C.GraphRunner:
@@ -135,16 +159,6 @@ class StageGraphs:
         config = self.model.config
         return getattr(config, "draft_vocab_size", None) or config.vocab_size  # an EAGLE head's config has no vocab_size
 
-    def runner_for(self, batch: int, key_length: int) -> tuple[int, int]:
-        """The (batch bucket, key bucket) that serves ``batch`` requests reading ``key_length`` keys."""
-        batches, keys = self.context.batch_buckets, self.context.key_buckets
-        b = bisect.bisect_left(batches, batch)
-        k = bisect.bisect_left(keys, max(key_length, self.num_tokens))
-        if b == len(batches) or k == len(keys):
-            raise ValueError(f"{self.stage} graphs cover batch <= {batches[-1]} and key_length <= {keys[-1]}; "
-                             f"got batch {batch}, key_length {key_length}")
-        return batches[b], keys[k]
-
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, key_length: int,
                  features: torch.Tensor | None = None) -> ModelOutput:
         """Replay the forward for these inputs; returns views of the runner's outputs (valid until its next replay)."""
@@ -167,11 +181,8 @@ class StageGraphs:
         runner.replay()
         return ModelOutput(logits=rows["logits"], hidden=rows["hidden"])
 
-    def memory_bytes(self) -> int:
-        return sum(runner.memory_bytes() for runner in self.runners.values())
 
-
-class RoundGraphs:
+class RoundGraphs(_BucketedGraphs):
     """A whole greedy decode round of one tier, captured per (batch bucket, key-length bucket).
 
     ``body(slot_index, key_length) -> (accept_lengths, next_tokens)`` is the worker's round on tensors with the
@@ -185,27 +196,15 @@ class RoundGraphs:
     """
 
     def __init__(self, context: GraphContext, speculative_num_steps: int, body, seq_lens: torch.Tensor):
-        self.context = context
-        self.speculative_num_steps = speculative_num_steps
+        # the verify, k + 1 tokens, is the widest read of the round
+        super().__init__(context, "round", speculative_num_steps, speculative_num_steps + 1)
         self.body = body
         self.seq_lens = seq_lens  # the worker's [S + 1] committed lengths (row S: scratch)
-        self.runners: dict[tuple[int, int], _C.GraphRunner] = {}
-        self.buffers: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self.device = seq_lens.device
-
-    def capture(self) -> None:
-        tokens = self.speculative_num_steps + 1
-        for batch in self.context.batch_buckets:
-            for key_length in self.context.key_buckets:
-                if key_length < tokens:
-                    continue
-                self.runners[(batch, key_length)] = self._capture_one(batch, key_length)
-                runner = self.runners[(batch, key_length)]
-                self.buffers[(batch, key_length)] = {name: runner.buffer(name) for name in runner.buffer_names()}
 
     @torch.inference_mode()
     def _capture_one(self, batch: int, key_length: int) -> _C.GraphRunner:
-        runner = _C.GraphRunner("round", self.speculative_num_steps, batch, self.context.pool)
+        runner = _C.GraphRunner(self.stage, self.speculative_num_steps, batch, self.context.pool)
         long = dict(dtype=torch.long, device=self.device)
         slots = torch.full((batch,), self.context.scratch_slot, **long)
         accept_lengths, next_tokens = torch.zeros(batch, **long), torch.zeros(batch, **long)
@@ -225,23 +224,14 @@ class RoundGraphs:
         """Replay the round for these cache rows; returns views (accept_lengths [B], next_tokens [B]) valid until
         the next replay of the same bucket."""
         batch = len(slots)
-        batches, keys = self.context.batch_buckets, self.context.key_buckets
-        b = bisect.bisect_left(batches, batch)
-        k = bisect.bisect_left(keys, max(key_length, self.speculative_num_steps + 1))
-        if b == len(batches) or k == len(keys):
-            raise ValueError(f"round graphs cover batch <= {batches[-1]} and key_length <= {keys[-1]}; "
-                             f"got batch {batch}, key_length {key_length}")
-        key = (batches[b], keys[k])
+        key = self.runner_for(batch, key_length)
         buffers = self.buffers[key]
-        if batches[b] > batch:
+        if key[0] > batch:
             buffers["slots"][batch:].fill_(self.context.scratch_slot)
             self.seq_lens[self.context.scratch_slot] = 1
         buffers["slots"][:batch] = torch.tensor(slots, dtype=torch.long)
         self.runners[key].replay()
         return buffers["accept_lengths"][:batch], buffers["next_tokens"][:batch]
-
-    def memory_bytes(self) -> int:
-        return sum(runner.memory_bytes() for runner in self.runners.values())
 
 
 def capture_count() -> int:

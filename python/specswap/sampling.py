@@ -165,12 +165,18 @@ def accept_draft_tokens(
     accepted = uniforms * q_of_draft < p_of_draft  # u < p / q without dividing by q
     accept_lengths = accepted.long().cumprod(dim=-1).sum(dim=-1)  # [B]
     p_at = target_probs[rows, accept_lengths]  # [B, V]
-    all_accepted = (accept_lengths == num_draft).unsqueeze(-1)  # [B, 1]
     q_at = draft_probs[rows, accept_lengths.clamp(max=num_draft - 1)]  # [B, V]
-    residual = torch.where(all_accepted, p_at, (p_at - q_at).clamp(min=0))  # [B, V]
+    return accept_lengths, _draw_after_stop(p_at, q_at, accept_lengths == num_draft, residual_noise)
+
+
+def _draw_after_stop(p_at: torch.Tensor, q_at: torch.Tensor, all_accepted: torch.Tensor,
+                     residual_noise: torch.Tensor) -> torch.Tensor:
+    """The token emitted where a chain stops: a bonus draw from p when every draft was accepted, else a draw
+    from normalised max(0, p - q). p_at, q_at: [B, V]; all_accepted: [B] bool. Returns [B] int64."""
+    residual = torch.where(all_accepted.unsqueeze(-1), p_at, (p_at - q_at).clamp(min=0))  # [B, V]
     # p == q exactly leaves no residual mass; p itself is then the right law.
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_at)
-    return accept_lengths, sample_from_probs(residual, residual_noise)
+    return sample_from_probs(residual, residual_noise)
 
 
 def accept_from_logits(
@@ -220,10 +226,7 @@ def accept_from_logits(
         q_at = torch.zeros_like(p_at).scatter_(-1, draft_tokens[rows, stop].unsqueeze(-1), 1.0)
     else:
         q_at = draft_probs[rows, stop]                                                        # [B, V]
-    all_accepted = (accept_lengths == num_draft).unsqueeze(-1)
-    residual = torch.where(all_accepted, p_at, (p_at - q_at).clamp(min=0))
-    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_at)
-    return accept_lengths, sample_from_probs(residual, residual_noise)
+    return accept_lengths, _draw_after_stop(p_at, q_at, accept_lengths == num_draft, residual_noise)
 
 
 def accept_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

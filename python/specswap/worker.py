@@ -524,10 +524,10 @@ class EAGLEWorker:
         if drafts_sample:
             draft.draft_noise[:batch].fill_(1.0)
         verify.residual_noise[:batch].fill_(1.0)
-        for row, generator in sampling_rows:
+        for row, generator in sampling_rows:  # in this order from each request's generator
+            if drafts_sample:
+                exponential_(draft.draft_noise[row], generator)
             if steps:
-                if drafts_sample:
-                    exponential_(draft.draft_noise[row], generator)
                 verify.uniforms[row].uniform_(generator=generator)
             exponential_(verify.residual_noise[row], generator)
 

@@ -41,18 +41,23 @@ def _fill_cache(model, cache, lengths):
         model(ids, torch.arange(length)[None], cache, torch.tensor([slot]))
 
 
+def _twin_caches(model, lengths):
+    """Two caches holding the same random prompts in slots 0..len-1: one for graphs, one for eager."""
+    caches = model.make_cache(MAX_BATCH + 1, CAPACITY), model.make_cache(MAX_BATCH + 1, CAPACITY)
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    for cache in caches:
+        torch.set_rng_state(state)
+        _fill_cache(model, cache, lengths)
+    return caches
+
+
 @pytest.mark.parametrize("num_tokens", [1, 4])
 @torch.inference_mode()
 def test_target_replay_equals_eager_in_every_bucket(num_tokens):
     target = small_target()
-    cache_graph = target.make_cache(MAX_BATCH + 1, CAPACITY)
-    cache_eager = target.make_cache(MAX_BATCH + 1, CAPACITY)
-    torch.manual_seed(5)
     lengths = [7, 30, 70, 100]
-    state = torch.get_rng_state()
-    _fill_cache(target, cache_graph, lengths)
-    torch.set_rng_state(state)
-    _fill_cache(target, cache_eager, lengths)
+    cache_graph, cache_eager = _twin_caches(target, lengths)
     context = GraphContext(torch.device("cpu"), MAX_BATCH, CAPACITY)
     graphs = StageGraphs(context, "verify", num_tokens - 1, target, cache_graph, num_tokens, with_features=False)
     graphs.capture()
@@ -83,14 +88,8 @@ def test_target_replay_equals_eager_in_every_bucket(num_tokens):
 @torch.inference_mode()
 def test_packed_bf16_linears_replay_the_same_bits_as_eager():
     target = small_target().to(torch.bfloat16)
-    cache_graph = target.make_cache(MAX_BATCH + 1, CAPACITY)
-    cache_eager = target.make_cache(MAX_BATCH + 1, CAPACITY)
-    torch.manual_seed(5)
     lengths = [7, 30, 70, 100]
-    state = torch.get_rng_state()
-    _fill_cache(target, cache_graph, lengths)
-    torch.set_rng_state(state)
-    _fill_cache(target, cache_eager, lengths)
+    cache_graph, cache_eager = _twin_caches(target, lengths)
     context = GraphContext(torch.device("cpu"), MAX_BATCH, CAPACITY)
     context.share_model(target, cache_graph)
     context.pool.pack_linear_weights = True

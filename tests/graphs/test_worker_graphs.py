@@ -17,7 +17,7 @@ from specswap.worker import EAGLEWorker  # noqa: E402
 PROMPTS = [[1, 5, 9, 2], [3, 3, 3, 3, 3, 3, 7], [11, 4]]
 
 
-def _worker(algorithm, steps, graphs, draft="head", tiers=()):
+def _worker(algorithm, steps, graphs, tiers=(), round_graphs=None):
     target = random_target(seed=0)
     if algorithm == "EAGLE":
         draft_model = random_eagle_head(target)
@@ -26,7 +26,16 @@ def _worker(algorithm, steps, graphs, draft="head", tiers=()):
     else:
         draft_model = None
     return EAGLEWorker(target, draft_model, algorithm, steps, max_batch_size=4, max_seq_len=96, tiers=tiers,
-                       graphs=graphs)
+                       graphs=graphs, round_graphs=round_graphs)
+
+
+def _switching_every_round(worker):
+    """Attach a controller that may switch tier every round (alpha 1, no warm-up) and build every tier."""
+    controller = AdaptiveController(worker, {"candidate_steps": [1, 3, 7], "ema_alpha": 1.0,
+                                             "warmup_batches": 0, "update_interval": 1})
+    worker.controller = controller
+    controller.init_states()
+    return worker
 
 
 @pytest.mark.parametrize("algorithm, steps", [("EAGLE", 1), ("EAGLE", 3), ("STANDALONE", 3), ("NGRAM", 2)])
@@ -45,11 +54,7 @@ def test_graph_mode_matches_eager_mode_tokens():
 
 
 def test_adaptive_switching_in_graph_mode_captures_nothing_new():
-    worker = _worker("EAGLE", 3, graphs=True, tiers=(1, 3, 7))
-    controller = AdaptiveController(worker, {"candidate_steps": [1, 3, 7], "ema_alpha": 1.0,
-                                             "warmup_batches": 0, "update_interval": 1})
-    worker.controller = controller
-    controller.init_states()
+    worker = _switching_every_round(_worker("EAGLE", 3, graphs=True, tiers=(1, 3, 7)))
     captured = capture_count()
     reference, _, _ = run_to_completion(_worker(None, 0, graphs=True), PROMPTS, 24)
     captured_reference = capture_count() - captured
@@ -76,19 +81,12 @@ def test_graph_mode_sampling_runs_and_is_seeded():
     assert run() == run()
 
 
-def _worker_with(algorithm, steps, round_graphs, tiers=(), max_batch_size=4):
-    target = random_target(seed=0)
-    draft = random_eagle_head(target) if algorithm == "EAGLE" else target if algorithm == "STANDALONE" else None
-    return EAGLEWorker(target, draft, algorithm, steps, max_batch_size=max_batch_size, max_seq_len=96, tiers=tiers,
-                       graphs=True, round_graphs=round_graphs)
-
-
 @pytest.mark.parametrize("algorithm, steps", [("EAGLE", 1), ("EAGLE", 3), ("STANDALONE", 2), ("NGRAM", 3),
                                               (None, 0)])
 def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(algorithm, steps):
     # 3 requests in a bucket of 4: the padded row runs on the scratch slot and must disturb nothing
-    stage_only, _, _ = run_to_completion(_worker_with(algorithm, steps, round_graphs=False), PROMPTS, 20)
-    worker = _worker_with(algorithm, steps, round_graphs=True)
+    stage_only, _, _ = run_to_completion(_worker(algorithm, steps, graphs=True, round_graphs=False), PROMPTS, 20)
+    worker = _worker(algorithm, steps, graphs=True, round_graphs=True)
     assert set(worker._round_graphs) >= {steps}
     replays = []
     for tier, graphs in list(worker._round_graphs.items()):
@@ -115,11 +113,7 @@ def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(algorithm
 
 
 def test_round_graphs_follow_tier_switches_and_report_memory():
-    worker = _worker_with("EAGLE", 3, round_graphs=True, tiers=(1, 3, 7))
-    controller = AdaptiveController(worker, {"candidate_steps": [1, 3, 7], "ema_alpha": 1.0,
-                                             "warmup_batches": 0, "update_interval": 1})
-    worker.controller = controller
-    controller.init_states()
+    worker = _switching_every_round(_worker("EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=True))
     assert set(worker._round_graphs) == {1, 3, 7}
     captured = capture_count()
     tokens, _, tiers = run_to_completion(worker, PROMPTS, 24)
@@ -127,7 +121,7 @@ def test_round_graphs_follow_tier_switches_and_report_memory():
     reference, _, _ = run_to_completion(_worker(None, 0, graphs=False), PROMPTS, 24)
     assert tokens == reference
     with_rounds = worker.tier_memory_bytes()
-    without = _worker_with("EAGLE", 3, round_graphs=False, tiers=(1, 3, 7))
+    without = _worker("EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=False)
     AdaptiveController(without, {"candidate_steps": [1, 3, 7]}).init_states()
     assert all(with_rounds[t] > without.tier_memory_bytes()[t] for t in (1, 3, 7))
 
