@@ -28,8 +28,14 @@ std::vector<int> sorted_unique(std::vector<int> steps) {
 }
 
 constexpr double kPriorAlpha = 0.5;  // before any draft was verified
-// Predicted goodput ratio that still moves up while bounces block up moves.
-constexpr double kBlockedUpGain = 1.5;
+// Predicted goodput ratio that still moves up while bounces block up moves,
+// and that is acted on at once between two decisions: a gain this large is a
+// new phase (acceptance jumped or collapsed), not noise for the interval to
+// smooth. Waiting out the interval there costs a short high phase ~10%.
+constexpr double kPhaseChangeGain = 1.5;
+// EMA weight of the short-memory acceptance estimate that detects a phase
+// change between two decisions (the decisions use config.ema_alpha).
+constexpr double kFastEmaWeight = 0.5;
 
 }  // namespace
 
@@ -146,8 +152,12 @@ AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_steps,
   probe_batches_ = static_cast<std::uint64_t>(config_.probe_rounds) *
                    candidates_.size();
   zero_wait_ = first_zero_wait();
-  position_successes_.assign(AdaptiveConfig::kMaxSteps + 1, 0.0);
-  position_trials_.assign(AdaptiveConfig::kMaxSteps + 1, 0.0);
+  for (Acceptance* estimate : {&slow_, &fast_}) {
+    estimate->position_successes.assign(AdaptiveConfig::kMaxSteps + 1, 0.0);
+    estimate->position_trials.assign(AdaptiveConfig::kMaxSteps + 1, 0.0);
+  }
+  slow_.weight = config_.ema_alpha;
+  fast_.weight = std::max(config_.ema_alpha, kFastEmaWeight);
   position_scratch_.assign(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0);
 }
 
@@ -211,7 +221,7 @@ bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths,
     double best_goodput = -1.0;
     for (std::size_t j = 0; j < candidates_.size(); ++j) {
       if (candidates_[j] == 0) continue;
-      const double goodput = model_tokens(candidates_[j]) / scratch_[j];
+      const double goodput = model_tokens(slow_, candidates_[j]) / scratch_[j];
       if (goodput > best_goodput) best_goodput = goodput, best = j;
     }
     move_to(best, /*is_decision=*/false);
@@ -219,10 +229,36 @@ bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths,
     return index_ != before;
   }
   if (num_batches_ <= warmup) return false;
-  if ((num_batches_ - warmup) % interval != 0) return false;
-  decide_goodput(config_.min_gain);
+  if ((num_batches_ - warmup) % interval != 0) {
+    // Between decisions only a phase change moves the tier (tier 0 observes
+    // no acceptance: its probes above handle it).
+    if (current_steps() == 0) return false;
+    const std::size_t target = phase_change_target();
+    if (target == index_) return false;
+    ++decisions_;
+    move_to(target, /*is_decision=*/true);
+  } else {
+    decide_goodput(config_.min_gain);
+  }
   if (index_ != before && current_steps() == 0) zero_wait_ = first_zero_wait();
   return index_ != before;
+}
+
+std::size_t AdaptiveSpeculativeParams::phase_change_target() const noexcept {
+  // The short-memory estimate must predict kPhaseChangeGain over the current
+  // tier, and the decisions' own estimate must agree that the move gains.
+  estimate_costs(last_table_, scratch_.data());
+  const double fast_current = model_tokens(fast_, current_steps()) / scratch_[index_];
+  std::size_t best = index_;
+  double best_goodput = fast_current * kPhaseChangeGain;
+  for (std::size_t j = 0; j < candidates_.size(); ++j) {
+    const double goodput = model_tokens(fast_, candidates_[j]) / scratch_[j];
+    if (goodput >= best_goodput) best_goodput = goodput, best = j;
+  }
+  if (best == index_) return index_;
+  const double slow_current = model_tokens(slow_, current_steps()) / scratch_[index_];
+  const double slow_best = model_tokens(slow_, candidates_[best]) / scratch_[best];
+  return slow_best > slow_current * (1.0 + config_.min_gain) ? best : index_;
 }
 
 void AdaptiveSpeculativeParams::recompute_sglang() {
@@ -240,31 +276,55 @@ void AdaptiveSpeculativeParams::recompute_sglang() {
 
 // ---- goodput ------------------------------------------------------------
 
-double AdaptiveSpeculativeParams::alpha() const noexcept {
+double AdaptiveSpeculativeParams::Acceptance::alpha() const noexcept {
   // Both EMAs start at 0 and decay alike, so their ratio needs no bias
   // correction: after one batch it is that batch's successes / trials.
-  if (!(ema_trials_ > 0.0)) return kPriorAlpha;
-  return ema_successes_ / ema_trials_;
+  if (!(trials > 0.0)) return kPriorAlpha;
+  return successes / trials;
 }
 
-double AdaptiveSpeculativeParams::position_acceptance(int position) const noexcept {
+double AdaptiveSpeculativeParams::Acceptance::at(int position) const noexcept {
   // Shrunk toward the pooled alpha by one pseudo-trial, so a position reached
   // by few requests does not swing the estimate.
-  return (position_successes_[position] + alpha()) / (position_trials_[position] + 1.0);
+  return (position_successes[position] + alpha()) / (position_trials[position] + 1.0);
 }
 
-double AdaptiveSpeculativeParams::model_tokens(int steps) const noexcept {
+void AdaptiveSpeculativeParams::Acceptance::observe(long long batch_successes,
+                                                    long long batch_trials,
+                                                    const double* reached,
+                                                    const double* accepted_at,
+                                                    int steps) noexcept {
+  const double w = weight;
+  if (batch_trials > 0) {  // tier 0 observes nothing: alpha stays as it was
+    successes = (1.0 - w) * successes + w * static_cast<double>(batch_successes);
+    trials = (1.0 - w) * trials + w * static_cast<double>(batch_trials);
+  }
+  // suffix sums: requests reaching position i = those whose last reached
+  // position is >= i. Positions nobody reached this batch keep their EMAs.
+  double reach = 0.0, accept = 0.0;
+  for (int i = steps; i >= 1; --i) {
+    reach += reached[i];
+    accept += accepted_at[i];
+    if (reach > 0.0) {
+      position_successes[i] = (1.0 - w) * position_successes[i] + w * accept;
+      position_trials[i] = (1.0 - w) * position_trials[i] + w * reach;
+    }
+  }
+}
+
+double AdaptiveSpeculativeParams::model_tokens(const Acceptance& estimate,
+                                               int steps) const noexcept {
   if (config_.acceptance_model == AcceptanceModel::kGeometric) {
-    return expected_tokens(alpha(), steps);
+    return expected_tokens(estimate.alpha(), steps);
   }
   // positional: observed hazards up to the current tier (fresh), the deepest
   // of them beyond it; the pooled alpha where nothing was observed.
   const int depth = current_steps();
   double tokens = 1.0;
   double survive = 1.0;
-  double hazard = alpha();
+  double hazard = estimate.alpha();
   for (int i = 1; i <= steps; ++i) {
-    if (i <= depth && position_trials_[i] > 0.0) hazard = position_acceptance(i);
+    if (i <= depth && estimate.position_trials[i] > 0.0) hazard = estimate.at(i);
     survive *= hazard;
     tokens += survive;
   }
@@ -304,35 +364,20 @@ void AdaptiveSpeculativeParams::update_goodput(std::span<const int> accept_lengt
     successes += a;
     trials += a + (a < steps ? 1 : 0);
   }
-  if (trials > 0) {  // tier 0 observes nothing: alpha stays as it was
-    const double w = config_.ema_alpha;
-    ema_successes_ = (1.0 - w) * ema_successes_ + w * static_cast<double>(successes);
-    ema_trials_ = (1.0 - w) * ema_trials_ + w * static_cast<double>(trials);
-  }
   // Per draft position i: reached (a trial) by requests with a >= i - 1 that
-  // drafted i, accepted by those with a >= i. Positions nobody reached this
-  // batch keep their EMAs.
+  // drafted i, accepted by those with a >= i.
+  std::fill(position_scratch_.begin(), position_scratch_.begin() + 2 * (steps + 1), 0.0);
+  double* reached = position_scratch_.data();
+  double* accepted_at = reached + (steps + 1);
   if (steps > 0) {
-    std::fill(position_scratch_.begin(), position_scratch_.begin() + 2 * (steps + 1), 0.0);
-    double* reached = position_scratch_.data();
-    double* accepted_at = reached + (steps + 1);
     for (int accepted : accept_lengths) {
       const int a = std::clamp(accepted, 0, steps);
-      reached[std::min(a + 1, steps)] += 1.0;  // reached 1..min(a+1,k): counted as a suffix below
+      reached[std::min(a + 1, steps)] += 1.0;  // reached 1..min(a+1,k): counted as a suffix later
       accepted_at[a] += 1.0;                   // accepted 1..a
     }
-    // suffix sums: requests reaching position i = those whose last reached position is >= i
-    double reach = 0.0, accept = 0.0;
-    const double w = config_.ema_alpha;
-    for (int i = steps; i >= 1; --i) {
-      reach += reached[i];
-      accept += accepted_at[i];
-      if (reach > 0.0) {
-        position_successes_[i] = (1.0 - w) * position_successes_[i] + w * accept;
-        position_trials_[i] = (1.0 - w) * position_trials_[i] + w * reach;
-      }
-    }
   }
+  slow_.observe(successes, trials, reached, accepted_at, steps);
+  fast_.observe(successes, trials, reached, accepted_at, steps);
   last_table_ = table_of(static_cast<int>(accept_lengths.size()), sampled);
   if (std::isfinite(round_seconds) && round_seconds > 0.0) {
     double& cost = cost_ema_[last_table_ * candidates_.size() + index_];
@@ -434,15 +479,15 @@ bool AdaptiveSpeculativeParams::decide_goodput(double min_gain) {
   ++decisions_;
   const bool allow_up = decisions_ >= up_blocked_until_;
   estimate_costs(last_table_, scratch_.data());
-  const double current = model_tokens(current_steps()) / scratch_[index_];
+  const double current = model_tokens(slow_, current_steps()) / scratch_[index_];
   std::size_t best = index_;
   double best_goodput = current;
   for (std::size_t j = 0; j < candidates_.size(); ++j) {
-    const double goodput = model_tokens(candidates_[j]) / scratch_[j];
+    const double goodput = model_tokens(slow_, candidates_[j]) / scratch_[j];
     // While up moves are blocked after bounces, only a large predicted gain
     // lifts the block: the guard is for a model that over-promised by a
     // little, not for a workload whose acceptance has changed (a new phase).
-    if (!allow_up && j > index_ && !(goodput > current * kBlockedUpGain)) continue;
+    if (!allow_up && j > index_ && !(goodput > current * kPhaseChangeGain)) continue;
     if (goodput > best_goodput) best_goodput = goodput, best = j;
   }
   if (best == index_ || !(best_goodput > current * (1.0 + min_gain))) {

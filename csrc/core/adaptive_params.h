@@ -103,16 +103,16 @@ class AdaptiveSpeculativeParams {
   // goodput's acceptance model: alpha = EMA(successes) / EMA(trials) over
   // batches, where a request that accepted a of k drafts gives a successes
   // and a + 1 trials if a < k, else k trials. 0.5 before any trial.
-  double alpha() const noexcept;
+  double alpha() const noexcept { return slow_.alpha(); }
   // Expected tokens per round at tier k, bonus included:
   // sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha).
   static double expected_tokens(double alpha, int steps) noexcept;
   // Expected tokens per round at `steps` under the configured acceptance
   // model (geometric: expected_tokens(alpha(), steps)).
-  double model_tokens(int steps) const noexcept;
+  double model_tokens(int steps) const noexcept { return model_tokens(slow_, steps); }
   // positional model: acceptance rate of draft position 1..kMaxSteps given
   // the earlier ones were accepted (EMA ratio, shrunk toward alpha()).
-  double position_acceptance(int position) const noexcept;
+  double position_acceptance(int position) const noexcept { return slow_.at(position); }
 
   // Seconds per round of every candidate (in candidate_steps() order) for a
   // batch of batch_size requests (0: the last batch's table): measured where
@@ -127,6 +127,8 @@ class AdaptiveSpeculativeParams {
  private:
   void recompute_sglang();
   bool decide_goodput(double min_gain);
+  // Between decisions: the tier a phase change calls for (index_ if none).
+  std::size_t phase_change_target() const noexcept;
   void update_goodput(std::span<const int> accept_lengths, double round_seconds,
                       bool sampled, int steps);
   void estimate_costs(int table, double* out) const noexcept;
@@ -142,8 +144,22 @@ class AdaptiveSpeculativeParams {
 
   // goodput state
   std::size_t initial_index_ = 0;
-  double ema_successes_ = 0.0;
-  double ema_trials_ = 0.0;
+  // An acceptance estimate: pooled successes / trials and, per draft
+  // position 1..kMaxSteps, the EMAs of reaching and accepting it.
+  struct Acceptance {
+    double weight = 0.2;  // EMA weight per batch
+    double successes = 0.0;
+    double trials = 0.0;
+    std::vector<double> position_successes;
+    std::vector<double> position_trials;
+    double alpha() const noexcept;
+    double at(int position) const noexcept;  // shrunk toward alpha()
+    void observe(long long batch_successes, long long batch_trials,
+                 const double* reached, const double* accepted_at, int steps) noexcept;
+  };
+  double model_tokens(const Acceptance& estimate, int steps) const noexcept;
+  Acceptance slow_;  // config.ema_alpha: what decisions use
+  Acceptance fast_;  // kFastEmaWeight: detects phase changes between decisions
   // [table * candidates + index]: EMA of seconds per round; NaN = never.
   std::vector<double> cost_ema_;
   mutable std::vector<double> scratch_;  // candidates_.size(): costs
@@ -152,9 +168,6 @@ class AdaptiveSpeculativeParams {
   std::uint64_t batches_on_tier_ = 0;    // since the last switch
   std::uint64_t zero_wait_ = 0;          // batches at tier 0 before a probe
   int zero_probe_left_ = 0;              // batches left in a probe out of 0
-  // positional model, indexed by draft position 1..kMaxSteps
-  std::vector<double> position_successes_;
-  std::vector<double> position_trials_;
   std::vector<double> position_scratch_;  // per-batch counts
   // oscillation guard: an up move followed at once by a down move is a
   // bounce; each bounce in a row doubles how many decisions refuse up moves.

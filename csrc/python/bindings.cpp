@@ -231,7 +231,7 @@ PYBIND11_MODULE(_C, m) {
       .def_static("expected_tokens", &AdaptiveSpeculativeParams::expected_tokens,
                   py::arg("alpha"), py::arg("steps"),
                   "Expected tokens per round at `steps` drafts, bonus included.")
-      .def("model_tokens", &AdaptiveSpeculativeParams::model_tokens, py::arg("steps"),
+      .def("model_tokens", py::overload_cast<int>(&AdaptiveSpeculativeParams::model_tokens, py::const_), py::arg("steps"),
            "Expected tokens per round at `steps` under the configured acceptance model.")
       .def("position_acceptance", &AdaptiveSpeculativeParams::position_acceptance, py::arg("position"),
            "Positional model: acceptance rate of draft position 1..64 given the earlier ones were accepted.")

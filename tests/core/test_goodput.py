@@ -237,14 +237,15 @@ def test_a_new_phase_lifts_the_bounce_guard():
             steps = params.current_steps
             params.update([round(accepted_fraction * steps)] * 4, 1.0 + 0.05 * steps)
 
-    # four bounces: up to 7 on full acceptance, straight back down when nothing is accepted there
+    # four bounces: up to 7 on full acceptance (at once: a phase change), back down at the next decisions
+    # when nothing is accepted there
     bounces = 0
     for _ in range(200):
         if bounces == 4:
             break
-        feed(1.0, 5)
+        feed(1.0, 1)
         if params.current_steps == 7:
-            feed(0.0, 5)
+            feed(0.0, 10)
             bounces += params.current_steps < 7
     assert bounces == 4 and params.current_steps < 7
     # the guard now blocks up moves for 2^4 decisions; a phase where every draft is accepted is a 2-4x
@@ -312,3 +313,31 @@ def test_positional_model_sees_through_bursty_acceptance():
 
     assert tiers_of("positional")[10:] == [7] * 20
     assert tiers_of("geometric") == [3] * 30
+
+
+@pytest.mark.parametrize("acceptance_model", ["geometric", "positional"])
+def test_a_phase_change_is_acted_on_between_decisions(acceptance_model):
+    # decisions only every 25 batches, yet a jump from prose-like to full acceptance moves up within a few
+    # batches, and the collapse back moves down as fast: a 1.5x predicted gain does not wait for the interval
+    params = goodput(1, candidate_steps=[1, 3, 7], probe_rounds=0, warmup_batches=0, update_interval=25,
+                     acceptance_model=acceptance_model)
+    cost = lambda k: 1.0 + 0.2 * k
+    rng = random.Random(3)
+    run(params, 0.15, cost, 100, rng)
+    assert params.current_steps == 1
+    high = run(params, 1.0, cost, 14, rng)
+    assert high[-1] == 7 and high.index(7) <= 6, high  # the next decision is 25 batches away
+    low = run(params, 0.0, cost, 14, rng)
+    assert low[-1] == 1, low
+    if acceptance_model == "geometric":  # positional keeps the deeper positions' rates, which the empty rounds
+        assert low.index(1) <= 6, low    # never reach: its down move waits for the decision (batch 125)
+
+
+def test_noisy_acceptance_is_left_to_the_interval():
+    # batch-to-batch noise at a steady acceptance rate never reaches a 1.5x predicted gain: with decisions only
+    # every 1000 batches, 400 noisy batches switch nothing
+    for acceptance_model in ("geometric", "positional"):
+        params = goodput(3, candidate_steps=[1, 3, 7], probe_rounds=0, warmup_batches=0, update_interval=1000,
+                         acceptance_model=acceptance_model)
+        tiers = run(params, 0.55, lambda k: 1.0 + 0.1 * k, 400, random.Random(11), batch=2)
+        assert set(tiers) == {3}, acceptance_model

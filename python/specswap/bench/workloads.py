@@ -5,17 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Long runs of near-identical lines: the continuation repeats what is already there, so drafts (and prompt
-# lookup) are accepted almost every time.
+# Long runs of identical lines, as upstream's "high" phase: the continuation repeats what is already there,
+# so drafts (and prompt lookup) are accepted almost every time. Lines that count up (squares[8], KEY_9) are
+# not here: their numbers are new tokens, a moderate-acceptance workload (bench/bench_engine.py's "list").
 HIGH_PROMPTS = [
     "Repeat the following line exactly, one per line, 40 times.\n" + "print('hello world')\n" * 8,
-    "# a table of squares\n" + "".join(f"squares[{i}] = {i} * {i}\n" for i in range(8)),
+    "x = 1\n" * 6,
     "Copy this list of names again and again:\n" + "alpha, beta, gamma, delta, epsilon\n" * 6,
-    "def test_values():\n" + "".join(f"    assert check(value_{i}) == expected_{i}\n" for i in range(8)),
+    "    self.a = a\n" * 3,
     "Write the same sentence ten more times.\n" + "The quick brown fox jumps over the lazy dog.\n" * 6,
-    "CONSTANTS = {\n" + "".join(f"    'KEY_{i}': {i},\n" for i in range(8)),
-    "Keep counting in this format:\n" + "".join(f"item {i}: ok\n" for i in range(1, 11)),
+    "zeros = [" + "0, " * 12,
     "for row in rows:\n" + "    total += row.value\n    count += 1\n" * 5,
+    "a = []\n" * 5,
 ]
 
 # Open-ended prose: every continuation is new text, so drafts are rarely right.
