@@ -158,6 +158,7 @@ AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_steps,
   }
   slow_.weight = config_.ema_alpha;
   fast_.weight = std::max(config_.ema_alpha, kFastEmaWeight);
+  fast_.forget_unreached = true;
   position_scratch_.assign(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0);
 }
 
@@ -246,7 +247,8 @@ bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths,
 
 std::size_t AdaptiveSpeculativeParams::phase_change_target() const noexcept {
   // The short-memory estimate must predict kPhaseChangeGain over the current
-  // tier, and the decisions' own estimate must agree that the move gains.
+  // tier. (It forgets positions the recent batches did not reach, so after a
+  // phase change their old rates do not hold a move back.)
   estimate_costs(last_table_, scratch_.data());
   const double fast_current = model_tokens(fast_, current_steps()) / scratch_[index_];
   std::size_t best = index_;
@@ -255,10 +257,7 @@ std::size_t AdaptiveSpeculativeParams::phase_change_target() const noexcept {
     const double goodput = model_tokens(fast_, candidates_[j]) / scratch_[j];
     if (goodput >= best_goodput) best_goodput = goodput, best = j;
   }
-  if (best == index_) return index_;
-  const double slow_current = model_tokens(slow_, current_steps()) / scratch_[index_];
-  const double slow_best = model_tokens(slow_, candidates_[best]) / scratch_[best];
-  return slow_best > slow_current * (1.0 + config_.min_gain) ? best : index_;
+  return best;
 }
 
 void AdaptiveSpeculativeParams::recompute_sglang() {
@@ -300,7 +299,8 @@ void AdaptiveSpeculativeParams::Acceptance::observe(long long batch_successes,
     trials = (1.0 - w) * trials + w * static_cast<double>(batch_trials);
   }
   // suffix sums: requests reaching position i = those whose last reached
-  // position is >= i. Positions nobody reached this batch keep their EMAs.
+  // position is >= i. Positions nobody reached this batch keep their EMAs,
+  // or, when forgetting, fade toward the pooled alpha (at() shrinks to it).
   double reach = 0.0, accept = 0.0;
   for (int i = steps; i >= 1; --i) {
     reach += reached[i];
@@ -308,6 +308,15 @@ void AdaptiveSpeculativeParams::Acceptance::observe(long long batch_successes,
     if (reach > 0.0) {
       position_successes[i] = (1.0 - w) * position_successes[i] + w * accept;
       position_trials[i] = (1.0 - w) * position_trials[i] + w * reach;
+    } else if (forget_unreached) {
+      position_successes[i] *= 1.0 - w;
+      position_trials[i] *= 1.0 - w;
+    }
+  }
+  if (forget_unreached) {
+    for (int i = steps + 1; i <= AdaptiveConfig::kMaxSteps; ++i) {
+      position_successes[i] *= 1.0 - w;
+      position_trials[i] *= 1.0 - w;
     }
   }
 }

@@ -148,6 +148,7 @@ class AdaptiveSpeculativeParams {
   // position 1..kMaxSteps, the EMAs of reaching and accepting it.
   struct Acceptance {
     double weight = 0.2;  // EMA weight per batch
+    bool forget_unreached = false;  // unreached positions fade toward alpha
     double successes = 0.0;
     double trials = 0.0;
     std::vector<double> position_successes;

@@ -17,7 +17,7 @@ DEFAULT_STATIC_STEPS = (1, 3, 7)
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="transition", choices=list(WORKLOADS),
                         help="low, high, or transition (low, high, low, high)")
-    parser.add_argument("--requests-per-phase", type=int, default=4)
+    parser.add_argument("--requests-per-phase", type=int, default=8, help="requests of each phase (upstream: 8)")
     parser.add_argument("--concurrency", type=int, default=2, help="requests in flight (the batch size)")
     parser.add_argument("--max-new-tokens", type=int, default=80)
     parser.add_argument("--low-temperature", type=float, default=1.0, help="sampling temperature of low phases")
