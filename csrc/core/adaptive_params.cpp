@@ -36,6 +36,10 @@ constexpr double kPhaseChangeGain = 1.5;
 // EMA weight of the short-memory acceptance estimate that detects a phase
 // change between two decisions (the decisions use config.ema_alpha).
 constexpr double kFastEmaWeight = 0.5;
+// Requests (summed over consecutive batches) that must all point at the same
+// tier before a phase change is acted on: at batch 1 two lucky requests are
+// not a phase (6 batches), at batch 2 three batches, at batch 4 two.
+constexpr std::uint64_t kPhaseChangeRequests = 6;
 
 }  // namespace
 
@@ -146,6 +150,7 @@ AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_steps,
   ema_ = static_cast<double>(current_steps() - 1);
 
   initial_index_ = index_;
+  phase_change_tier_ = index_;
   cost_ema_.assign(kNumTables * candidates_.size(),
                    std::numeric_limits<double>::quiet_NaN());
   scratch_.assign(candidates_.size(), 0.0);
@@ -235,7 +240,13 @@ bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths,
     // no acceptance: its probes above handle it).
     if (current_steps() == 0) return false;
     const std::size_t target = phase_change_target();
-    if (target == index_) return false;
+    if (target == index_ || target != phase_change_tier_) {
+      phase_change_tier_ = target;
+      phase_change_requests_ = target == index_ ? 0 : accept_lengths.size();
+    } else {
+      phase_change_requests_ += accept_lengths.size();
+    }
+    if (target == index_ || phase_change_requests_ < kPhaseChangeRequests) return false;
     ++decisions_;
     move_to(target, /*is_decision=*/true);
   } else {
@@ -525,6 +536,8 @@ void AdaptiveSpeculativeParams::move_to(std::size_t index, bool is_decision) noe
   }
   index_ = index;
   batches_on_tier_ = 0;
+  phase_change_tier_ = index;
+  phase_change_requests_ = 0;
 }
 
 std::vector<double> AdaptiveSpeculativeParams::cost_estimates(int batch_size,

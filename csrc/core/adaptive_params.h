@@ -161,6 +161,8 @@ class AdaptiveSpeculativeParams {
   double model_tokens(const Acceptance& estimate, int steps) const noexcept;
   Acceptance slow_;  // config.ema_alpha: what decisions use
   Acceptance fast_;  // kFastEmaWeight: detects phase changes between decisions
+  std::size_t phase_change_tier_ = 0;        // where the last batches pointed
+  std::uint64_t phase_change_requests_ = 0;  // requests in those batches
   // [table * candidates + index]: EMA of seconds per round; NaN = never.
   std::vector<double> cost_ema_;
   mutable std::vector<double> scratch_;  // candidates_.size(): costs

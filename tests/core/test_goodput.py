@@ -341,3 +341,17 @@ def test_noisy_acceptance_is_left_to_the_interval():
                          acceptance_model=acceptance_model)
         tiers = run(params, 0.55, lambda k: 1.0 + 0.1 * k, 400, random.Random(11), batch=2)
         assert set(tiers) == {3}, acceptance_model
+
+
+@pytest.mark.parametrize("acceptance_model", ["geometric", "positional"])
+def test_one_lucky_request_is_not_a_phase(acceptance_model):
+    # batch 1, EAGLE-like prose: each draft accepted with probability 0.37, tier 7 dear. Two accepted rounds in
+    # a row push a short-memory estimate past 1.5x; only 4 requests in a row pointing the same way move the
+    # tier between decisions (none here: decisions every 1000 batches)
+    up_moves = 0
+    for seed in range(5):
+        params = goodput(1, candidate_steps=[1, 3, 7], probe_rounds=0, warmup_batches=0, update_interval=1000,
+                         acceptance_model=acceptance_model)
+        tiers = run(params, 0.37, lambda k: 1.0 + 0.1 * k, 800, random.Random(seed), batch=1)
+        up_moves += sum(b > a for a, b in zip(tiers, tiers[1:]))
+    assert up_moves <= 1  # acting on 4 requests in a row pointing up: 8 up moves in these 4000 batches
