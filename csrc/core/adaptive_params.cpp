@@ -243,13 +243,9 @@ bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths,
     // no acceptance: its probes above handle it).
     if (current_steps() == 0) return false;
     const std::size_t target = phase_change_target();
-    if (target == index_ || target != phase_change_tier_) {
-      phase_change_tier_ = target;
-      phase_change_requests_ = target == index_ ? 0 : accept_lengths.size();
-    } else {
-      phase_change_requests_ += accept_lengths.size();
-    }
+    if (target != phase_change_tier_) phase_change_tier_ = target, phase_change_requests_ = 0;
     if (target == index_) return false;
+    phase_change_requests_ += accept_lengths.size();
     if (accept_lengths.size() < 2 && phase_change_requests_ < kPhaseChangeRequests) return false;
     ++decisions_;
     move_to(target, /*is_decision=*/true);

@@ -346,7 +346,7 @@ def test_noisy_acceptance_is_left_to_the_interval():
 @pytest.mark.parametrize("acceptance_model", ["geometric", "positional"])
 def test_one_lucky_request_is_not_a_phase(acceptance_model):
     # batch 1, EAGLE-like prose: each draft accepted with probability 0.37, tier 7 dear. Two accepted rounds in
-    # a row push a short-memory estimate past 1.5x; only 4 requests in a row pointing the same way move the
+    # a row push a short-memory estimate past 1.5x; only 6 requests in a row pointing the same way move the
     # tier between decisions (none here: decisions every 1000 batches)
     up_moves = 0
     for seed in range(5):
