@@ -51,16 +51,19 @@ REPEAT_PROMPTS = [
     "return None\nreturn None\nreturn None\n",
     "a = []\na = []\na = []\na = []\n",
 ]
-# list continuations: the next item follows from the pattern of the previous ones (prompt lookup's home ground)
+# list continuations: each item repeats the previous one's template with a new counter, as in SQL, HTML,
+# JSON and config code (prompt lookup's home ground: it copies the template and misses only the counter)
 LIST_PROMPTS = [
-    "1. January\n2. February\n3. March\n4. April\n5.",
-    "Monday, Tuesday, Wednesday,",
-    "values = [0x00, 0x01, 0x02, 0x03, 0x04, 0x05,",
     "SELECT name FROM users WHERE id = 1;\nSELECT name FROM users WHERE id = 2;\nSELECT name FROM users WHERE id = 3;\n",
-    "A, B, C, D, E, F,",
+    '<li><a href="/page/1">Page 1</a></li>\n<li><a href="/page/2">Page 2</a></li>\n<li><a href="/page/3">Page 3</a></li>\n',
+    "self.layer1 = nn.Linear(64, 64)\nself.layer2 = nn.Linear(64, 64)\n",
+    '{"id": 1, "name": "item 1", "price": 10},\n{"id": 2, "name": "item 2", "price": 20},\n',
+    "INSERT INTO logs (level, message) VALUES ('info', 'step 1 done');\n"
+    "INSERT INTO logs (level, message) VALUES ('info', 'step 2 done');\n",
+    "    parser.add_argument('--alpha', type=int, default=1, help='the alpha value')\n"
+    "    parser.add_argument('--beta', type=int, default=2, help='the beta value')\n",
     "case 1: return 'one';\ncase 2: return 'two';\ncase 3: return 'three';\n",
     "- item 1\n- item 2\n- item 3\n",
-    "x[0] = 0\nx[1] = 1\nx[2] = 2\n",
 ]
 PROSE_PROMPTS = [
     "The purpose of this module is",

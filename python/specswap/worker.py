@@ -34,14 +34,15 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy, argmax,
-                               exponential_, logits_to_probs, sample_from_probs)
+from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy, accept_keyed,
+                               argmax, exponential_, logits_to_probs, sample_from_probs, sample_keyed)
 
 __all__ = ["EAGLEWorker", "RoundResult", "TierState", "DraftStage", "VerifyStage", "DraftExtendStage",
            "SPECULATIVE_ALGORITHMS", "propose_ngram"]
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "STANDALONE", "NGRAM", None)
-# NGRAM (prompt lookup): the longest suffix of this length range that occurred before proposes what followed it
+# NGRAM (prompt lookup): the longest suffix of this length range that occurred before (or, from 2 up, the same
+# tokens before a changed last one) proposes what followed it
 NGRAM_MAX_MATCH = 4
 NGRAM_MIN_MATCH = 1
 # graph mode captures whole greedy rounds (RoundGraphs) and repacks bf16 weights for targets up to this size by
@@ -201,6 +202,14 @@ class EAGLEWorker:
         self.generators: list[torch.Generator | None] = [None] * max_batch_size
         self.controller = None  # an AdaptiveController, set by whoever owns one
         self.accept_fn: Callable = accept_draft_tokens
+        # NGRAM and target-only decoding sample output position n of a request by inverting the target's CDF at
+        # u_n, the n-th draw of the request's seeded stream (sampling.accept_keyed): its text then depends on
+        # its seed only, not on the tier, the switches or its batch, and NGRAM's equals target-only decoding's
+        self.keyed_sampling = speculative_algorithm in ("NGRAM", None)
+        self.accept_keyed_fn: Callable = accept_keyed
+        self._streams: list[torch.Tensor | None] = [None] * max_batch_size   # [cache_capacity] per sampled slot
+        self._prompt_lens = [0] * max_batch_size
+        self._position_uniforms = torch.zeros(max_batch_size, self.max_steps + 1, device=self.device)
         # vocabulary-sized buffers, shared by every tier (each tier holds views): [S, k_max, V], [S, k_max, Vd]
         self._draft_probs = torch.zeros(max_batch_size, self.max_steps, self.vocab_size, device=self.device)
         self._draft_noise = torch.ones(max_batch_size, self.max_steps, self.draft_vocab_size, device=self.device)
@@ -350,11 +359,20 @@ class EAGLEWorker:
         last_logits = out.logits[:, 0]                                                        # [B, V]
         probs = logits_to_probs(last_logits, self.temperature[slot_index], self.top_k[slot_index],
                                 self.top_p[slot_index], any(p.needs_filter for p in params))  # [B, V]
-        noise = torch.ones_like(probs)
-        for row, (request_params, generator) in enumerate(zip(params, generators)):
-            if not request_params.greedy:
-                exponential_(noise[row], generator)
-        first_tokens = sample_from_probs(probs, noise)                                        # [B]
+        if self.keyed_sampling:
+            uniforms = torch.zeros(batch, device=self.device)  # one-hot (greedy) rows draw their argmax at any u
+            for row, (slot, request_params, generator) in enumerate(zip(slots, params, generators)):
+                self._prompt_lens[slot] = len(prompts[row])
+                if not request_params.greedy:
+                    self._streams[slot] = torch.rand(self.cache_capacity, generator=generator, device=self.device)
+                    uniforms[row] = self._streams[slot][0]
+            first_tokens = sample_keyed(probs, uniforms)                                      # [B]
+        else:
+            noise = torch.ones_like(probs)
+            for row, (request_params, generator) in enumerate(zip(params, generators)):
+                if not request_params.greedy:
+                    exponential_(noise[row], generator)
+            first_tokens = sample_from_probs(probs, noise)                                    # [B]
         if self.speculative_algorithm == "EAGLE":
             # head position j consumes (x_{j+1}, f_j): tokens x_1..x_P with features f_0..f_{P-1}
             head_ids = torch.cat((input_ids[:, 1:], input_ids[:, :1]), dim=1)                # [B, P]
@@ -389,6 +407,7 @@ class EAGLEWorker:
         """Forget a finished or aborted request; its cache row is free for the next one."""
         self.params[slot] = None
         self.generators[slot] = None
+        self._streams[slot] = None
         self.host_seq_lens[slot] = 0
         self.host_tokens[slot] = []
         self.draft_len[slot] = 0
@@ -481,7 +500,9 @@ class EAGLEWorker:
             accept_lengths, next_tokens = accept_greedy(out.logits, draft_tokens)  # [B], [B]
         else:
             temperature, top_k, top_p, apply_filters = sampling
-            if not apply_filters and self.accept_fn is accept_draft_tokens:
+            if self.keyed_sampling:
+                accept_lengths, next_tokens = self._accept_keyed(out.logits, draft_tokens, sampling)
+            elif not apply_filters and self.accept_fn is accept_draft_tokens:
                 # no top-k/top-p: the same test straight from the logits, building p only where it is read
                 accept_lengths, next_tokens = accept_from_logits(
                     out.logits, temperature, draft_tokens,
@@ -509,6 +530,23 @@ class EAGLEWorker:
         self.last_tokens[slot_index] = next_tokens
         return accept_lengths, next_tokens
 
+    def _accept_keyed(self, logits: torch.Tensor, draft_tokens: torch.Tensor, sampling) -> tuple[torch.Tensor,
+                                                                                                 torch.Tensor]:
+        """accept_keyed on the verify's logits [B, k+1, V] with this round's per-position uniforms."""
+        temperature, top_k, top_p, apply_filters = sampling
+        batch, positions, _ = logits.shape
+        uniforms = self._position_uniforms[:batch, :positions]
+        if apply_filters:
+            weights = logits_to_probs(logits.reshape(batch * positions, -1), temperature.repeat_interleave(positions),
+                                      top_k.repeat_interleave(positions), top_p.repeat_interleave(positions),
+                                      True).view(batch, positions, -1)                         # [B, k+1, V]
+            return self.accept_keyed_fn(weights, draft_tokens, uniforms)
+        greedy = temperature <= 0                                                              # [B]
+        scaled = logits.float() / torch.where(greedy, 1.0, temperature.float()).view(-1, 1, 1)
+        weights = scaled.sub_(scaled.amax(dim=-1, keepdim=True)).exp_()                        # [B, k+1, V]
+        greedy_tokens = torch.where(greedy.unsqueeze(-1), argmax(logits), -1) if bool(greedy.any()) else None
+        return self.accept_keyed_fn(weights, draft_tokens, uniforms, greedy_tokens)
+
     def _draw_noise(self, state, slots: Sequence[int]) -> None:
         """Fill this round's random draws from each sampling request's own generator (ones for greedy rows).
 
@@ -518,6 +556,12 @@ class EAGLEWorker:
         draft, verify = state.draft, state.verify
         sampling_rows = [(row, self.generators[s]) for row, s in enumerate(slots) if not self.params[s].greedy]
         if not sampling_rows:
+            return
+        if self.keyed_sampling:  # u_n .. u_{n+k} of each sampled request, n its next output position
+            for row, slot in enumerate(slots):
+                if not self.params[slot].greedy:
+                    start = self.host_seq_lens[slot] - self._prompt_lens[slot]
+                    self._position_uniforms[row, :steps + 1] = self._streams[slot][start:start + steps + 1]
             return
         batch = len(slots)
         drafts_sample = steps and self.speculative_algorithm != "NGRAM"  # NGRAM's drafts are not drawn
@@ -650,14 +694,28 @@ def propose_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATC
     """The ``steps`` tokens that followed the latest earlier occurrence of the longest suffix of ``tokens``
     (max_match down to min_match long), copied on over the drafts themselves where the text runs out (an
     overlapping copy, as in LZ77: periodic text continues for as many steps as asked, not for one period);
-    [] when no suffix occurs earlier (not even the last token): a guess then would only widen the verify."""
+    [] when no suffix occurs earlier (not even the last token): a guess then would only widen the verify.
+
+    After the exact suffix of each length m >= 2 fails, the m tokens before the last one are tried with the last
+    token as a wildcard: in a repeated template the new token is a counter or a name (``id = 4`` after
+    ``id = 3;``) and the template goes on after it."""
     length = len(tokens)
     for size in range(min(max_match, length - 1), min_match - 1, -1):
         suffix = tokens[length - size:]
         for start in range(length - size - 1, -1, -1):  # latest first; the suffix itself is excluded
             if tokens[start:start + size] == suffix:
-                drafts: list[int] = []
-                for index in range(start + size, start + size + steps):
-                    drafts.append(tokens[index] if index < length else drafts[index - length])
-                return drafts
+                return _copy_on(tokens, start + size, steps)
+        if size >= 2 and size <= length - 2:  # the same length of context before a changed last token
+            head = tokens[length - 1 - size:length - 1]
+            for start in range(length - size - 2, -1, -1):
+                if tokens[start:start + size] == head:
+                    return _copy_on(tokens, start + size + 1, steps)
     return []
+
+
+def _copy_on(tokens: list[int], start: int, steps: int) -> list[int]:
+    """``steps`` tokens from ``tokens[start]`` on, continuing over the copy itself past the end."""
+    drafts: list[int] = []
+    for index in range(start, start + steps):
+        drafts.append(tokens[index] if index < len(tokens) else drafts[index - len(tokens)])
+    return drafts

@@ -201,6 +201,27 @@ def test_abort_frees_the_slot_and_leaves_others_alone():
     assert [eng.finished[keep].token_ids, eng.finished[queued].token_ids] == expected
 
 
+@pytest.mark.parametrize("filters", [{}, {"top_k": 12, "top_p": 0.9}])
+def test_ngram_sampling_draws_the_target_only_tokens_at_every_tier_and_switch(filters):
+    # one uniform per output position from each request's seed (sampling.accept_keyed): the drafts and the tier
+    # decide how many positions a round verifies, never which token is drawn at a position
+    prompts = [[2, 3, 4, 5, 2, 3, 4, 5, 2, 3], [9, 9, 9, 9, 9], [5, 6, 7], [40, 41, 40, 41, 40]]
+    sampling = dict(temperature=0.3, seed=17, **filters)  # cool enough for drafts to be taken, still sampled
+    reference = [r.token_ids for r in engine(None, max_batch_size=3).generate(prompts, 30, **sampling)]
+    assert reference != target_only_tokens(prompts, 30)
+    for config in ({"speculative_num_steps": 1}, {"speculative_num_steps": 3}, {"speculative_num_steps": 7},
+                   {"speculative_adaptive": True, "speculative_adaptive_config": FORCED}):
+        eng = engine("NGRAM", max_batch_size=3, **config)
+        assert [r.token_ids for r in eng.generate(prompts, 30, **sampling)] == reference, config
+        stats = eng.stats()
+        assert stats["mean_accept_length"] > 0.2, (config, stats)  # drafts were verified and taken
+        if "speculative_adaptive" in config:
+            assert stats["num_switches"] >= 2, stats
+    # another seed draws other text
+    other = engine("NGRAM", max_batch_size=3).generate(prompts, 30, **{**sampling, "seed": 18})
+    assert [r.token_ids for r in other] != reference
+
+
 def test_seeded_sampling_is_reproducible_and_independent_of_batch_companions():
     eng = engine("EAGLE", speculative_num_steps=3)
     alone = eng.generate([[5, 6, 7]], 20, temperature=1.0, top_k=10, seed=123)[0].token_ids

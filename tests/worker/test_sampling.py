@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy,
-                               exponential_, logits_to_probs, sample_from_probs)
+from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy, accept_keyed,
+                               exponential_, logits_to_probs, sample_from_probs, sample_keyed)
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -167,6 +167,40 @@ def test_accept_from_logits_takes_the_same_decisions_as_the_full_law(one_hot_dra
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     if steps:
         assert 0 < int((expected[0] > 0).sum()) and int((expected[0] == 0).sum()) > 0  # both paths exercised
+
+
+def test_sample_keyed_inverts_the_cdf_exactly():
+    # a uniform grid of u maps each token to a share of the grid equal to its probability, tiny ones included
+    weights = torch.tensor([3e-9, 0.5, 0.0, 0.2, 1e-12, 0.3 - 3e-9 - 1e-12])
+    grid = 1_000_000
+    u = (torch.arange(grid, dtype=torch.float64) + 0.5) / grid
+    counts = torch.bincount(sample_keyed(weights.expand(grid, -1) * 7.0, u), minlength=6)  # unnormalised
+    torch.testing.assert_close(counts.double() / grid, weights.double(), atol=1.5 / grid, rtol=0)
+    assert counts[2] == 0  # zero weight is never drawn
+    # u = 1 (never drawn, but rounding gets close) keeps to tokens with weight; u = 0 draws the first token with weight
+    assert sample_keyed(torch.tensor([[0.0, 1.0, 1.0, 0.0]]), torch.tensor([1.0])).item() == 2
+    assert sample_keyed(torch.tensor([[0.0, 1.0, 1.0, 0.0]]), torch.tensor([0.0])).item() == 1
+
+
+def test_keyed_acceptance_takes_a_draft_with_probability_p_and_emits_the_target_draw():
+    # row law p at every position; a one-hot draft d is accepted exactly when the position's draw equals d
+    p = torch.tensor([0.1, 0.6, 0.3])
+    rows = 300_000
+    generator = torch.Generator().manual_seed(3)
+    u = torch.rand(rows, 3, generator=generator, dtype=torch.float64)
+    drafts = torch.tensor([[1, 1]]).expand(rows, -1)
+    accept, nxt = accept_keyed(p.expand(rows, 3, 3), drafts, u)
+    draws = sample_keyed(p.expand(rows, 3, 3), u)
+    assert torch.equal(nxt, draws[torch.arange(rows), accept])          # the emitted token is the draw there
+    freq = torch.bincount(accept, minlength=3).double() / rows           # 0, 1, 2 accepted: 0.4, 0.24, 0.36
+    torch.testing.assert_close(freq, torch.tensor([0.4, 0.6 * 0.4, 0.36], dtype=torch.float64), atol=4e-3, rtol=0)
+    rejected_at_0 = nxt[accept == 0]
+    assert (rejected_at_0 != 1).all()                                     # p without d: 0 and 2 as 1 : 3
+    assert abs((rejected_at_0 == 0).double().mean().item() - 0.25) < 5e-3
+    # greedy rows take their argmax whatever u is
+    greedy = torch.tensor([[1, 1, 2]]).expand(rows, -1)
+    accept, nxt = accept_keyed(p.expand(rows, 3, 3), drafts, u, greedy)
+    assert (accept == 2).all() and (nxt == 2).all()
 
 
 def test_exponential_noise_has_the_exp1_law():

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from spec_helpers import (bigram_pair, random_eagle_head, random_target, reference_eagle_drafts, reference_greedy,
                       run_to_completion)
-from specswap.sampling import SamplingParams, accept_draft_tokens, logits_to_probs, sample_from_probs
+from specswap.sampling import SamplingParams, accept_draft_tokens, logits_to_probs, sample_from_probs, sample_keyed
 from specswap.worker import EAGLEWorker, propose_ngram
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [9, 9, 9, 9, 2]]
@@ -234,6 +234,18 @@ def test_ngram_proposals_continue_the_latest_longest_match():
     assert propose_ngram([4, 8, 4, 6, 4], 1) == [6]                    # the latest occurrence
 
 
+def test_ngram_proposals_skip_a_changed_token_inside_a_repeated_template():
+    # "id = 3 ; SELECT ... id = 4": no suffix [=, 4] occurred, but [id, =] before a changed token did
+    template = [10, 11, 3, 12, 13, 10, 11, 4]
+    assert propose_ngram(template, 4) == [12, 13, 10, 11]
+    # an exact match of the same length wins over a skip: [2, 9] -> 6 rather than [1, 2, *] -> 8
+    assert propose_ngram([1, 2, 5, 8, 2, 9, 6, 0, 1, 2, 9], 1) == [6]
+    # three tokens of context before a skip beat an exact two-token match: [5, 6, 7, *] over [7, 8]
+    assert propose_ngram([5, 6, 7, 1, 2, 7, 8, 3, 5, 6, 7, 8], 2) == [2, 7]
+    # a one-token context is too common to skip on: the last token alone is looked up
+    assert propose_ngram([1, 2, 3, 1, 4], 2) == []
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_ngram_round_with_nothing_to_look_up_is_a_plain_decode_the_controller_does_not_see(graphs):
     target = random_target(seed=3)
@@ -344,7 +356,14 @@ def _resample_from_p(target_probs, draft_probs, draft_tokens, uniforms, noise):
     return accept_lengths, sample_from_probs(target_probs[rows, accept_lengths], noise)
 
 
+def _accept_always_keyed(target_weights, draft_tokens, uniforms, greedy_tokens=None):
+    """accept_always for NGRAM's keyed acceptance: every draft, then the target's draw after the last."""
+    batch, steps = draft_tokens.shape
+    return torch.full((batch,), steps), sample_keyed(target_weights[:, steps], uniforms[:, steps])
+
+
 BIASED_VERIFIERS = {"accept_always": _accept_always, "resample_from_p": _resample_from_p}
+BIASED_KEYED_VERIFIERS = {"accept_always": _accept_always_keyed}
 
 
 # k = 1 puts the bonus token (all drafts accepted) into the 3-token window; k = 2 the mid-chain rejection
@@ -358,6 +377,8 @@ BIASED_VERIFIERS = {"accept_always": _accept_always, "resample_from_p": _resampl
     ("EAGLE", 1, SamplingParams(max_new_tokens=3, temperature=1.2), None),
     ("NGRAM", 1, SamplingParams(max_new_tokens=3, temperature=1.0), None),
     ("NGRAM", 2, SamplingParams(max_new_tokens=3, temperature=1.0), "accept_always"),
+    ("NGRAM", 2, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), None),
+    ("NGRAM", 1, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), "accept_always"),
 ])
 def test_sampled_continuations_follow_the_target_law(algorithm, steps, params, biased):
     # sharp, clearly different target and draft laws so that a biased verifier shows
@@ -369,7 +390,9 @@ def test_sampled_continuations_follow_the_target_law(algorithm, steps, params, b
     else:
         draft = random_eagle_head(target, seed=4, token_map=[0, 2, 3, 5])
     worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=steps, max_batch_size=8, max_seq_len=16)
-    if biased:
+    if biased and worker.keyed_sampling:  # NGRAM: one uniform per output position (sampling.accept_keyed)
+        worker.accept_keyed_fn = BIASED_KEYED_VERIFIERS[biased]
+    elif biased:
         worker.accept_fn = BIASED_VERIFIERS[biased]
     # a biased verifier is far off; the unbiased runs need the samples to have power
     counts = sample_continuations(worker, params, num_samples=1200 if biased else 4000, seed=11)
