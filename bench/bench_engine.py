@@ -197,7 +197,7 @@ def transformers_runners(name: str, dtype: torch.dtype, encode) -> dict[str, Tra
 
 
 def agreement(outputs: list[list[int]], reference: list[list[int]]) -> str:
-    """'identical/total, mean common prefix' of greedy outputs against target-only ones."""
+    """'identical/total, mean common prefix' of outputs against target-only ones."""
     identical = sum(a == b for a, b in zip(outputs, reference))
     prefixes = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
                 for a, b in zip(outputs, reference)]

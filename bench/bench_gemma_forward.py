@@ -1,4 +1,4 @@
-"""Gemma 3 270M forward cost at batch 1: bf16 vs fp32, T = 1, 2, 4, 8 new tokens, and the LM head's share.
+"""Gemma 3 270M forward cost at batch 1: bf16 vs fp32, T = 1, 2, 4, 8, 16 new tokens, and the LM head's share.
 
     PYTHONPATH=python python bench/bench_gemma_forward.py [--repeats 20] [--context 64] [--threads N]
 
@@ -59,7 +59,7 @@ def main() -> None:
         slots = torch.tensor([0])
         with torch.inference_mode():
             model(torch.full((1, args.context), 100), torch.arange(args.context)[None], cache, slots)
-            for length in (1, 2, 4, 8):
+            for length in (1, 2, 4, 8, 16):
                 ids = torch.full((1, length), 100)
                 positions = torch.arange(args.context, args.context + length)[None]
                 hidden = torch.randn(1, length, model.config.hidden_size, dtype=dtype)
@@ -72,6 +72,7 @@ def main() -> None:
     for length in (1, 8):
         print(f"fp32 / bf16 at T={length}: {results[torch.float32, length] / results[torch.bfloat16, length]:.2f}x")
     print(f"bf16 T=8 / T=1: {results[torch.bfloat16, 8] / results[torch.bfloat16, 1]:.2f}x")
+    print(f"bf16 T=16 / T=1: {results[torch.bfloat16, 16] / results[torch.bfloat16, 1]:.2f}x")
 
 
 if __name__ == "__main__":

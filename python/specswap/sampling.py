@@ -12,6 +12,7 @@ functions never touch a global RNG and never sync with the host.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ __all__ = [
     "sample_from_probs",
     "accept_draft_tokens",
     "accept_greedy",
+    "position_key",
     "sample_keyed",
     "accept_keyed",
 ]
@@ -136,66 +138,46 @@ def sample_from_probs(probs: torch.Tensor, exponential_noise: torch.Tensor) -> t
     return argmax(probs / exponential_noise)
 
 
-def sample_keyed(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Draw one token per row by inverting its CDF at a given uniform: the first index whose cumulative weight
-    exceeds ``u * total``, an exact categorical draw for u uniform in [0, 1).
+_MASK64 = (1 << 64) - 1
 
-    weights: [..., V] non-negative, not necessarily normalised (exp(logits - max) will do); uniforms: [...].
-    Two levels keep it to about one pass over the weights: block sums (float64) find the block, a float64
-    cumulative sum inside that one block finds the token, so no token's share (down to ~1e-16 of the total)
-    rounds away and zero-weight tokens are never drawn. Returns [...] int64.
+
+def position_key(seed: int, position: int) -> int:
+    """The generator seed of a request's draw at one output position: its seed and the position mixed by
+    splitmix64's finaliser, so neighbouring seeds (generate seeds prompt i with seed + i) and positions give
+    unrelated noise."""
+    z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 31)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 29)
+
+
+def sample_keyed(log_weights: torch.Tensor, key: int, generator: torch.Generator, noise: torch.Tensor) -> int:
+    """One draw from softmax(log_weights) by the Gumbel-max rule, its noise a function of ``key`` alone:
+    argmax(log w_v - log E_v), E_v = -log U_v from ``generator`` seeded at key (the exponential race of
+    sample_from_probs, in log space). Logits that differ a little move the draw only when the two best
+    perturbed scores are that close: about the total-variation distance of the two laws, not more.
+
+    log_weights: [V] float32, unnormalised (-inf: never drawn); noise: [V] float32 scratch, overwritten.
     """
-    vocab_size = weights.shape[-1]
-    block = _keyed_block(vocab_size)
-    blocks = weights.reshape(*weights.shape[:-1], vocab_size // block, block)                   # [..., n, b]
-    block_cum = blocks.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)                          # [..., n]
-    threshold = uniforms.double().unsqueeze(-1) * block_cum[..., -1:]                           # [..., 1]
-    chosen = _search_weighted(block_cum, threshold)                                             # [..., 1]
-    base = torch.where(chosen > 0, block_cum.gather(-1, (chosen - 1).clamp(min=0)), 0.0)       # [..., 1]
-    index = chosen.unsqueeze(-1).expand(*chosen.shape, block)                                   # [..., 1, b]
-    within = blocks.gather(-2, index).squeeze(-2).double().cumsum(dim=-1)                        # [..., b]
-    offset = _search_weighted(within, (threshold - base).clamp(min=0.0))                        # [..., 1]
-    return (chosen * block + offset).squeeze(-1)
+    generator.manual_seed(key)
+    noise.uniform_(generator=generator).log_().neg_().log_().neg_().add_(log_weights)  # log w - log E
+    return int(argmax(noise))
 
 
-def _keyed_block(vocab_size: int) -> int:
-    """The largest power of two <= sqrt(V) dividing V (512 for 262 144), else V: one block."""
-    block = 1 << (max(vocab_size, 1).bit_length() - 1) // 2
-    while block > 1 and vocab_size % block:
-        block //= 2
-    return block if block > 1 else vocab_size
+def accept_keyed(draw: Callable[[int], int], draft_tokens: Sequence[int]) -> tuple[int, int]:
+    """Lossless acceptance of deterministic drafts (prompt lookup) against the target's own draws.
 
-
-def _search_weighted(cumulative: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """First index whose cumulative value exceeds threshold (an entry that adds weight), capped at the last
-    entry that adds weight (threshold at or past the total, by rounding)."""
-    index = torch.searchsorted(cumulative, threshold, right=True)
-    last = torch.searchsorted(cumulative, cumulative[..., -1:].contiguous(), right=False)
-    return torch.minimum(index, last)
-
-
-def accept_keyed(target_weights: torch.Tensor, draft_tokens: torch.Tensor, uniforms: torch.Tensor,
-                 greedy_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lossless acceptance of deterministic drafts (prompt lookup) with one uniform per output position.
-
-    The target's own draw at each verified position is ``sample_keyed(p_i, u_i)``; drafts are accepted while
-    they equal those draws, and the draw at the first mismatch (or after the last draft) is emitted. For a
-    one-hot draft this accepts d with probability p(d) and otherwise emits a draw from p without d, the law of
-    ``accept_draft_tokens``; but the emitted token at output position n is always F_n^-1(u_n), so with u keyed
-    by position (a request's seeded stream) the output is the same at every tier, and equals target-only
-    decoding that inverts the same CDFs.
-
-    target_weights: [B, k+1, V] non-negative (row i: the target after [last, d_1..d_i]); draft_tokens: [B, k];
-    uniforms: [B, k+1]; greedy_tokens: [B, k+1] int64 with -1 where a row samples, else its argmax (greedy
-    rows), or None. Returns (accept_lengths [B], next_tokens [B]).
+    ``draw(i)``: the target's draw at verified position i (an exact sample of p_i, keyed by the output
+    position). Drafts are accepted while they equal the draws; the draw where they stop (or after the last
+    draft) is emitted. For a one-hot draft this accepts d with probability p(d) and otherwise emits p without
+    d, the law of accept_draft_tokens; but the token emitted at output position n is always the draw keyed by
+    n, so a request's text does not depend on its drafts, its tier or its batch. Draws past the first mismatch
+    are never made. Returns (accepted drafts, emitted token).
     """
-    draws = sample_keyed(target_weights, uniforms)                                               # [B, k+1]
-    if greedy_tokens is not None:
-        draws = torch.where(greedy_tokens >= 0, greedy_tokens, draws)
-    num_draft = draft_tokens.shape[1]
-    accept_lengths = (draft_tokens == draws[:, :num_draft]).long().cumprod(dim=-1).sum(dim=-1)  # [B]
-    rows = torch.arange(draws.shape[0], device=draws.device)
-    return accept_lengths, draws[rows, accept_lengths]
+    for index, draft in enumerate(draft_tokens):
+        token = draw(index)
+        if token != draft:
+            return index, token
+    return len(draft_tokens), draw(len(draft_tokens))
 
 
 def accept_draft_tokens(

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy, accept_keyed,
-                               argmax, exponential_, logits_to_probs, sample_from_probs, sample_keyed)
+                               argmax, exponential_, logits_to_probs, position_key, sample_from_probs, sample_keyed)
 
 __all__ = ["EAGLEWorker", "RoundResult", "TierState", "DraftStage", "VerifyStage", "DraftExtendStage",
            "SPECULATIVE_ALGORITHMS", "propose_ngram"]
@@ -202,14 +202,15 @@ class EAGLEWorker:
         self.generators: list[torch.Generator | None] = [None] * max_batch_size
         self.controller = None  # an AdaptiveController, set by whoever owns one
         self.accept_fn: Callable = accept_draft_tokens
-        # NGRAM and target-only decoding sample output position n of a request by inverting the target's CDF at
-        # u_n, the n-th draw of the request's seeded stream (sampling.accept_keyed): its text then depends on
-        # its seed only, not on the tier, the switches or its batch, and NGRAM's equals target-only decoding's
+        # NGRAM and target-only decoding draw output position n of a request with noise keyed by (its seed, n)
+        # (sampling.accept_keyed): its text then depends on its seed only, not on the tier, the switches or its
+        # batch, and NGRAM's equals target-only decoding's
         self.keyed_sampling = speculative_algorithm in ("NGRAM", None)
         self.accept_keyed_fn: Callable = accept_keyed
-        self._streams: list[torch.Tensor | None] = [None] * max_batch_size   # [cache_capacity] per sampled slot
+        self._keyed_seeds = [0] * max_batch_size
         self._prompt_lens = [0] * max_batch_size
-        self._position_uniforms = torch.zeros(max_batch_size, self.max_steps + 1, device=self.device)
+        self._keyed_generator = torch.Generator(device=self.device)
+        self._keyed_noise = torch.empty(self.vocab_size, device=self.device)                 # [V] scratch
         # vocabulary-sized buffers, shared by every tier (each tier holds views): [S, k_max, V], [S, k_max, Vd]
         self._draft_probs = torch.zeros(max_batch_size, self.max_steps, self.vocab_size, device=self.device)
         self._draft_noise = torch.ones(max_batch_size, self.max_steps, self.draft_vocab_size, device=self.device)
@@ -360,13 +361,14 @@ class EAGLEWorker:
         probs = logits_to_probs(last_logits, self.temperature[slot_index], self.top_k[slot_index],
                                 self.top_p[slot_index], any(p.needs_filter for p in params))  # [B, V]
         if self.keyed_sampling:
-            uniforms = torch.zeros(batch, device=self.device)  # one-hot (greedy) rows draw their argmax at any u
+            first_tokens = argmax(probs)                                                      # [B] (greedy rows)
             for row, (slot, request_params, generator) in enumerate(zip(slots, params, generators)):
                 self._prompt_lens[slot] = len(prompts[row])
                 if not request_params.greedy:
-                    self._streams[slot] = torch.rand(self.cache_capacity, generator=generator, device=self.device)
-                    uniforms[row] = self._streams[slot][0]
-            first_tokens = sample_keyed(probs, uniforms)                                      # [B]
+                    seed = generator.initial_seed() if generator is not None else int(torch.randint(2 ** 62, ()))
+                    self._keyed_seeds[slot] = seed
+                    first_tokens[row] = sample_keyed(probs[row].log(), position_key(seed, 0), self._keyed_generator,
+                                                     self._keyed_noise)
         else:
             noise = torch.ones_like(probs)
             for row, (request_params, generator) in enumerate(zip(params, generators)):
@@ -407,7 +409,6 @@ class EAGLEWorker:
         """Forget a finished or aborted request; its cache row is free for the next one."""
         self.params[slot] = None
         self.generators[slot] = None
-        self._streams[slot] = None
         self.host_seq_lens[slot] = 0
         self.host_tokens[slot] = []
         self.draft_len[slot] = 0
@@ -501,7 +502,7 @@ class EAGLEWorker:
         else:
             temperature, top_k, top_p, apply_filters = sampling
             if self.keyed_sampling:
-                accept_lengths, next_tokens = self._accept_keyed(out.logits, draft_tokens, sampling)
+                accept_lengths, next_tokens = self._accept_keyed(out.logits, draft_tokens, slot_index, sampling)
             elif not apply_filters and self.accept_fn is accept_draft_tokens:
                 # no top-k/top-p: the same test straight from the logits, building p only where it is read
                 accept_lengths, next_tokens = accept_from_logits(
@@ -530,22 +531,33 @@ class EAGLEWorker:
         self.last_tokens[slot_index] = next_tokens
         return accept_lengths, next_tokens
 
-    def _accept_keyed(self, logits: torch.Tensor, draft_tokens: torch.Tensor, sampling) -> tuple[torch.Tensor,
-                                                                                                 torch.Tensor]:
-        """accept_keyed on the verify's logits [B, k+1, V] with this round's per-position uniforms."""
+    def _accept_keyed(self, logits: torch.Tensor, draft_tokens: torch.Tensor, slot_index: torch.Tensor,
+                      sampling) -> tuple[torch.Tensor, torch.Tensor]:
+        """accept_keyed per request on the verify's logits [B, k+1, V]: draws keyed by output position for
+        sampled rows, the argmax for greedy ones. Host-side per request (a sampled round syncs anyway)."""
         temperature, top_k, top_p, apply_filters = sampling
-        batch, positions, _ = logits.shape
-        uniforms = self._position_uniforms[:batch, :positions]
-        if apply_filters:
-            weights = logits_to_probs(logits.reshape(batch * positions, -1), temperature.repeat_interleave(positions),
-                                      top_k.repeat_interleave(positions), top_p.repeat_interleave(positions),
-                                      True).view(batch, positions, -1)                         # [B, k+1, V]
-            return self.accept_keyed_fn(weights, draft_tokens, uniforms)
-        greedy = temperature <= 0                                                              # [B]
-        scaled = logits.float() / torch.where(greedy, 1.0, temperature.float()).view(-1, 1, 1)
-        weights = scaled.sub_(scaled.amax(dim=-1, keepdim=True)).exp_()                        # [B, k+1, V]
-        greedy_tokens = torch.where(greedy.unsqueeze(-1), argmax(logits), -1) if bool(greedy.any()) else None
-        return self.accept_keyed_fn(weights, draft_tokens, uniforms, greedy_tokens)
+        drafts = draft_tokens.tolist()
+        accepted, tokens = [], []
+        for row, slot in enumerate(slot_index.tolist()):
+            request = self.params[slot]
+            if request.greedy:
+                draw = argmax(logits[row]).tolist().__getitem__
+            else:
+                seed, start = self._keyed_seeds[slot], self.host_seq_lens[slot] - self._prompt_lens[slot]
+
+                def draw(i: int, row: int = row, request: SamplingParams = request, seed: int = seed,
+                         start: int = start) -> int:
+                    if apply_filters:
+                        log_weights = logits_to_probs(logits[row, i:i + 1], temperature[row:row + 1],
+                                                      top_k[row:row + 1], top_p[row:row + 1], True)[0].log()
+                    else:
+                        log_weights = logits[row, i].float() / request.temperature
+                    return sample_keyed(log_weights, position_key(seed, start + i), self._keyed_generator,
+                                        self._keyed_noise)
+            row_accepted, token = self.accept_keyed_fn(draw, drafts[row])
+            accepted.append(row_accepted)
+            tokens.append(token)
+        return (torch.tensor(accepted, device=self.device), torch.tensor(tokens, device=self.device))
 
     def _draw_noise(self, state, slots: Sequence[int]) -> None:
         """Fill this round's random draws from each sampling request's own generator (ones for greedy rows).
@@ -555,13 +567,7 @@ class EAGLEWorker:
         steps = state.speculative_num_steps
         draft, verify = state.draft, state.verify
         sampling_rows = [(row, self.generators[s]) for row, s in enumerate(slots) if not self.params[s].greedy]
-        if not sampling_rows:
-            return
-        if self.keyed_sampling:  # u_n .. u_{n+k} of each sampled request, n its next output position
-            for row, slot in enumerate(slots):
-                if not self.params[slot].greedy:
-                    start = self.host_seq_lens[slot] - self._prompt_lens[slot]
-                    self._position_uniforms[row, :steps + 1] = self._streams[slot][start:start + steps + 1]
+        if not sampling_rows or self.keyed_sampling:  # keyed draws are made where they are read
             return
         batch = len(slots)
         drafts_sample = steps and self.speculative_algorithm != "NGRAM"  # NGRAM's drafts are not drawn

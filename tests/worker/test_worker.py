@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from spec_helpers import (bigram_pair, random_eagle_head, random_target, reference_eagle_drafts, reference_greedy,
                       run_to_completion)
-from specswap.sampling import SamplingParams, accept_draft_tokens, logits_to_probs, sample_from_probs, sample_keyed
+from specswap.sampling import SamplingParams, accept_draft_tokens, logits_to_probs, sample_from_probs
 from specswap.worker import EAGLEWorker, propose_ngram
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [9, 9, 9, 9, 2]]
@@ -356,10 +356,9 @@ def _resample_from_p(target_probs, draft_probs, draft_tokens, uniforms, noise):
     return accept_lengths, sample_from_probs(target_probs[rows, accept_lengths], noise)
 
 
-def _accept_always_keyed(target_weights, draft_tokens, uniforms, greedy_tokens=None):
+def _accept_always_keyed(draw, draft_tokens):
     """accept_always for NGRAM's keyed acceptance: every draft, then the target's draw after the last."""
-    batch, steps = draft_tokens.shape
-    return torch.full((batch,), steps), sample_keyed(target_weights[:, steps], uniforms[:, steps])
+    return len(draft_tokens), draw(len(draft_tokens))
 
 
 BIASED_VERIFIERS = {"accept_always": _accept_always, "resample_from_p": _resample_from_p}
