@@ -6,7 +6,10 @@ distribution at the argmax, and speculative sampling over one-hot
 distributions *is* greedy acceptance (accept while the draft equals the
 target argmax, then emit the target argmax). Sampling draws come from
 caller-owned noise buffers filled from each request's own generator, so the
-functions never touch a global RNG and never sync with the host.
+functions never touch a global RNG and never sync with the host. Keyed draws
+(position_key / sample_keyed / accept_keyed, for deterministic drafts) take
+their noise from a generator seeded by (request seed, output position), so a
+position's token does not depend on how many positions a round verified.
 """
 
 from __future__ import annotations
