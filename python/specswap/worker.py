@@ -441,9 +441,7 @@ class EAGLEWorker:
         if steps and self.draft is not None:
             self._catch_up(slots)
         if proposals is not None and steps:
-            # a one-hot draft law is only written out for the filtered path (accept_from_logits needs none)
-            self._draft_ngram(state, slots, proposals,
-                              with_law=not all_greedy and (apply_filters or self.accept_fn is not accept_draft_tokens))
+            self._draft_ngram(state, slots, proposals)
         round_graphs = self._round_graphs.get(steps) if all_greedy else None
         if round_graphs is not None:
             # the whole round replayed from one tape: drafts, verify, acceptance, draft-extend, commit
@@ -506,8 +504,7 @@ class EAGLEWorker:
             elif not apply_filters and self.accept_fn is accept_draft_tokens:
                 # no top-k/top-p: the same test straight from the logits, building p only where it is read
                 accept_lengths, next_tokens = accept_from_logits(
-                    out.logits, temperature, draft_tokens,
-                    None if self.speculative_algorithm == "NGRAM" else draft_probs,
+                    out.logits, temperature, draft_tokens, draft_probs,
                     state.verify.uniforms[:batch], state.verify.residual_noise[:batch])
             else:
                 target_probs = logits_to_probs(
@@ -570,12 +567,11 @@ class EAGLEWorker:
         if not sampling_rows or self.keyed_sampling:  # keyed draws are made where they are read
             return
         batch = len(slots)
-        drafts_sample = steps and self.speculative_algorithm != "NGRAM"  # NGRAM's drafts are not drawn
-        if drafts_sample:
+        if steps:
             draft.draft_noise[:batch].fill_(1.0)
         verify.residual_noise[:batch].fill_(1.0)
         for row, generator in sampling_rows:  # in this order from each request's generator
-            if drafts_sample:
+            if steps:
                 exponential_(draft.draft_noise[row], generator)
             if steps:
                 verify.uniforms[row].uniform_(generator=generator)
@@ -666,17 +662,14 @@ class EAGLEWorker:
                 self.draft(input_ids, positions, self.draft_cache, slot_index, key_length=end)
             self.draft_len[slot] = end
 
-    def _draft_ngram(self, state, slots: Sequence[int], proposals: list[list[int]], with_law: bool) -> None:
+    def _draft_ngram(self, state, slots: Sequence[int], proposals: list[list[int]]) -> None:
         """Prompt lookup: each request's drafts continue the latest earlier match of its last tokens (a request
-        with no match, in a batch where others have one, repeats its last token: it costs no extra width)."""
-        batch, steps = len(slots), state.speculative_num_steps
+        with no match, in a batch where others have one, repeats its last token: it costs no extra width). No
+        draft law: sampled rounds accept them against keyed draws (sampling.accept_keyed)."""
+        batch = len(slots)
+        steps = state.speculative_num_steps
         rows = [proposal or [self.host_tokens[slot][-1]] * steps for proposal, slot in zip(proposals, slots)]
-        draft_tokens = state.draft.draft_tokens[:batch]                        # [B, k]
-        draft_tokens.copy_(torch.tensor(rows, dtype=torch.long))
-        if with_law:
-            # a deterministic proposal is a one-hot draft law: accept with prob p(d), else draw from p without d
-            draft_probs = state.draft.draft_probs[:batch].zero_()              # [B, k, V]
-            draft_probs.scatter_(-1, draft_tokens.unsqueeze(-1), 1.0)
+        state.draft.draft_tokens[:batch].copy_(torch.tensor(rows, dtype=torch.long))        # [B, k]
 
     def _draft_extend(self, state, slot_index, positions, target_hidden, accept_lengths, next_tokens, key_length,
                       eager=False):

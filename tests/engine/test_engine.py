@@ -203,7 +203,7 @@ def test_abort_frees_the_slot_and_leaves_others_alone():
 
 @pytest.mark.parametrize("filters", [{}, {"top_k": 12, "top_p": 0.9}])
 def test_ngram_sampling_draws_the_target_only_tokens_at_every_tier_and_switch(filters):
-    # one uniform per output position from each request's seed (sampling.accept_keyed): the drafts and the tier
+    # noise keyed by (seed, output position) (sampling.accept_keyed): the drafts and the tier
     # decide how many positions a round verifies, never which token is drawn at a position
     prompts = [[2, 3, 4, 5, 2, 3, 4, 5, 2, 3], [9, 9, 9, 9, 9], [5, 6, 7], [40, 41, 40, 41, 40]]
     sampling = dict(temperature=0.3, seed=17, **filters)  # cool enough for drafts to be taken, still sampled

@@ -389,7 +389,7 @@ def test_sampled_continuations_follow_the_target_law(algorithm, steps, params, b
     else:
         draft = random_eagle_head(target, seed=4, token_map=[0, 2, 3, 5])
     worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=steps, max_batch_size=8, max_seq_len=16)
-    if biased and worker.keyed_sampling:  # NGRAM: one uniform per output position (sampling.accept_keyed)
+    if biased and worker.keyed_sampling:  # NGRAM: draws keyed by output position (sampling.accept_keyed)
         worker.accept_keyed_fn = BIASED_KEYED_VERIFIERS[biased]
     elif biased:
         worker.accept_fn = BIASED_VERIFIERS[biased]
