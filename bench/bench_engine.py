@@ -123,13 +123,19 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
     return target, {a: loaders[a]() for a in algorithms}, load_tokenizer(target_path)
 
 
-def configurations(algorithms: list[str], static_steps: list[int], adaptive_config) -> dict[str, dict]:
-    """name -> Engine keyword arguments."""
+def configurations(algorithms: list[str], static_steps: list[int], adaptive_config,
+                   ngram_copy: bool = False) -> dict[str, dict]:
+    """name -> Engine keyword arguments. ``ngram_copy``: NGRAM's static tiers again with counters copied, not
+    extrapolated (``Engine(ngram_numbers=False)``), as "<prefix>copy-<k>"."""
     configs = {"no-spec": dict(speculative_algorithm=None)}
     for algorithm in algorithms:
         prefix = f"{algorithm.lower()} " if len(algorithms) > 1 else ""
         for steps in static_steps:
             configs[f"{prefix}static-{steps}"] = dict(speculative_algorithm=algorithm, speculative_num_steps=steps)
+        if ngram_copy and algorithm == "NGRAM":
+            for steps in static_steps:
+                configs[f"{prefix}copy-{steps}"] = dict(speculative_algorithm=algorithm, speculative_num_steps=steps,
+                                                        ngram_numbers=False)
         configs[f"{prefix}adaptive"] = dict(speculative_algorithm=algorithm, speculative_num_steps=3,
                                             speculative_adaptive=True, speculative_adaptive_config=adaptive_config)
     return configs
@@ -206,7 +212,7 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> str:
 
 def bench(target, drafts, tokenizer, args) -> list[dict]:
     rows = []
-    configs = configurations(args.algorithm, args.static_steps, args.adaptive_config)
+    configs = configurations(args.algorithm, args.static_steps, args.adaptive_config, args.ngram_copy)
     hf = transformers_runners(args.model, target.dtype, lambda text: encode_text(tokenizer, text)) \
         if args.hf and args.model != "random" else {}
     runs_total = len(args.workloads) * args.repeats * sum(len(configs) + (len(hf) if b == 1 else 0)
@@ -298,6 +304,8 @@ def main() -> None:
                              "transformers rows still stop at EOS")
     parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8"],
                         help="EAGLE head weights: int8 weight-only or as stored (auto: int8 in bf16 on CPU)")
+    parser.add_argument("--ngram-copy", action="store_true",
+                        help="also run NGRAM's static tiers with numbers copied instead of extrapolated (copy-K)")
     parser.add_argument("--disable-graphs", action="store_true", help="run the engines eagerly (default: stage graphs)")
     parser.add_argument("--hf", action="store_true",
                         help="add transformers rows at batch 1: plain, prompt lookup, assisted (where a draft exists)")

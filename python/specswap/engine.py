@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from specswap.sampling import SamplingParams
+from specswap.ngram import NumberTokens
 from specswap.worker import SPECULATIVE_ALGORITHMS, EAGLEWorker
 
 __all__ = ["Engine", "RequestOutput", "resolve_dtype", "resolve_checkpoint", "cpu_has_fast_bf16", "encode_text"]
@@ -147,7 +148,9 @@ class Engine:
     EAGLE head ("auto": on CPU in bf16, where a head step is bound by reading its weights); the output is the
     target's either way, only the acceptance can move. A built head is quantized, in place, only when "int8" is
     named. ``round_graphs`` (None = auto: on for targets up to 50M parameters) also captures each tier's whole
-    greedy round as one graph (docs/graphs.md).
+    greedy round as one graph (docs/graphs.md). ``ngram_numbers``: NGRAM drafts extrapolate counters (``id = 4``
+    after ``id = 2``, ``id = 3``) where the tokenizer writes numbers one digit per token (``specswap.ngram``);
+    False copies them as plain prompt lookup does.
     """
 
     def __init__(self, model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",
@@ -155,7 +158,7 @@ class Engine:
                  speculative_adaptive_config: Any = None, device: str | torch.device = "cpu",
                  dtype: str | torch.dtype = "auto", max_batch_size: int = 8, max_seq_len: int | None = None,
                  tokenizer: Any = None, disable_graphs: bool = False, draft_quantization: str = "auto",
-                 round_graphs: bool | None = None):
+                 round_graphs: bool | None = None, ngram_numbers: bool = True):
         if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
                              f"valid: {SPECULATIVE_ALGORITHMS}")
@@ -187,9 +190,12 @@ class Engine:
         self.controller = None
         tiers = tuple(adaptive_config.candidate_steps) if adaptive_config is not None else ()
         # graphs: every stage of every tier captured once here (specswap.graphs); disable_graphs runs eagerly
+        numbers = None  # NGRAM drafts extrapolate counters where the tokenizer writes digits one per token
+        if speculative_algorithm == "NGRAM" and ngram_numbers and self.tokenizer is not None:
+            numbers = NumberTokens.from_tokenizer(self.tokenizer)
         self.worker = EAGLEWorker(target, draft, speculative_algorithm, speculative_num_steps, max_batch_size,
                                   max_seq_len, tiers=tiers, graphs=not disable_graphs,
-                                  round_graphs=None if disable_graphs else round_graphs)
+                                  round_graphs=None if disable_graphs else round_graphs, ngram_numbers=numbers)
         if speculative_adaptive:
             from specswap.controller import AdaptiveController
             self.controller = AdaptiveController(self.worker, adaptive_config)

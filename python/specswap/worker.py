@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from specswap.ngram import NumberTokens, propose_ngram
 from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy, accept_keyed,
                                argmax, exponential_, logits_to_probs, position_key, sample_from_probs, sample_keyed)
 
@@ -41,10 +42,6 @@ __all__ = ["EAGLEWorker", "RoundResult", "TierState", "DraftStage", "VerifyStage
            "SPECULATIVE_ALGORITHMS", "propose_ngram"]
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "STANDALONE", "NGRAM", None)
-# NGRAM (prompt lookup): the longest suffix of this length range that occurred before (or, from 2 up, the same
-# tokens before a changed last one) proposes what followed it
-NGRAM_MAX_MATCH = 4
-NGRAM_MIN_MATCH = 1
 # graph mode captures whole greedy rounds (RoundGraphs) and repacks bf16 weights for targets up to this size by
 # default: there a round is a few ms and its Python glue a tenth of it; past it a round is memory-bound, capture
 # costs seconds and a packed copy of the weights hundreds of MB
@@ -106,8 +103,9 @@ class EAGLEWorker:
 
     ``target``: LlamaForCausalLM. ``draft``: an EagleHead (speculative_algorithm "EAGLE"), a
     LlamaForCausalLM with the target's vocabulary ("STANDALONE"), or None: with "NGRAM" the drafts are
-    looked up in the request's own prompt and output (a one-hot draft law), with speculative_algorithm None
-    it decodes target-only, one token per round. Caches hold max_seq_len plus room for the largest tier in
+    looked up in the request's own prompt and output (``specswap.ngram``; ``ngram_numbers``: the tokenizer's
+    digit tokens, which let the lookup extrapolate counters), with speculative_algorithm None it decodes
+    target-only, one token per round. Caches hold max_seq_len plus room for the largest tier in
     ``tiers`` (never just the active one), so switching up can never overflow them.
     ``graphs``: replay each stage from graphs captured per tier at start-up; ``round_graphs`` (graph mode
     only; None = auto, on for targets up to ROUND_GRAPH_MAX_PARAMS) also captures each tier's whole greedy
@@ -116,7 +114,8 @@ class EAGLEWorker:
 
     def __init__(self, target, draft=None, speculative_algorithm: str | None = "EAGLE",
                  speculative_num_steps: int = 3, max_batch_size: int = 8, max_seq_len: int = 512,
-                 tiers: Sequence[int] = (), graphs: bool = False, round_graphs: bool | None = None):
+                 tiers: Sequence[int] = (), graphs: bool = False, round_graphs: bool | None = None,
+                 ngram_numbers: NumberTokens | None = None):
         if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
                              f"valid: {SPECULATIVE_ALGORITHMS}")
@@ -137,6 +136,7 @@ class EAGLEWorker:
         self.draft = draft
         self.speculative_algorithm = speculative_algorithm
         self.speculative_num_steps = speculative_num_steps  # initial tier (AdaptiveSpecWorker protocol)
+        self.ngram_numbers = ngram_numbers
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.max_steps = max((speculative_num_steps, *tiers))
@@ -429,7 +429,7 @@ class EAGLEWorker:
         round_start = time.perf_counter()  # the round's cost, for the goodput policy
         proposals = None
         if self.speculative_algorithm == "NGRAM" and steps:
-            proposals = [propose_ngram(self.host_tokens[slot], steps) for slot in slots]
+            proposals = [propose_ngram(self.host_tokens[slot], steps, numbers=self.ngram_numbers) for slot in slots]
             if not any(proposals):
                 # no request's last token occurs earlier: nothing worth verifying, so this round is a plain
                 # decode (tier 0, verify width 1, prebuilt); it tested no tier, so the controller does not see it
@@ -686,35 +686,3 @@ class EAGLEWorker:
         rows = torch.arange(batch, device=self.device)
         self.next_draft_logits[slot_index] = out.logits[rows, accept_lengths]
         self.next_draft_hidden[slot_index] = out.hidden[rows, accept_lengths]
-
-
-def propose_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATCH,
-                  min_match: int = NGRAM_MIN_MATCH) -> list[int]:
-    """The ``steps`` tokens that followed the latest earlier occurrence of the longest suffix of ``tokens``
-    (max_match down to min_match long), copied on over the drafts themselves where the text runs out (an
-    overlapping copy, as in LZ77: periodic text continues for as many steps as asked, not for one period);
-    [] when no suffix occurs earlier (not even the last token): a guess then would only widen the verify.
-
-    After the exact suffix of each length m >= 2 fails, the m tokens before the last one are tried with the last
-    token as a wildcard: in a repeated template the new token is a counter or a name (``id = 4`` after
-    ``id = 3;``) and the template goes on after it."""
-    length = len(tokens)
-    for size in range(min(max_match, length - 1), min_match - 1, -1):
-        suffix = tokens[length - size:]
-        for start in range(length - size - 1, -1, -1):  # latest first; the suffix itself is excluded
-            if tokens[start:start + size] == suffix:
-                return _copy_on(tokens, start + size, steps)
-        if size >= 2 and size <= length - 2:  # the same length of context before a changed last token
-            head = tokens[length - 1 - size:length - 1]
-            for start in range(length - size - 2, -1, -1):
-                if tokens[start:start + size] == head:
-                    return _copy_on(tokens, start + size + 1, steps)
-    return []
-
-
-def _copy_on(tokens: list[int], start: int, steps: int) -> list[int]:
-    """``steps`` tokens from ``tokens[start]`` on, continuing over the copy itself past the end."""
-    drafts: list[int] = []
-    for index in range(start, start + steps):
-        drafts.append(tokens[index] if index < len(tokens) else drafts[index - len(tokens)])
-    return drafts

@@ -1,0 +1,146 @@
+"""NGRAM drafting (specswap.ngram): prompt lookup, the wildcard for a changed token, counters extrapolated."""
+
+import pytest
+
+from specswap.ngram import NumberTokens, propose_ngram
+
+NUMBERS = NumberTokens(range(100, 110))  # token 100 + d is the digit d; text tokens are below 100
+ID, EQ, SEMI, NL = 1, 2, 3, 4
+
+
+def digits(text: str) -> list[int]:
+    return [100 + int(char) for char in text]
+
+
+def lines(*values: str) -> list[int]:
+    """``id = <value> ;\\n`` per value."""
+    out = []
+    for value in values:
+        out += [ID, EQ, *digits(value), SEMI, NL]
+    return out
+
+
+def test_ngram_proposals_continue_the_latest_longest_match():
+    assert propose_ngram([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
+    assert propose_ngram([7, 1, 2, 9, 5, 2, 1, 2], 2) == [9, 5]        # longest suffix [1, 2] wins over [2]
+    assert propose_ngram([1, 2, 9, 1, 2], 4) == [9, 1, 2, 9]          # the copy runs on over its own drafts
+    assert propose_ngram([5, 6, 5, 6], 5) == [5, 6, 5, 6, 5]          # periodic text: as many steps as asked
+    assert propose_ngram([1, 2, 3], 2) == []                           # no match: nothing worth verifying
+    assert propose_ngram([4, 8, 4, 6, 4], 1) == [6]                    # the latest occurrence
+
+
+def test_ngram_proposals_skip_a_changed_token_inside_a_repeated_template():
+    # "id = 3 ; SELECT ... id = 4": no suffix [=, 4] occurred, but [id, =] before a changed token did
+    template = [10, 11, 3, 12, 13, 10, 11, 4]
+    assert propose_ngram(template, 4) == [12, 13, 10, 11]
+    # an exact match of the same length wins over a skip: [2, 9] -> 6 rather than [1, 2, *] -> 8
+    assert propose_ngram([1, 2, 5, 8, 2, 9, 6, 0, 1, 2, 9], 1) == [6]
+    # three tokens of context before a skip beat an exact two-token match: [5, 6, 7, *] over [7, 8]
+    assert propose_ngram([5, 6, 7, 1, 2, 7, 8, 3, 5, 6, 7, 8], 2) == [2, 7]
+    # a one-token context is too common to skip on: the last token alone is looked up
+    assert propose_ngram([1, 2, 3, 1, 4], 2) == []
+
+
+def test_numbers_in_a_repeated_template_continue_their_difference():
+    text = lines("1", "2") + [ID, EQ]
+    assert propose_ngram(text, 8, numbers=NUMBERS) == [*digits("3"), SEMI, NL, ID, EQ, *digits("4"), SEMI, NL]
+    assert propose_ngram(text, 8) == [*digits("2"), SEMI, NL, ID, EQ, *digits("2"), SEMI, NL]  # plain lookup copies
+    # a carry changes the number of digits (and of tokens); steps of 5; a countdown
+    assert propose_ngram(lines("8", "9") + [ID, EQ], 8, numbers=NUMBERS) == [*digits("10"), SEMI, NL, ID, EQ,
+                                                                          *digits("11")]
+    assert propose_ngram(lines("25", "30") + [ID, EQ], 2, numbers=NUMBERS) == digits("35")
+    assert propose_ngram(lines("12", "11") + [ID, EQ], 2, numbers=NUMBERS) == digits("10")
+    # zero-padded numbers keep their width; a difference that would go below zero copies instead
+    assert propose_ngram(lines("008", "009") + [ID, EQ], 3, numbers=NUMBERS) == digits("010")
+    assert propose_ngram(lines("5", "2") + [ID, EQ], 1, numbers=NUMBERS) == digits("2")
+    # equal numbers stay equal: constants in a template are copied as before
+    assert propose_ngram(lines("64", "64") + [ID, EQ], 2, numbers=NUMBERS) == digits("64")
+
+
+def test_numbers_are_copied_where_there_is_no_earlier_occurrence_to_compare():
+    # one earlier line only: nothing to take a difference from
+    assert propose_ngram(lines("7") + [ID, EQ], 4, numbers=NUMBERS) == [*digits("7"), SEMI, NL, ID]
+    # the occurrence before has text where the latest has a number: the two do not line up
+    text = [ID, EQ, 50, SEMI, NL] + lines("7") + [ID, EQ]
+    assert propose_ngram(text, 4, numbers=NUMBERS) == [*digits("7"), SEMI, NL, ID]
+
+
+def test_a_number_the_text_ends_inside_is_finished_where_its_written_digits_agree():
+    # 10, 11, then "1" written: the extrapolated 12 starts with it, so its "2" is drafted
+    assert propose_ngram(lines("10", "11") + [ID, EQ, 101], 3, numbers=NUMBERS) == [*digits("2"), SEMI, NL]
+    # "2" written where 12 was due: the source's remaining digits are copied, and no counter follows
+    assert propose_ngram(lines("10", "11") + [ID, EQ, 102], 4, numbers=NUMBERS) == [*digits("1"), SEMI, NL, ID]
+
+
+def test_number_tokens_come_only_from_a_tokenizer_that_writes_one_digit_per_token():
+    class Tokenizer:
+        def __init__(self, merged=()):
+            self.merged = merged
+
+        def encode(self, text, add_bos=False):
+            out, i = [], 0
+            while i < len(text):
+                pair = text[i:i + 2]
+                if pair in self.merged:
+                    out.append(200 + self.merged.index(pair))
+                    i += 2
+                else:
+                    out.append(100 + int(text[i]) if text[i].isdigit() else 1)
+                    i += 1
+            return out
+
+    assert NumberTokens.from_tokenizer(Tokenizer()).ids == tuple(range(100, 110))
+    assert NumberTokens.from_tokenizer(Tokenizer(merged=("12",))) is None  # a merged pair: numbers would not follow
+    assert NumberTokens.from_tokenizer(Tokenizer(merged=("80",))) is None  # merged only in the second probe
+    with pytest.raises(ValueError, match="ten distinct"):
+        NumberTokens([1, 2, 3])
+
+
+# the bigram target continues 20 with 54: prompts ending in 20 run on inside their template for a round
+COUNTER_PROMPTS = [[20, 54, 1, 20, 54, 2, 20, 54, 3, 20], [20, 54, 8, 9, 20, 54, 9, 0, 20, 54, 9, 9, 20], [5, 6, 7]]
+
+
+@pytest.mark.parametrize("steps", [1, 3, 7])
+def test_counter_drafts_leave_the_greedy_output_target_only(steps, monkeypatch):
+    import specswap.worker
+    from spec_helpers import bigram_pair, run_to_completion
+    from specswap.worker import EAGLEWorker
+
+    target = bigram_pair()[0]
+    numbers = NumberTokens(range(10))  # tokens 0..9 taken for digits
+    extrapolated = []
+
+    def spy(tokens, steps, numbers=None):
+        drafts = propose_ngram(tokens, steps, numbers=numbers)
+        extrapolated.append(drafts != propose_ngram(tokens, steps))
+        return drafts
+
+    monkeypatch.setattr(specswap.worker, "propose_ngram", spy)
+    worker = EAGLEWorker(target, None, "NGRAM", steps, max_batch_size=3, max_seq_len=48, ngram_numbers=numbers)
+    tokens, _, _ = run_to_completion(worker, COUNTER_PROMPTS, 12)
+    reference, _, _ = run_to_completion(EAGLEWorker(target, None, None, max_batch_size=3, max_seq_len=48),
+                                        COUNTER_PROMPTS, 12)
+    assert tokens == reference
+    assert any(extrapolated)  # the drafts were the extrapolated ones at least once (the target then rejected them)
+
+
+def test_the_engine_gives_ngram_the_digits_of_a_tokenizer_that_splits_numbers():
+    from spec_helpers import bigram_pair
+    from specswap import Engine
+
+    class DigitTokenizer:  # one token per digit (4 + d), everything else token 1
+        bos_token_id, eos_token_ids = None, set()
+
+        def encode(self, text, add_bos=False):
+            return [4 + int(char) if char.isdigit() else 1 for char in text]
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(str(i - 4) if 4 <= i < 14 else "x" for i in ids)
+
+    target = bigram_pair()[0]
+    engine = Engine(target, None, "NGRAM", tokenizer=DigitTokenizer(), max_seq_len=32)
+    assert engine.worker.ngram_numbers.ids == tuple(range(4, 14))
+    assert Engine(target, None, "NGRAM", tokenizer=DigitTokenizer(), max_seq_len=32,
+                  ngram_numbers=False).worker.ngram_numbers is None
+    assert Engine(target, None, None, tokenizer=DigitTokenizer(), max_seq_len=32).worker.ngram_numbers is None
+    assert Engine("tiny", speculative_algorithm="NGRAM").worker.ngram_numbers is None  # its BPE merges "12"
