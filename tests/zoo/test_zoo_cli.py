@@ -32,3 +32,12 @@ def test_unknown_family_is_refused(capsys):
     with pytest.raises(SystemExit):
         zoo_cli.main(["train", "gemma-3-270m"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_gemma_head_measurement_refuses_bad_sizes_before_loading_anything(tmp_path):
+    with pytest.raises(ValueError, match="new_tokens must be >= 1"):
+        gemma_eagle.measure(tmp_path, tmp_path, new_tokens=0)
+    torch = pytest.importorskip("torch")
+    torch.save({"heldout": torch.zeros(24, 128, dtype=torch.long)}, tmp_path / "data.pt")
+    with pytest.raises(ValueError, match="prompts_per_domain must be 1..12"):
+        gemma_eagle.measure(tmp_path, tmp_path, prompts_per_domain=13)

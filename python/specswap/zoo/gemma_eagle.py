@@ -319,13 +319,15 @@ def measure(work: Path, out: Path, prompts_per_domain: int = 4, prompt_tokens: i
     from .acceptance import EagleDrafter, chain_draft, greedy  # noqa: PLC0415
     from .gemma import resolve  # noqa: PLC0415
 
-    target = load_model(resolve("gemma-3-270m", torch.bfloat16), torch.bfloat16)
-    head = load_eagle_head(out, target)
+    if new_tokens < 1:
+        raise ValueError(f"new_tokens must be >= 1; got {new_tokens}")
     heldout = torch.load(work / "data.pt")["heldout"]  # first half code windows, second half prose
     half = len(heldout) // 2
     if not 1 <= prompts_per_domain <= half:
         raise ValueError(f"prompts_per_domain must be 1..{half} (the held-out windows per domain); "
                          f"got {prompts_per_domain}")
+    target = load_model(resolve("gemma-3-270m", torch.bfloat16), torch.bfloat16)
+    head = load_eagle_head(out, target)
     results: dict = {"method": f"greedy chain drafting, bf16 target, {prompts_per_domain} held-out prompts per "
                                f"domain of {prompt_tokens} tokens, {new_tokens} new tokens; accepted = draft tokens "
                                "accepted per target verify"}
@@ -359,10 +361,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="only measure the acceptance of the head in --out (recorded in its training_record.json)")
     parser.add_argument("--prompts-per-domain", type=int, default=4,
                         help="--measure: held-out prompts per domain (at most 12)")
+    parser.add_argument("--new-tokens", type=int, default=32,
+                        help="--measure: greedy tokens generated per prompt (more: less noise in the counts)")
     args = parser.parse_args(argv)
     if args.measure:
         torch.set_num_threads(GemmaEagleRecipe.threads)
-        print(json.dumps(measure(args.work, args.out, prompts_per_domain=args.prompts_per_domain), indent=2))
+        print(json.dumps(measure(args.work, args.out, prompts_per_domain=args.prompts_per_domain,
+                                 new_tokens=args.new_tokens), indent=2))
         return
     recipe = GemmaEagleRecipe()
     if args.planned_steps:
