@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 import torch
 
-from specswap.sampling import SamplingParams
 from specswap.ngram import NumberTokens
+from specswap.sampling import SamplingParams
 from specswap.worker import SPECULATIVE_ALGORITHMS, EAGLEWorker
 
 __all__ = ["Engine", "RequestOutput", "resolve_dtype", "resolve_checkpoint", "cpu_has_fast_bf16", "encode_text"]

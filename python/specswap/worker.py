@@ -573,7 +573,6 @@ class EAGLEWorker:
         for row, generator in sampling_rows:  # in this order from each request's generator
             if steps:
                 exponential_(draft.draft_noise[row], generator)
-            if steps:
                 verify.uniforms[row].uniform_(generator=generator)
             exponential_(verify.residual_noise[row], generator)
 
