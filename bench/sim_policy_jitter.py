@@ -1,57 +1,109 @@
-"""How round-time jitter moves the goodput policy between two close tiers at batch 1 (a simulation, no model).
+"""How noise moves the goodput policy between close tiers (a simulation, no model).
 
-The C++ policy is fed synthetic rounds: EAGLE on sampled prose, as measured on Gemma 3 270M (docs/gemma.md):
-per-position acceptance 0.37, 0.30, 0.15, then 0.10-0.12; a tier-1 round 85 ms, tier 3 103 ms, tier 7 140 ms,
-each multiplied by log-normal jitter. Tier 1 is the best tier by ~10%. Prints the share of rounds at tier 1 and
-the throughput relative to always using tier 1, per jitter level and ema_alpha, mean of 5 seeds.
+The C++ policy is fed synthetic rounds shaped after EAGLE on Gemma 3 270M (docs/gemma.md, session 6 idle run):
+per-position acceptance rates and seconds per round per tier, derived from the measured tokens per second and
+accepted tokens per verify of each static tier. Every request draws its accepted length from the rates (that is
+the acceptance noise: at batch 1 one update is one request), and every round time is multiplied by log-normal
+jitter (a machine whose other core is busy). Prints, per scenario and jitter level, the share of rounds at the
+best static tier and the throughput relative to always using it, mean over seeds, for each policy config.
 
     PYTHONPATH=python python bench/sim_policy_jitter.py
+    PYTHONPATH=python python bench/sim_policy_jitter.py --configs '{"decision_confidence": 0}' '{}'
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
+from dataclasses import dataclass
 
 from specswap import AdaptiveSpeculativeParams, load_adaptive_config
 
-RATES = [0.37, 0.30, 0.15, 0.12, 0.10, 0.10, 0.10]  # P(accept position i | accepted the ones before)
-COSTS = {1: 0.085, 3: 0.103, 7: 0.140}              # seconds per round
 POLICY = {"policy": "goodput", "acceptance_model": "positional"}
 
 
-def simulate(jitter: float, ema_alpha: float, rounds: int, seed: int) -> tuple[float, float]:
-    """(share of rounds at tier 1, throughput / always-tier-1 throughput)."""
+@dataclass(frozen=True)
+class Scenario:
+    rates: tuple[float, ...]   # P(accept draft position i | accepted the ones before)
+    costs: dict[int, float]    # seconds per round per tier
+    batch: int
+    sampled: bool
+
+    def tokens(self, steps: int) -> float:
+        """Expected tokens per request and round at a static tier, bonus included."""
+        total, survive = 1.0, 1.0
+        for rate in self.rates[:steps]:
+            survive *= rate
+            total += survive
+        return total
+
+    def best(self) -> int:
+        return max(self.costs, key=lambda k: self.tokens(k) / self.costs[k])
+
+
+SCENARIOS = {
+    # sampled prose (T = 1): tier 1 best by ~10%
+    "prose b1": Scenario((0.37, 0.30, 0.15, 0.12, 0.10, 0.10, 0.10), {1: 0.085, 3: 0.103, 7: 0.140}, 1, True),
+    # greedy code: tier 3 best by ~17%
+    "code b1": Scenario((0.59, 0.78, 0.50, 0.40, 0.30, 0.30, 0.30), {1: 0.086, 3: 0.105, 7: 0.134}, 1, False),
+    # greedy code at batch 4: tiers 1 and 3 within ~4%
+    "code b4": Scenario((0.59, 0.78, 0.50, 0.40, 0.30, 0.30, 0.30), {1: 0.120, 3: 0.165, 7: 0.237}, 4, False),
+    "prose b4": Scenario((0.37, 0.30, 0.15, 0.12, 0.10, 0.10, 0.10), {1: 0.134, 3: 0.180, 7: 0.269}, 4, True),
+}
+
+
+def simulate(scenario: Scenario, jitter: float, overrides: dict, rounds: int, seed: int,
+             correlation: float = 0.0) -> tuple[float, float]:
+    """(share of rounds at the best static tier, throughput / the best static tier's throughput). The log of the
+    jitter factor is an AR(1) series with this round-to-round correlation (0: independent rounds; near 1: the
+    load on the machine drifts, so a tier timed a while ago was timed under another load)."""
     rng = random.Random(seed)
-    params = AdaptiveSpeculativeParams(3, load_adaptive_config({**POLICY, "ema_alpha": ema_alpha}))
-    at_one, tokens, seconds = 0, 0, 0.0
+    load = rng.gauss(0.0, jitter)
+    params = AdaptiveSpeculativeParams(3, load_adaptive_config({**POLICY, **overrides}))
+    best = scenario.best()
+    at_best, tokens, seconds = 0, 0, 0.0
     for _ in range(rounds):
         steps = params.current_steps
-        accepted = 0
-        while accepted < steps and rng.random() < RATES[accepted]:
-            accepted += 1
-        at_one += steps == 1
-        tokens += accepted + 1
-        seconds += COSTS[steps]
-        params.update([accepted], COSTS[steps] * math.exp(rng.gauss(0.0, jitter)), True)
-    return at_one / rounds, (tokens / seconds) / ((1 + RATES[0]) / COSTS[1])
+        lengths = []
+        for _ in range(scenario.batch):
+            accepted = 0
+            while accepted < steps and rng.random() < scenario.rates[accepted]:
+                accepted += 1
+            lengths.append(accepted)
+        load = correlation * load + math.sqrt(1.0 - correlation**2) * rng.gauss(0.0, jitter)
+        at_best += steps == best
+        tokens += sum(lengths) + scenario.batch
+        seconds += scenario.costs[steps]  # the load slows every tier alike: only the policy sees it
+        params.update(lengths, scenario.costs[steps] * math.exp(load), scenario.sampled)
+    best_rate = scenario.batch * scenario.tokens(best) / scenario.costs[best]
+    return at_best / rounds, (tokens / seconds) / best_rate
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--jitter", type=float, nargs="+", default=[0.05, 0.15, 0.3])
-    parser.add_argument("--ema-alpha", type=float, nargs="+", default=[0.2, 0.1, 0.05])
+    parser.add_argument("--correlation", type=float, nargs="+", default=[0.0, 0.95],
+                        help="round-to-round correlation of the jitter (0: independent; 0.95: drifting load)")
+    parser.add_argument("--configs", type=json.loads, nargs="+", default=[{}],
+                        help="policy config overrides (JSON objects) to compare, on top of goodput + positional")
     parser.add_argument("--rounds", type=int, default=800)
     parser.add_argument("--seeds", type=int, default=5)
     args = parser.parse_args()
-    for jitter in args.jitter:
-        for ema_alpha in args.ema_alpha:
-            runs = [simulate(jitter, ema_alpha, args.rounds, seed) for seed in range(args.seeds)]
-            share = sum(r[0] for r in runs) / len(runs)
-            ratio = sum(r[1] for r in runs) / len(runs)
-            print(f"jitter {jitter:.2f}  ema_alpha {ema_alpha:.2f}  rounds at tier 1 {share:.2f}  "
-                  f"throughput / tier 1 {ratio:.3f}")
+    for name in args.scenarios:
+        scenario = SCENARIOS[name]
+        for correlation in args.correlation:
+            for jitter in args.jitter:
+                for overrides in args.configs:
+                    runs = [simulate(scenario, jitter, overrides, args.rounds, seed, correlation)
+                            for seed in range(args.seeds)]
+                    share = sum(r[0] for r in runs) / len(runs)
+                    ratio = sum(r[1] for r in runs) / len(runs)
+                    print(f"{name:9s} jitter {jitter:.2f} corr {correlation:.2f}  {json.dumps(overrides):40s} "
+                          f"rounds at best tier {scenario.best()}: {share:.2f}  "
+                          f"throughput / best static {ratio:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -156,6 +156,8 @@ AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_steps,
   phase_change_tier_ = index_;
   cost_ema_.assign(kNumTables * candidates_.size(),
                    std::numeric_limits<double>::quiet_NaN());
+  cost_timed_at_.assign(cost_ema_.size(), 0);
+  cost_run_.assign(cost_ema_.size(), 0);
   scratch_.assign(candidates_.size(), 0.0);
   probe_batches_ = static_cast<std::uint64_t>(config_.probe_rounds) *
                    candidates_.size();
@@ -165,6 +167,7 @@ AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_steps,
     estimate->position_trials.assign(AdaptiveConfig::kMaxSteps + 1, 0.0);
   }
   slow_.weight = config_.ema_alpha;
+  slow_.per_request = true;
   fast_.weight = std::max(config_.ema_alpha, kFastEmaWeight);
   fast_.forget_unreached = true;
   position_scratch_.assign(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0);
@@ -299,15 +302,21 @@ double AdaptiveSpeculativeParams::Acceptance::at(int position) const noexcept {
   return (position_successes[position] + alpha()) / (position_trials[position] + 1.0);
 }
 
-void AdaptiveSpeculativeParams::Acceptance::observe(long long batch_successes,
+void AdaptiveSpeculativeParams::Acceptance::observe(std::size_t requests,
+                                                    long long batch_successes,
                                                     long long batch_trials,
                                                     const double* reached,
                                                     const double* accepted_at,
                                                     int steps) noexcept {
-  const double w = weight;
+  // Each count enters with the weight `weight`; what was there keeps 1 -
+  // weight per batch, or per kRequestsPerWeight requests when per_request
+  // (every request then weighs the same, whatever the size of its batch).
+  const double add = weight;
+  const double keep = per_request ? std::pow(1.0 - weight, static_cast<double>(requests) / kRequestsPerWeight)
+                                  : 1.0 - weight;
   if (batch_trials > 0) {  // tier 0 observes nothing: alpha stays as it was
-    successes = (1.0 - w) * successes + w * static_cast<double>(batch_successes);
-    trials = (1.0 - w) * trials + w * static_cast<double>(batch_trials);
+    successes = keep * successes + add * static_cast<double>(batch_successes);
+    trials = keep * trials + add * static_cast<double>(batch_trials);
   }
   // suffix sums: requests reaching position i = those whose last reached
   // position is >= i. Positions nobody reached this batch keep their EMAs,
@@ -317,17 +326,17 @@ void AdaptiveSpeculativeParams::Acceptance::observe(long long batch_successes,
     reach += reached[i];
     accept += accepted_at[i];
     if (reach > 0.0) {
-      position_successes[i] = (1.0 - w) * position_successes[i] + w * accept;
-      position_trials[i] = (1.0 - w) * position_trials[i] + w * reach;
+      position_successes[i] = keep * position_successes[i] + add * accept;
+      position_trials[i] = keep * position_trials[i] + add * reach;
     } else if (forget_unreached) {
-      position_successes[i] *= 1.0 - w;
-      position_trials[i] *= 1.0 - w;
+      position_successes[i] *= keep;
+      position_trials[i] *= keep;
     }
   }
   if (forget_unreached) {
     for (int i = steps + 1; i <= AdaptiveConfig::kMaxSteps; ++i) {
-      position_successes[i] *= 1.0 - w;
-      position_trials[i] *= 1.0 - w;
+      position_successes[i] *= keep;
+      position_trials[i] *= keep;
     }
   }
 }
@@ -396,14 +405,27 @@ void AdaptiveSpeculativeParams::update_goodput(std::span<const int> accept_lengt
       accepted_at[a] += 1.0;                   // accepted 1..a
     }
   }
-  slow_.observe(successes, trials, reached, accepted_at, steps);
-  fast_.observe(successes, trials, reached, accepted_at, steps);
+  slow_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
+  fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
   last_table_ = table_of(static_cast<int>(accept_lengths.size()), sampled);
   if (std::isfinite(round_seconds) && round_seconds > 0.0) {
-    double& cost = cost_ema_[last_table_ * candidates_.size() + index_];
-    cost = std::isnan(cost)
-               ? round_seconds
-               : (1.0 - config_.ema_alpha) * cost + config_.ema_alpha * round_seconds;
+    // A running mean over this run of samples that turns into the EMA. A
+    // tier not timed for two decision intervals starts a new run: its old
+    // cost, measured under another load or in another phase, then counts as
+    // one sample against the fresh ones instead of outweighing them.
+    const std::size_t slot = last_table_ * candidates_.size() + index_;
+    const auto stale_after = 2 * static_cast<std::uint64_t>(config_.update_interval);
+    if (num_batches_ > cost_timed_at_[slot] + stale_after) cost_run_[slot] = 0;
+    cost_timed_at_[slot] = num_batches_;
+    double& cost = cost_ema_[slot];
+    if (std::isnan(cost)) {
+      cost = round_seconds;
+      cost_run_[slot] = 0;  // the first sample stands as the old value would
+    } else {
+      const double run = static_cast<double>(++cost_run_[slot]);
+      const double w = std::max(config_.ema_alpha, 1.0 / (run + 1.0));
+      cost = (1.0 - w) * cost + w * round_seconds;
+    }
   }
 }
 

@@ -101,7 +101,8 @@ class AdaptiveSpeculativeParams {
   const AdaptiveConfig& config() const noexcept { return config_; }
 
   // goodput's acceptance model: alpha = EMA(successes) / EMA(trials) over
-  // batches, where a request that accepted a of k drafts gives a successes
+  // batches (weighted by their size: ema_alpha is the weight of 4 requests),
+  // where a request that accepted a of k drafts gives a successes
   // and a + 1 trials if a < k, else k trials. 0.5 before any trial.
   double alpha() const noexcept { return slow_.alpha(); }
   // Expected tokens per round at tier k, bonus included:
@@ -147,7 +148,13 @@ class AdaptiveSpeculativeParams {
   // An acceptance estimate: pooled successes / trials and, per draft
   // position 1..kMaxSteps, the EMAs of reaching and accepting it.
   struct Acceptance {
-    double weight = 0.2;  // EMA weight per batch
+    // EMA weight per batch; when per_request, per kRequestsPerWeight
+    // requests: a batch of n keeps (1 - weight)^(n/4) of the old counts and
+    // adds its own with weight `weight`, so every request weighs the same and
+    // the estimate remembers as many requests at batch 1 as at batch 8.
+    static constexpr double kRequestsPerWeight = 4.0;
+    double weight = 0.2;
+    bool per_request = false;
     bool forget_unreached = false;  // unreached positions fade toward alpha
     double successes = 0.0;
     double trials = 0.0;
@@ -155,7 +162,7 @@ class AdaptiveSpeculativeParams {
     std::vector<double> position_trials;
     double alpha() const noexcept;
     double at(int position) const noexcept;  // shrunk toward alpha()
-    void observe(long long batch_successes, long long batch_trials,
+    void observe(std::size_t requests, long long batch_successes, long long batch_trials,
                  const double* reached, const double* accepted_at, int steps) noexcept;
   };
   double model_tokens(const Acceptance& estimate, int steps) const noexcept;
@@ -165,6 +172,8 @@ class AdaptiveSpeculativeParams {
   std::uint64_t phase_change_requests_ = 0;  // requests in those batches
   // [table * candidates + index]: EMA of seconds per round; NaN = never.
   std::vector<double> cost_ema_;
+  std::vector<std::uint64_t> cost_timed_at_;  // same layout: num_batches_ of the last sample
+  std::vector<std::uint64_t> cost_run_;       // samples since the slot last went stale
   mutable std::vector<double> scratch_;  // candidates_.size(): costs
   int last_table_ = 0;
   std::uint64_t probe_batches_ = 0;      // candidates * probe_rounds

@@ -53,15 +53,37 @@ def test_alpha_from_truncated_geometric_observations():
     assert params.alpha == pytest.approx(4 / 6)
 
 
-def test_alpha_is_a_ratio_of_emas_over_batches():
+def test_alpha_is_a_ratio_of_emas_over_requests():
     params = goodput(3, **quiet(ema_alpha=0.5))
     params.update([3, 3])  # 6 / 6 (zero-started EMAs: the first batch's ratio exactly)
     assert params.alpha == pytest.approx(1.0)
-    # EMAs after [3, 3]: successes 0.5*6 = 3, trials 0.5*6 = 3
-    params.update([0, 0])  # successes 0.5*3 + 0.5*0 = 1.5, trials 0.5*3 + 0.5*2 = 2.5
-    assert params.alpha == pytest.approx(1.5 / 2.5)
-    params.update([2, 0, 1])  # successes 0.75 + 0.5*3 = 2.25, trials 1.25 + 0.5*(3 + 1 + 2) = 4.25
-    assert params.alpha == pytest.approx(2.25 / 4.25)
+    # counts enter with weight 0.5; old counts keep 0.5 per 4 requests: 0.5 ** (n / 4) for a batch of n
+    successes, trials = 0.5 * 6, 0.5 * 6
+    params.update([0, 0])
+    successes, trials = 0.5 ** 0.5 * successes, 0.5 ** 0.5 * trials + 0.5 * 2
+    assert params.alpha == pytest.approx(successes / trials)
+    params.update([2, 0, 1])  # 3 successes of 3 + 1 + 2 trials
+    successes, trials = 0.5 ** 0.75 * successes + 0.5 * 3, 0.5 ** 0.75 * trials + 0.5 * 6
+    assert params.alpha == pytest.approx(successes / trials)
+
+
+def test_acceptance_memory_counts_requests_not_batches():
+    # four batches of one request age the old estimate exactly as one batch of four does, so at batch 1 a
+    # decision rests on as many requests as at batch 4 (at batch 1 one request per batch made it noisy)
+    def after(batches):
+        params = goodput(3, **quiet(ema_alpha=0.2))
+        params.update([3, 3, 3, 3])
+        for batch in batches:
+            params.update(batch)
+        return params.alpha
+
+    high_weight = 0.2 * 12  # what the first batch left, in both cases
+    old = high_weight * 0.8  # after 4 requests
+    assert after([[0, 0, 0, 0]]) == pytest.approx(old / (old + 0.2 * 4))
+    assert after([[0]] * 4) == pytest.approx(old / (old + 0.2 * sum(0.8 ** (i / 4) for i in range(4))))
+    # a fixed weight per batch would have aged it as much as 16 requests: alpha 0.625 instead of 0.72
+    per_batch = high_weight * 0.8 ** 4 / (high_weight * 0.8 ** 4 + 0.2 * sum(0.8 ** i for i in range(4)))
+    assert after([[0]] * 4) > per_batch + 0.09
 
 
 def test_alpha_frozen_at_tier_zero_and_clamped_at_k():
@@ -168,8 +190,8 @@ def test_cost_table_is_kept_per_batch_size_bucket():
     params = goodput(3, **quiet(candidate_steps=[1, 3, 7]))
     params.update([1], 1.0)
     params.update([1, 1], 1.5)
-    params.update([1, 1, 1], 2.0)  # 3 shares the bucket 2-3
-    assert params.measured_costs()["greedy"] == {1: {3: 1.0}, 2: {3: pytest.approx(0.8 * 1.5 + 0.2 * 2.0)}}
+    params.update([1, 1, 1], 2.0)  # 3 shares the bucket 2-3 (its second sample: the mean of the two)
+    assert params.measured_costs()["greedy"] == {1: {3: 1.0}, 2: {3: pytest.approx((1.5 + 2.0) / 2)}}
 
 
 def test_sampled_rounds_keep_their_own_table():

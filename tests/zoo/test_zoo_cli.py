@@ -37,7 +37,30 @@ def test_unknown_family_is_refused(capsys):
 def test_gemma_head_measurement_refuses_bad_sizes_before_loading_anything(tmp_path):
     with pytest.raises(ValueError, match="new_tokens must be >= 1"):
         gemma_eagle.measure(tmp_path, tmp_path, new_tokens=0)
+    with pytest.raises(ValueError, match="prompts_per_domain must be >= 1"):
+        gemma_eagle.measure(tmp_path, tmp_path, prompts_per_domain=0)
+
+
+def test_heldout_prompts_are_the_stored_windows_then_more_drawn_from_the_heldout_split():
     torch = pytest.importorskip("torch")
-    torch.save({"heldout": torch.zeros(24, 128, dtype=torch.long)}, tmp_path / "data.pt")
-    with pytest.raises(ValueError, match="prompts_per_domain must be 1..12"):
-        gemma_eagle.measure(tmp_path, tmp_path, prompts_per_domain=13)
+    stored = torch.arange(4 * 8).reshape(4, 8)  # 2 code windows, then 2 prose windows
+    data = {"heldout": stored}
+    streams = {"code": torch.arange(1000, 1400), "prose": torch.arange(5000, 5300)}
+    calls = []
+
+    def heldout_streams():
+        calls.append(1)
+        return streams
+
+    few = gemma_eagle.heldout_prompts(data, 2, 6, heldout_streams)
+    assert torch.equal(few["code"], stored[:2, :6]) and torch.equal(few["prose"], stored[2:, :6])
+    assert not calls  # the stored windows suffice: the corpus is not rebuilt
+    more = gemma_eagle.heldout_prompts(data, 5, 6, heldout_streams)
+    again = gemma_eagle.heldout_prompts(data, 5, 6, heldout_streams)
+    for domain, first in (("code", 1000), ("prose", 5000)):
+        assert more[domain].shape == (5, 6)
+        assert torch.equal(more[domain][:2], few[domain])  # the stored ones first, so earlier figures stay comparable
+        extra = more[domain][2:]
+        assert ((extra >= first) & (extra < first + len(streams[domain]))).all()  # from that domain's held-out split
+        assert (extra[:, 1:] - extra[:, :-1] == 1).all()  # contiguous windows
+        assert torch.equal(more[domain], again[domain])  # seeded: both heads are measured on the same prompts

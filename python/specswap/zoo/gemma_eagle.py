@@ -76,10 +76,10 @@ class GemmaEagleRecipe:
 
 # ------------------------------------------------------------------------------------------------ data
 
-def token_streams(tokenizer, corpus) -> dict[str, dict[str, torch.Tensor]]:
+def token_streams(tokenizer, corpus, splits=("train", "heldout")) -> dict[str, dict[str, torch.Tensor]]:
     """split -> domain -> one stream of <bos> doc <bos> doc ... token ids."""
     streams = {}
-    for split in ("train", "heldout"):
+    for split in splits:
         streams[split] = {}
         for domain in DOMAINS:
             ids: list[int] = []
@@ -95,6 +95,20 @@ def frequent_tokens(streams: dict[str, torch.Tensor], vocab_size: int, count: in
     """The ``count`` most frequent ids over the training streams, sorted by id: the draft vocabulary."""
     counts = sum(torch.bincount(stream, minlength=vocab_size) for stream in streams.values())
     return torch.sort(torch.topk(counts, count).indices).values
+
+
+def heldout_prompts(data: dict, count: int, length: int, heldout_streams) -> dict[str, torch.Tensor]:
+    """domain -> [count, length] held-out prompts: the windows stored in data.pt first, then, when more are asked
+    for, further windows drawn (seeded) from the held-out streams that ``heldout_streams()`` rebuilds."""
+    stored = data["heldout"]  # first half code windows, second half prose
+    half = len(stored) // 2
+    prompts = {"code": stored[:half, :length], "prose": stored[half:, :length]}
+    if count <= half:
+        return {domain: rows[:count] for domain, rows in prompts.items()}
+    streams = heldout_streams()
+    generator = torch.Generator().manual_seed(GemmaEagleRecipe.seed + 2)
+    return {domain: torch.cat([rows, random_windows(streams[domain], count - half, length, generator)])
+            for domain, rows in prompts.items()}
 
 
 def random_windows(stream: torch.Tensor, count: int, length: int, generator: torch.Generator) -> torch.Tensor:
@@ -321,28 +335,45 @@ def measure(work: Path, out: Path, prompts_per_domain: int = 4, prompt_tokens: i
 
     if new_tokens < 1:
         raise ValueError(f"new_tokens must be >= 1; got {new_tokens}")
-    heldout = torch.load(work / "data.pt")["heldout"]  # first half code windows, second half prose
-    half = len(heldout) // 2
-    if not 1 <= prompts_per_domain <= half:
-        raise ValueError(f"prompts_per_domain must be 1..{half} (the held-out windows per domain); "
-                         f"got {prompts_per_domain}")
-    target = load_model(resolve("gemma-3-270m", torch.bfloat16), torch.bfloat16)
+    if prompts_per_domain < 1:
+        raise ValueError(f"prompts_per_domain must be >= 1; got {prompts_per_domain}")
+    data = torch.load(work / "data.pt")
+    directory = resolve("gemma-3-270m", torch.bfloat16)
+
+    def heldout_streams() -> dict[str, torch.Tensor]:
+        corpus = build_corpus()
+        if corpus.fingerprint() != data["summary"]["fingerprint"]:
+            raise ValueError(f"the offline corpus on this machine is not the one {work / 'data.pt'} was built from "
+                             f"(fingerprint {corpus.fingerprint()} != {data['summary']['fingerprint']}); measure "
+                             f"with at most {len(data['heldout']) // 2} prompts per domain or retrain")
+        return token_streams(load_tokenizer(directory), corpus, splits=("heldout",))["heldout"]
+
+    prompts_by_domain = heldout_prompts(data, prompts_per_domain, prompt_tokens, heldout_streams)
+    target = load_model(directory, torch.bfloat16)
     head = load_eagle_head(out, target)
     results: dict = {"method": f"greedy chain drafting, bf16 target, {prompts_per_domain} held-out prompts per "
                                f"domain of {prompt_tokens} tokens, {new_tokens} new tokens; accepted = draft tokens "
                                "accepted per target verify"}
     lossless = True
-    for domain, rows in (("code", range(prompts_per_domain)), ("prose", range(half, half + prompts_per_domain))):
-        prompts = [heldout[row, :prompt_tokens].tolist() for row in rows]
-        references = [greedy(target, prompt, new_tokens) for prompt in prompts]
+    bar = tqdm(desc="acceptance", unit="prompt", total=len(prompts_by_domain) * prompts_per_domain * (
+        1 + len(draft_lengths)), dynamic_ncols=True)
+    for domain, rows in prompts_by_domain.items():
+        prompts = rows.tolist()
+        references = []
+        for prompt in prompts:
+            references.append(greedy(target, prompt, new_tokens))
+            bar.update()
         for k in draft_lengths:
-            counts: list[int] = []
+            per_prompt: list[list[int]] = []  # [accepted draft tokens, verifies] per prompt, for paired comparisons
             for prompt, reference in zip(prompts, references):
                 result = chain_draft(target, lambda capacity: EagleDrafter(head, capacity), prompt, new_tokens, k)
                 lossless &= result.tokens == reference
-                counts += result.accepted_per_verify
+                per_prompt.append([sum(result.accepted_per_verify), len(result.accepted_per_verify)])
+                bar.update()
+            accepted, verifies = (sum(column) for column in zip(*per_prompt))
             results.setdefault(domain, {})[f"k={k}"] = {
-                "accepted_per_verify": round(sum(counts) / len(counts), 3), "verifies": len(counts)}
+                "accepted_per_verify": round(accepted / verifies, 3), "verifies": verifies, "per_prompt": per_prompt}
+    bar.close()
     results["matches_plain_greedy"] = lossless
     record_file = out / "training_record.json"
     record = json.loads(record_file.read_text())
@@ -360,7 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--measure", action="store_true",
                         help="only measure the acceptance of the head in --out (recorded in its training_record.json)")
     parser.add_argument("--prompts-per-domain", type=int, default=4,
-                        help="--measure: held-out prompts per domain (at most 12)")
+                        help="--measure: held-out prompts per domain (beyond the windows data.pt stores, "
+                             "more are drawn from the held-out split)")
     parser.add_argument("--new-tokens", type=int, default=32,
                         help="--measure: greedy tokens generated per prompt (more: less noise in the counts)")
     args = parser.parse_args(argv)
