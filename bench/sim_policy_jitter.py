@@ -8,7 +8,7 @@ jitter (a machine whose other core is busy). Prints, per scenario and jitter lev
 best static tier and the throughput relative to always using it, mean over seeds, for each policy config.
 
     PYTHONPATH=python python bench/sim_policy_jitter.py
-    PYTHONPATH=python python bench/sim_policy_jitter.py --configs '{"decision_confidence": 0}' '{}'
+    PYTHONPATH=python python bench/sim_policy_jitter.py --configs '{"refresh_probes": false}' '{}'
 """
 
 from __future__ import annotations
@@ -54,13 +54,20 @@ SCENARIOS = {
 }
 
 
+SPELL_SLOWDOWN = 2.5   # round times in a slow spell (a trace of Gemma EAGLE on this CPU: ~2.5x for ~80 rounds)
+SPELL_START = 1 / 300  # chance per round that a slow spell starts
+SPELL_END = 1 / 80     # chance per round that it ends
+
+
 def simulate(scenario: Scenario, jitter: float, overrides: dict, rounds: int, seed: int,
-             correlation: float = 0.0) -> tuple[float, float]:
+             correlation: float = 0.0, spells: bool = False) -> tuple[float, float]:
     """(share of rounds at the best static tier, throughput / the best static tier's throughput). The log of the
     jitter factor is an AR(1) series with this round-to-round correlation (0: independent rounds; near 1: the
-    load on the machine drifts, so a tier timed a while ago was timed under another load)."""
+    load on the machine drifts, so a tier timed a while ago was timed under another load). ``spells``: on top,
+    slow spells that make every round SPELL_SLOWDOWN times slower."""
     rng = random.Random(seed)
     load = rng.gauss(0.0, jitter)
+    slow = False
     params = AdaptiveSpeculativeParams(3, load_adaptive_config({**POLICY, **overrides}))
     best = scenario.best()
     at_best, tokens, seconds = 0, 0, 0.0
@@ -73,10 +80,12 @@ def simulate(scenario: Scenario, jitter: float, overrides: dict, rounds: int, se
                 accepted += 1
             lengths.append(accepted)
         load = correlation * load + math.sqrt(1.0 - correlation**2) * rng.gauss(0.0, jitter)
+        slow = spells and (rng.random() > SPELL_END if slow else rng.random() < SPELL_START)
         at_best += steps == best
         tokens += sum(lengths) + scenario.batch
         seconds += scenario.costs[steps]  # the load slows every tier alike: only the policy sees it
-        params.update(lengths, scenario.costs[steps] * math.exp(load), scenario.sampled)
+        spell = SPELL_SLOWDOWN if slow else 1.0
+        params.update(lengths, scenario.costs[steps] * spell * math.exp(load), scenario.sampled)
     best_rate = scenario.batch * scenario.tokens(best) / scenario.costs[best]
     return at_best / rounds, (tokens / seconds) / best_rate
 
@@ -87,6 +96,8 @@ def main() -> None:
     parser.add_argument("--jitter", type=float, nargs="+", default=[0.05, 0.15, 0.3])
     parser.add_argument("--correlation", type=float, nargs="+", default=[0.0, 0.95],
                         help="round-to-round correlation of the jitter (0: independent; 0.95: drifting load)")
+    parser.add_argument("--spells", type=int, nargs="+", choices=[0, 1], default=[0, 1],
+                        help="1: slow spells on top of the jitter (every round 2.5x slower for ~80 rounds)")
     parser.add_argument("--configs", type=json.loads, nargs="+", default=[{}],
                         help="policy config overrides (JSON objects) to compare, on top of goodput + positional")
     parser.add_argument("--rounds", type=int, default=800)
@@ -94,16 +105,17 @@ def main() -> None:
     args = parser.parse_args()
     for name in args.scenarios:
         scenario = SCENARIOS[name]
-        for correlation in args.correlation:
-            for jitter in args.jitter:
-                for overrides in args.configs:
-                    runs = [simulate(scenario, jitter, overrides, args.rounds, seed, correlation)
-                            for seed in range(args.seeds)]
-                    share = sum(r[0] for r in runs) / len(runs)
-                    ratio = sum(r[1] for r in runs) / len(runs)
-                    print(f"{name:9s} jitter {jitter:.2f} corr {correlation:.2f}  {json.dumps(overrides):40s} "
-                          f"rounds at best tier {scenario.best()}: {share:.2f}  "
-                          f"throughput / best static {ratio:.3f}", flush=True)
+        for spells in args.spells:
+            for correlation in args.correlation:
+                for jitter in args.jitter:
+                    for overrides in args.configs:
+                        runs = [simulate(scenario, jitter, overrides, args.rounds, seed, correlation, bool(spells))
+                                for seed in range(args.seeds)]
+                        share = sum(r[0] for r in runs) / len(runs)
+                        ratio = sum(r[1] for r in runs) / len(runs)
+                        print(f"{name:9s} jitter {jitter:.2f} corr {correlation:.2f} spells {spells}  "
+                              f"{json.dumps(overrides):30s} rounds at best tier {scenario.best()}: {share:.2f}  "
+                              f"throughput / best static {ratio:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,11 @@ constexpr double kFastEmaWeight = 0.5;
 // round or two longer at the old tier (1.04x / 1.01x the best static mode in
 // one run each, against 1.08x / 1.08x acting at once).
 constexpr std::uint64_t kPhaseChangeRequests = 6;
+// Slow spells (docs/policy.md): a trace of Gemma EAGLE on this 2-core CPU had
+// every round ~2.5x slower for ~80 rounds at a time.
+constexpr int kSpellRounds = 3;
+constexpr double kSpellRatio = 1.6;
+constexpr double kSpellEnd = 1.3;
 
 }  // namespace
 
@@ -414,12 +419,13 @@ void AdaptiveSpeculativeParams::update_goodput(std::span<const int> accept_lengt
     // cost, measured under another load or in another phase, then counts as
     // one sample against the fresh ones instead of outweighing them.
     const std::size_t slot = last_table_ * candidates_.size() + index_;
+    if (slow_spell(slot, round_seconds)) return;
     const auto stale_after = 2 * static_cast<std::uint64_t>(config_.update_interval);
     if (num_batches_ > cost_timed_at_[slot] + stale_after) cost_run_[slot] = 0;
     cost_timed_at_[slot] = num_batches_;
     double& cost = cost_ema_[slot];
     if (std::isnan(cost)) {
-      cost = round_seconds;
+      cost = round_seconds / spell_level_;  // first timed in a spell: as it would be outside it
       cost_run_[slot] = 0;  // the first sample stands as the old value would
     } else {
       const double run = static_cast<double>(++cost_run_[slot]);
@@ -427,6 +433,41 @@ void AdaptiveSpeculativeParams::update_goodput(std::span<const int> accept_lengt
       cost = (1.0 - w) * cost + w * round_seconds;
     }
   }
+}
+
+bool AdaptiveSpeculativeParams::slow_spell(std::size_t slot, double seconds) noexcept {
+  // Only ratios between tiers matter, and a load that slows every round
+  // alike leaves them as they were; but the tiers timed during it would keep
+  // its costs after it. So a round at kSpellRatio or more of its tier's cost
+  // is not learned; kSpellRounds of them in a row start a spell, in which no
+  // cost learns until a round comes in under kSpellEnd of its tier's cost
+  // (a tier first timed in the spell is scaled by the spell's level). An
+  // outlier that is not followed by more is dropped.
+  // Both bars widen with the noise of round times (sigma: an EMA of squared
+  // log deviations of the rounds learned), to 3 and 2 sigma where that is
+  // more, so that plain jitter is neither dropped nor taken for a spell.
+  const double reference = cost_ema_[slot];
+  if (std::isnan(reference)) return false;
+  const double ratio = seconds / reference;
+  const double sigma = std::sqrt(cost_noise_);
+  if (spell_level_ > 1.0) {
+    if (ratio >= std::max(kSpellEnd, std::exp(2.0 * sigma))) return true;
+    spell_level_ = 1.0;
+    return false;
+  }
+  if (ratio < std::max(kSpellRatio, std::exp(3.0 * sigma))) {
+    suspects_ = 0;
+    const double deviation = std::log(ratio);
+    cost_noise_ = (1.0 - config_.ema_alpha) * cost_noise_ + config_.ema_alpha * deviation * deviation;
+    return false;
+  }
+  if (suspects_ == 0) suspect_ratios_ = 0.0;
+  suspect_ratios_ += ratio;
+  if (++suspects_ >= kSpellRounds) {
+    spell_level_ = suspect_ratios_ / suspects_;
+    suspects_ = 0;
+  }
+  return true;
 }
 
 bool AdaptiveSpeculativeParams::fit_table(int table, double* intercept,

@@ -134,6 +134,8 @@ class AdaptiveSpeculativeParams {
                       bool sampled, int steps);
   void estimate_costs(int table, double* out) const noexcept;
   bool fit_table(int table, double* intercept, double* slope) const noexcept;
+  // Whether this cost sample falls in a slow spell (and so is not learned).
+  bool slow_spell(std::size_t slot, double seconds) noexcept;
   void move_to(std::size_t index, bool is_decision) noexcept;
   std::uint64_t first_zero_wait() const noexcept;
 
@@ -174,6 +176,11 @@ class AdaptiveSpeculativeParams {
   std::vector<double> cost_ema_;
   std::vector<std::uint64_t> cost_timed_at_;  // same layout: num_batches_ of the last sample
   std::vector<std::uint64_t> cost_run_;       // samples since the slot last went stale
+  // slow spells: rounds in a row far above their tier's cost
+  double spell_level_ = 1.0;    // > 1 while in a spell: its rounds' ratio to the costs
+  int suspects_ = 0;            // such rounds in a row before a spell is called
+  double suspect_ratios_ = 0.0;  // the sum of their ratios
+  double cost_noise_ = 0.0;     // EMA of squared log(round time / its tier's cost)
   mutable std::vector<double> scratch_;  // candidates_.size(): costs
   int last_table_ = 0;
   std::uint64_t probe_batches_ = 0;      // candidates * probe_rounds

@@ -194,6 +194,40 @@ def test_cost_table_is_kept_per_batch_size_bucket():
     assert params.measured_costs()["greedy"] == {1: {3: 1.0}, 2: {3: pytest.approx((1.5 + 2.0) / 2)}}
 
 
+def test_a_slow_spell_is_not_learned_as_a_cost():
+    # every round 2.5x slower for 80 rounds (as a trace of Gemma EAGLE on a 2-core CPU showed): the tier holds and
+    # the cost table comes out of the spell as it went in, so no tier is left priced at the spell's level
+    cost = {1: 1.0, 3: 1.2, 7: 2.2}
+    rng = random.Random(5)
+    params = goodput(3, candidate_steps=[1, 3, 7])
+    run(params, 0.75, lambda k: cost[k], 60, rng)  # tier 3 is best at this acceptance
+    assert params.current_steps == 3
+    before = params.cost_estimates(4)
+    during = run(params, 0.75, lambda k: 2.5 * cost[k], 80, rng)
+    assert set(during) == {3}
+    assert params.cost_estimates(4) == pytest.approx(before)
+    after = run(params, 0.75, lambda k: cost[k], 40, rng)
+    assert set(after) == {3}
+    assert params.cost_estimates(4)[3] == pytest.approx(1.2)
+
+
+def test_one_slow_round_is_dropped_and_plain_jitter_is_learned():
+    params = goodput(3, **quiet(candidate_steps=[1, 3, 7]))
+    for _ in range(10):
+        params.update([1], 1.0)
+    params.update([1], 3.0)  # an outlier, followed by normal rounds: never learned
+    params.update([1], 1.0)
+    assert params.measured_costs()["greedy"][1][3] == pytest.approx(1.0)
+    # round times with 30% log-normal jitter: the bar widens with the measured noise, so the tail is learned
+    noisy = goodput(3, **quiet(candidate_steps=[1, 3, 7]))
+    rng = random.Random(2)
+    samples = [2.0 ** rng.gauss(0.0, 0.3 / 0.693) for _ in range(400)]
+    for seconds in samples:
+        noisy.update([1], seconds)
+    assert noisy.measured_costs()["greedy"][1][3] == pytest.approx(sum(samples[-60:]) / 60, rel=0.2)
+    assert sum(s > 1.6 for s in samples) > 10  # the sample did reach past the quiet machine's bar
+
+
 def test_sampled_rounds_keep_their_own_table():
     # sampling pays per verified position: its costs must not stand in for greedy ones
     params = goodput(3, **dict(quiet(candidate_steps=[1, 3, 7]), probe_rounds=1))
