@@ -427,6 +427,13 @@ void AdaptiveSpeculativeParams::update_goodput(std::span<const int> accept_lengt
     if (std::isnan(cost)) {
       cost = round_seconds / spell_level_;  // first timed in a spell: as it would be outside it
       cost_run_[slot] = 0;  // the first sample stands as the old value would
+    } else if (num_batches_ <= probe_batches_) {
+      // Start-up probes: the fastest of a tier's probe rounds. The first
+      // rounds of a new engine run cold (graph buffers, allocator) and are
+      // never faster than warm ones; a tier priced by a cold round looked
+      // dear and was hardly visited again (EAGLE, code at batch 1: 16 rounds
+      // of 505 at the best tier in one benchmark run).
+      cost = std::min(cost, round_seconds);
     } else {
       const double run = static_cast<double>(++cost_run_[slot]);
       const double w = std::max(config_.ema_alpha, 1.0 / (run + 1.0));

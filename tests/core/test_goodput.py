@@ -194,6 +194,14 @@ def test_cost_table_is_kept_per_batch_size_bucket():
     assert params.measured_costs()["greedy"] == {1: {3: 1.0}, 2: {3: pytest.approx((1.5 + 2.0) / 2)}}
 
 
+def test_start_up_probes_keep_each_tier_s_fastest_round():
+    # the first rounds of a new engine run cold: a tier priced by one of them would look dear for good
+    params = goodput(3, candidate_steps=[1, 3, 7])  # probes 3, 3, 1, 1, 7, 7
+    for seconds in (3.0, 1.2, 1.1, 1.0, 2.0, 1.9):
+        params.update([0, 0], seconds)
+    assert params.measured_costs()["greedy"][2] == {1: 1.0, 3: 1.2, 7: 1.9}
+
+
 def test_a_slow_spell_is_not_learned_as_a_cost():
     # every round 2.5x slower for 80 rounds (as a trace of Gemma EAGLE on a 2-core CPU showed): the tier holds and
     # the cost table comes out of the spell as it went in, so no tier is left priced at the spell's level
