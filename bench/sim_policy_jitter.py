@@ -4,11 +4,12 @@ The C++ policy is fed synthetic rounds shaped after EAGLE on Gemma 3 270M (docs/
 per-position acceptance rates and seconds per round per tier, derived from the measured tokens per second and
 accepted tokens per verify of each static tier. Every request draws its accepted length from the rates (that is
 the acceptance noise: at batch 1 one update is one request), and every round time is multiplied by log-normal
-jitter (a machine whose other core is busy). Prints, per scenario and jitter level, the share of rounds at the
-best static tier and the throughput relative to always using it, mean over seeds, for each policy config.
+jitter (independent or drifting) and, optionally, by slow spells. Prints, per scenario and noise, the share of
+rounds at the best static tier and the throughput relative to always using it, mean over seeds, for each policy
+config.
 
     PYTHONPATH=python python bench/sim_policy_jitter.py
-    PYTHONPATH=python python bench/sim_policy_jitter.py --configs '{"refresh_probes": false}' '{}'
+    PYTHONPATH=python python bench/sim_policy_jitter.py --configs '{"ema_alpha": 0.1}' '{}'
 """
 
 from __future__ import annotations

@@ -414,12 +414,12 @@ void AdaptiveSpeculativeParams::update_goodput(std::span<const int> accept_lengt
   fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
   last_table_ = table_of(static_cast<int>(accept_lengths.size()), sampled);
   if (std::isfinite(round_seconds) && round_seconds > 0.0) {
+    const std::size_t slot = last_table_ * candidates_.size() + index_;
+    if (slow_spell(slot, round_seconds)) return;
     // A running mean over this run of samples that turns into the EMA. A
     // tier not timed for two decision intervals starts a new run: its old
     // cost, measured under another load or in another phase, then counts as
     // one sample against the fresh ones instead of outweighing them.
-    const std::size_t slot = last_table_ * candidates_.size() + index_;
-    if (slow_spell(slot, round_seconds)) return;
     const auto stale_after = 2 * static_cast<std::uint64_t>(config_.update_interval);
     if (num_batches_ > cost_timed_at_[slot] + stale_after) cost_run_[slot] = 0;
     cost_timed_at_[slot] = num_batches_;
