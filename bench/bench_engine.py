@@ -1,16 +1,19 @@
 """Engine throughput side by side: no speculation, static tiers and adaptive for one or more drafters, plus
-transformers' plain and prompt-lookup generate, on four prompt sets.
+transformers' plain and prompt-lookup generate, on four workloads.
 
-Prompt sets: code prompts decoded greedily, runs of repeated lines decoded greedily (the upstream "high" phase),
-list continuations decoded greedily, and prose prompts sampled at temperature 1.0. Every configuration runs in
-the same process on the same loaded weights, interleaved over repeats; the report gives tokens/s and the ratio
-to no speculation measured in the same run, and, for greedy sets, how many outputs equal target-only output of
-the same run (identical by construction in fp32; in bf16 near-tie logits may flip, see docs/engine.md).
+Workloads: code prompts decoded greedily, runs of repeated lines decoded greedily (the upstream "high" phase),
+list continuations decoded greedily, and prose prompts sampled at temperature 1.0. Each comes in two prompt sets
+(``--prompt-set``): ``tune``, the prompts NGRAM's lookup and the adaptive policy were tuned on, and ``report``
+(the default), prompts of the same kinds written apart from that tuning, for published figures. Every
+configuration runs in the same process on the same loaded weights, interleaved over repeats; the report gives
+tokens/s and the ratio to no speculation measured in the same run, and, for greedy sets, how many outputs equal
+target-only output of the same run (identical by construction in fp32; in bf16 near-tie logits may flip, see
+docs/engine.md). ``--json`` writes the rows with the command, the CPU and the commit (specswap.bench.provenance).
 
     PYTHONPATH=python python bench/bench_engine.py --model tiny            # seconds: a smoke test
     PYTHONPATH=python python bench/bench_engine.py --model tiny --hf --repeats 3
     PYTHONPATH=python python bench/bench_engine.py --model gemma-3-270m --dtype bfloat16 --algorithm EAGLE NGRAM \
-        --batch-sizes 1 --max-new-tokens 96 --num-prompts 4 --repeats 1 --threads 1 --hf --json runs/gemma.json
+        --batch-sizes 1 --max-new-tokens 96 --num-prompts 4 --repeats 1 --threads 1 --hf --json gemma.json
 
 ``--hf`` adds transformers rows at batch 1: plain ``generate``, prompt-lookup decoding
 (``prompt_lookup_num_tokens=10``) and, where the zoo has a standalone draft ("<model>-draft"), assisted
@@ -28,9 +31,10 @@ import time
 import torch
 from tqdm import tqdm
 
+from specswap.bench import provenance
 from specswap.engine import Engine, encode_text, resolve_checkpoint, resolve_dtype
 
-CODE_PROMPTS = [
+TUNE_CODE_PROMPTS = [
     "def fibonacci(n):\n    ",
     "import os\nimport sys\n\n\ndef main():\n    ",
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        ",
@@ -41,7 +45,7 @@ CODE_PROMPTS = [
     "try:\n    import json\nexcept ImportError:\n    ",
 ]
 # the upstream benchmark's "high" phase: runs of identical lines, where drafts are accepted most
-REPEAT_PROMPTS = [
+TUNE_REPEAT_PROMPTS = [
     "x = 1\nx = 1\nx = 1\nx = 1\n",
     "print('hello')\nprint('hello')\nprint('hello')\n",
     "    self.a = a\n    self.a = a\n    self.a = a\n",
@@ -52,8 +56,9 @@ REPEAT_PROMPTS = [
     "a = []\na = []\na = []\na = []\n",
 ]
 # list continuations: each item repeats the previous one's template with a new counter, as in SQL, HTML,
-# JSON and config code (prompt lookup's home ground: it copies the template and misses only the counter)
-LIST_PROMPTS = [
+# JSON and config code (prompt lookup's home ground: it copies the template and misses only the counter).
+# NGRAM's skip-one lookup and its counter extrapolation were tuned on Gemma's outputs of these.
+TUNE_LIST_PROMPTS = [
     "SELECT name FROM users WHERE id = 1;\nSELECT name FROM users WHERE id = 2;\nSELECT name FROM users WHERE id = 3;\n",
     '<li><a href="/page/1">Page 1</a></li>\n<li><a href="/page/2">Page 2</a></li>\n<li><a href="/page/3">Page 3</a></li>\n',
     "self.layer1 = nn.Linear(64, 64)\nself.layer2 = nn.Linear(64, 64)\n",
@@ -65,7 +70,7 @@ LIST_PROMPTS = [
     "case 1: return 'one';\ncase 2: return 'two';\ncase 3: return 'three';\n",
     "- item 1\n- item 2\n- item 3\n",
 ]
-PROSE_PROMPTS = [
+TUNE_PROSE_PROMPTS = [
     "The purpose of this module is",
     "This function returns",
     "Permission is hereby granted, free of charge, to any person",
@@ -74,6 +79,55 @@ PROSE_PROMPTS = [
     "If the argument is omitted,",
     "This software is provided",
     "Note that the result",
+]
+
+
+# The report set: the same four kinds, other content, written apart from any tuning; no line of it occurs in
+# the tune set (tests/bench/test_prompt_sets.py checks it). Published figures use this set.
+REPORT_CODE_PROMPTS = [
+    "def binary_search(items, target):\n    ",
+    "from dataclasses import dataclass\n\n\n@dataclass\nclass Point:\n    ",
+    "class Queue:\n    def __init__(self, maxsize=0):\n        self._data = collections.deque()\n\n"
+    "    def put(self, value):\n        ",
+    "while queue:\n    node = queue.pop()\n    ",
+    "def write_json(path, data):\n    with open(path, 'w') as handle:\n        ",
+    "    if key not in self._cache:\n        raise KeyError(",
+    "def __eq__(self, other):\n        if not isinstance(other, type(self)):\n"
+    "            return NotImplemented\n        return self.",
+    "import argparse\n\n\ndef parse_args():\n    parser = ",
+]
+REPORT_REPEAT_PROMPTS = [
+    "y = 0\ny = 0\ny = 0\ny = 0\n",
+    "print('done')\nprint('done')\nprint('done')\n",
+    "    self.b = b\n    self.b = b\n    self.b = b\n",
+    "import re\nimport re\nimport re\nimport re\n",
+    "1, 1, 1, 1, 1, 1, 1, 1, 1, 1,",
+    "# =====\n# =====\n# =====\n",
+    "pass\npass\npass\npass\n",
+    "b = {}\nb = {}\nb = {}\nb = {}\n",
+]
+REPORT_LIST_PROMPTS = [
+    "UPDATE orders SET status = 'sent' WHERE order_id = 101;\n"
+    "UPDATE orders SET status = 'sent' WHERE order_id = 102;\n"
+    "UPDATE orders SET status = 'sent' WHERE order_id = 103;\n",
+    '<tr><td>Row 1</td><td class="cell">1</td></tr>\n<tr><td>Row 2</td><td class="cell">2</td></tr>\n',
+    "self.conv1 = nn.Conv2d(32, 32, 3)\nself.conv2 = nn.Conv2d(32, 32, 3)\n",
+    '{"user": 1, "email": "user1@example.com", "score": 5},\n'
+    '{"user": 2, "email": "user2@example.com", "score": 10},\n',
+    "logger.info('epoch 1 finished')\nlogger.info('epoch 2 finished')\nlogger.info('epoch 3 finished')\n",
+    "    assert results[0] == expected[0]\n    assert results[1] == expected[1]\n",
+    "## Step 1\n\nRun test 1.\n\n## Step 2\n\nRun test 2.\n\n",
+    "    config.add_option('--level-1', default=1)\n    config.add_option('--level-2', default=2)\n",
+]
+REPORT_PROSE_PROMPTS = [
+    "The main advantage of this approach is",
+    "This class represents",
+    "Redistribution and use in source and binary forms, with or without",
+    "Raise an exception if",
+    "In the example below, we",
+    "When the timeout expires,",
+    "The copyright holders",
+    "Keep in mind that the value",
 ]
 
 
@@ -93,8 +147,15 @@ class ByteTokenizer:
         return "".join(chr(32 + i % 90) for i in ids)
 
 
-WORKLOADS = {"code": (CODE_PROMPTS, 0.0), "repeat": (REPEAT_PROMPTS, 0.0), "list": (LIST_PROMPTS, 0.0),
-             "prose": (PROSE_PROMPTS, 1.0)}
+# prompt set -> workload -> (prompts, temperature)
+PROMPT_SETS = {
+    "tune": {"code": (TUNE_CODE_PROMPTS, 0.0), "repeat": (TUNE_REPEAT_PROMPTS, 0.0), "list": (TUNE_LIST_PROMPTS, 0.0),
+             "prose": (TUNE_PROSE_PROMPTS, 1.0)},
+    "report": {"code": (REPORT_CODE_PROMPTS, 0.0), "repeat": (REPORT_REPEAT_PROMPTS, 0.0),
+               "list": (REPORT_LIST_PROMPTS, 0.0), "prose": (REPORT_PROSE_PROMPTS, 1.0)},
+}
+DEFAULT_PROMPT_SET = "report"
+WORKLOADS = list(PROMPT_SETS[DEFAULT_PROMPT_SET])
 
 
 def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quantization: str = "auto"):
@@ -219,7 +280,7 @@ def bench(target, drafts, tokenizer, args) -> list[dict]:
                                                           for b in args.batch_sizes)
     bar = tqdm(total=runs_total, desc="bench", unit="run", dynamic_ncols=True)
     for workload in args.workloads:
-        prompts, temperature = WORKLOADS[workload]
+        prompts, temperature = PROMPT_SETS[args.prompt_set][workload]
         prompts = prompts[:args.num_prompts]
         for batch_size in args.batch_sizes:
             runners = {name: EngineRunner(Engine(target, drafts.get(kwargs["speculative_algorithm"]),
@@ -280,13 +341,16 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="zoo name, gemma-3-270m or checkpoint directory, or 'random'")
     parser.add_argument("--algorithm", nargs="+", default=["EAGLE"], choices=["EAGLE", "STANDALONE", "NGRAM"],
                         help="one or more drafters, each with its static tiers and adaptive")
     parser.add_argument("--static-steps", type=int, nargs="+", default=[1, 3, 7])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=WORKLOADS)
+    parser.add_argument("--prompt-set", default=DEFAULT_PROMPT_SET, choices=list(PROMPT_SETS),
+                        help="report: prompts kept apart from tuning (for published figures); tune: the prompts "
+                             "NGRAM's lookup and the policy were tuned on (docs/bench.md)")
     parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -309,8 +373,12 @@ def main() -> None:
     parser.add_argument("--disable-graphs", action="store_true", help="run the engines eagerly (default: stage graphs)")
     parser.add_argument("--hf", action="store_true",
                         help="add transformers rows at batch 1: plain, prompt lookup, assisted (where a draft exists)")
-    parser.add_argument("--json", help="also write the rows to this file")
-    args = parser.parse_args()
+    parser.add_argument("--json", help="also write the rows, the command, the CPU and the commit to this file")
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     global CLOCK
@@ -320,13 +388,13 @@ def main() -> None:
     target, drafts, tokenizer = load_models(args.model, args.algorithm, dtype, args.draft_quantization)
     print(f"model {args.model} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M), "
           f"drafts {'/'.join(args.algorithm)}, {dtype}, {torch.get_num_threads()} threads, "
-          f"{args.max_new_tokens} new tokens, {args.num_prompts} prompts, median of {args.repeats}, "
+          f"{args.max_new_tokens} new tokens, {args.num_prompts} {args.prompt_set} prompts, median of {args.repeats}, "
           f"{args.clock} clock, {'eager' if args.disable_graphs else 'stage graphs'}"
           f"{', int8 EAGLE head' if getattr(drafts.get('EAGLE'), '_draft_lm_scales', None) is not None else ''}",
           flush=True)
     rows = bench(target, drafts, tokenizer, args)
     print_table(rows)
-    report = {"args": vars(args), "rows": rows}
+    report = {**provenance.stamp(), "prompt_set": args.prompt_set, "args": vars(args), "rows": rows}
     summary = best_versus_transformers(rows)
     if summary:
         print()

@@ -1,8 +1,9 @@
 """How noise moves the goodput policy between close tiers (a simulation, no model).
 
-The C++ policy is fed synthetic rounds shaped after EAGLE on Gemma 3 270M (docs/gemma.md, session 6 idle run):
-per-position acceptance rates and seconds per round per tier, derived from the measured tokens per second and
-accepted tokens per verify of each static tier. Every request draws its accepted length from the rates (that is
+The C++ policy is fed synthetic rounds shaped after EAGLE on Gemma 3 270M at batch 1 and 4 (bench/bench_engine.py
+on the ``tune`` prompt set's code and prose, docs/gemma.md): per-position acceptance rates and seconds per round
+per tier, derived from the measured tokens per second and accepted tokens per verify of each static tier. It is a
+tuning tool: its scenarios come from the prompts the policy is tuned on, never from the report set. Every request draws its accepted length from the rates (that is
 the acceptance noise: at batch 1 one update is one request), and every round time is multiplied by log-normal
 jitter (independent or drifting) and, optionally, by slow spells. Prints, per scenario and noise, the share of
 rounds at the best static tier and the throughput relative to always using it, mean over seeds, for each policy

@@ -7,7 +7,7 @@ import pytest
 from server_helpers import loaded_models, random_models, running_server
 from specswap.bench import report
 from specswap.bench.cli import mode_settings, run_from_args
-from specswap.bench.workloads import HIGH_PROMPTS, LOW_PROMPTS, build_workload
+from specswap.bench.workloads import REPORT_HIGH_PROMPTS, REPORT_LOW_PROMPTS, build_workload
 from specswap.cli import build_parser, main
 
 
@@ -77,8 +77,8 @@ def test_workloads_alternate_and_do_not_replay_prompts():
     phases = build_workload("transition", 3)
     assert [p.name for p in phases] == ["low", "high", "low", "high"]
     assert phases[0].temperature == 1.0 and phases[1].temperature == 0.0
-    assert phases[0].prompts == tuple(LOW_PROMPTS[:3]) and phases[2].prompts == tuple(LOW_PROMPTS[3:6])
-    assert phases[3].prompts == tuple(HIGH_PROMPTS[3:6])
+    assert phases[0].prompts == tuple(REPORT_LOW_PROMPTS[:3]) and phases[2].prompts == tuple(REPORT_LOW_PROMPTS[3:6])
+    assert phases[3].prompts == tuple(REPORT_HIGH_PROMPTS[3:6])
     with pytest.raises(ValueError, match="unknown workload"):
         build_workload("medium", 2)
 
@@ -113,6 +113,8 @@ def test_bench_in_process_writes_json_schema_and_plot(tmp_path, capsys):
     assert run_from_args(args, loaded_models("NGRAM")) == 0
     result = json.loads((tmp_path / "results.json").read_text())
     _check_schema(result, ["baseline", "static1", "static3", "adaptive"])
+    assert result["prompt_set"] == "report"  # the default: prompts kept apart from tuning
+    assert result["command"] and result["cpu"] and result["commit"]  # provenance the docs' citations need
     assert result["modes"]["baseline"]["overall"]["accept_length"] == 1.0
     assert result["modes"]["adaptive"]["overall"]["requests"] == 2 * 4 * 2  # 2 per phase, 4 phases, 2 repeats
     assert result["modes"]["static3"]["rounds_per_tier"].keys() == {"3"}

@@ -8,8 +8,8 @@ import sys
 import time
 from typing import Any
 
-from specswap.bench import report
-from specswap.bench.workloads import WORKLOADS, build_workload
+from specswap.bench import provenance, report
+from specswap.bench.workloads import DEFAULT_PROMPT_SET, PROMPT_SETS, WORKLOADS, build_workload
 
 DEFAULT_STATIC_STEPS = (1, 3, 7)
 
@@ -17,6 +17,9 @@ DEFAULT_STATIC_STEPS = (1, 3, 7)
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="transition", choices=list(WORKLOADS),
                         help="low, high, or transition (low, high, low, high)")
+    parser.add_argument("--prompt-set", default=DEFAULT_PROMPT_SET, choices=list(PROMPT_SETS),
+                        help="report: prompts kept apart from tuning (for published figures); tune: the prompts "
+                             "the policy's constants were set on (docs/bench.md)")
     parser.add_argument("--requests-per-phase", type=int, default=8, help="requests of each phase (upstream: 8)")
     parser.add_argument("--concurrency", type=int, default=2, help="requests in flight (the batch size)")
     parser.add_argument("--max-new-tokens", type=int, default=80)
@@ -87,7 +90,7 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
             settings = modes[name]
             if args.warmup > 0:  # a throwaway engine: warms the kernels without moving this mode's controller
                 warm = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
-                warm_phases = build_workload("transition", 1, args.low_temperature)[:2]
+                warm_phases = build_workload("transition", 1, args.low_temperature, args.prompt_set)[:2]
                 for index in range(args.warmup):
                     phase = warm_phases[index % 2]
                     warm.generate([phase.prompts[0]], max_new_tokens=min(16, args.max_new_tokens),
@@ -136,10 +139,12 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    phases = build_workload(args.workload, args.requests_per_phase, args.low_temperature)
+    phases = build_workload(args.workload, args.requests_per_phase, args.low_temperature, args.prompt_set)
     requests = sum(len(phase.prompts) for phase in phases)
     result: dict[str, Any] = {
+        **provenance.stamp(),
         "workload": args.workload,
+        "prompt_set": args.prompt_set,
         "phases": [phase.name for phase in phases],
         "settings": {"requests_per_phase": args.requests_per_phase, "concurrency": args.concurrency,
                      "max_new_tokens": args.max_new_tokens, "low_temperature": args.low_temperature,
@@ -173,7 +178,8 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
 
 def run_from_args(args: argparse.Namespace, models=None) -> int:
     result = run_bench(args, models)
-    print(f"workload {result['workload']} ({', '.join(result['phases'])}), model {result.get('model')}, "
+    print(f"workload {result['workload']} ({', '.join(result['phases'])}, {result['prompt_set']} prompts), "
+          f"model {result.get('model')}, "
           f"{result.get('speculative_algorithm')}, {result.get('dtype')}, {result['settings']['requests_per_phase']} "
           f"requests/phase, concurrency {result['settings']['concurrency']}, {result['settings']['max_new_tokens']} "
           f"new tokens, {result['settings']['threads']} threads, {result['wall_s']:.1f} s")

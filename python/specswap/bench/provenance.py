@@ -1,0 +1,66 @@
+"""Where a benchmark figure came from: the command, the CPU and the commit, stamped into every benchmark JSON.
+
+The docs cite only JSONs under ``results/`` that carry these three keys (tests/test_docs_evidence.py), so a
+figure can be traced to the command that made it, the machine it ran on and the code it measured.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+_REPOSITORY = Path(__file__).resolve().parents[3]
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command as typed: ``argv`` (default ``sys.argv``) joined, each word quoted where the shell needs it."""
+    return " ".join(shlex.quote(word) for word in (sys.argv if argv is None else argv))
+
+
+def cpu_line(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """One line naming this CPU.
+
+    Switch to ``specswap.capability.cpu_capability().describe()`` once that module lands (it names the native
+    bf16 / AVX-512 / AMX / AVX2 support as well); until then the first ``model name`` of /proc/cpuinfo, or the
+    platform's processor string where that file does not exist.
+    """
+    try:  # the capability line, when the capability module is present
+        from specswap.capability import cpu_capability  # type: ignore[import-not-found]
+    except ImportError:
+        pass
+    else:
+        return cpu_capability().describe()
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            return value.strip()
+    import platform
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def git_commit(directory: str | Path = _REPOSITORY) -> str:
+    """``git rev-parse HEAD`` of the checkout holding ``directory``, with ``-dirty`` when tracked files differ
+    from it; ``"unknown"`` outside a git checkout (an installed wheel) or without git."""
+    try:
+        head = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    commit = head.stdout.strip()
+    return f"{commit}-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else commit
+
+
+def stamp(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """``{"command", "cpu", "commit"}`` for a benchmark JSON (merge it into the report's top level)."""
+    return {"command": command_line(argv), "cpu": cpu_line(), "commit": git_commit()}

@@ -1,0 +1,108 @@
+"""Benchmark hygiene: the prompts the drafters and the policy were tuned on are kept apart from the prompts whose
+figures are reported, the report set is the default, and every benchmark JSON says where it came from."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specswap.bench import provenance, workloads
+from specswap.cli import build_parser
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def _bench_engine():
+    spec = importlib.util.spec_from_file_location("bench_engine", REPOSITORY / "bench" / "bench_engine.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _lines(prompt_sets, name):
+    """Every non-blank line of every prompt of one set (stripped: indentation alone does not make a new line)."""
+    return {line.strip() for prompts, _ in prompt_sets[name].values() for prompt in prompts
+            for line in prompt.splitlines() if line.strip()}
+
+
+def _check_apart(prompt_sets):
+    assert set(prompt_sets) == {"tune", "report"}
+    tune, report = prompt_sets["tune"], prompt_sets["report"]
+    assert list(tune) == list(report), "both sets hold the same kinds of workload"
+    for kind in tune:
+        (tune_prompts, tune_temperature), (report_prompts, report_temperature) = tune[kind], report[kind]
+        assert tune_temperature == report_temperature, kind
+        assert len(report_prompts) == len(tune_prompts), kind
+        assert len(set(report_prompts)) == len(report_prompts), f"{kind}: a report prompt is repeated"
+    shared = _lines(prompt_sets, "tune") & _lines(prompt_sets, "report")
+    assert not shared, f"lines in both the tune and the report set: {sorted(shared)}"
+
+
+def test_phased_benchmark_sets_are_disjoint_and_report_is_the_default():
+    _check_apart(workloads.PROMPT_SETS)
+    assert workloads.DEFAULT_PROMPT_SET == "report"
+    report_high = workloads.PROMPT_SETS["report"]["high"][0]
+    assert workloads.build_workload("high", 2)[0].prompts == tuple(report_high[:2])
+    assert build_parser().parse_args(["bench"]).prompt_set == "report"
+    tune = workloads.build_workload("high", 2, prompt_set="tune")[0].prompts
+    assert tune == tuple(workloads.PROMPT_SETS["tune"]["high"][0][:2])
+    with pytest.raises(ValueError, match="unknown prompt set 'train'; valid: tune, report"):
+        workloads.build_workload("high", 2, prompt_set="train")
+
+
+def test_engine_benchmark_sets_are_disjoint_and_report_is_the_default():
+    bench_engine = _bench_engine()
+    _check_apart(bench_engine.PROMPT_SETS)
+    assert list(bench_engine.PROMPT_SETS["report"]) == ["code", "repeat", "list", "prose"]
+    assert bench_engine.DEFAULT_PROMPT_SET == "report"
+    args = bench_engine.build_parser().parse_args([])
+    assert args.prompt_set == "report"
+    assert bench_engine.build_parser().parse_args(["--prompt-set", "tune"]).prompt_set == "tune"
+    with pytest.raises(SystemExit):
+        bench_engine.build_parser().parse_args(["--prompt-set", "train"])
+
+
+def test_the_disjointness_check_catches_a_shared_line():
+    leaked = {"tune": {"code": (["def f():\n    return 1\n"], 0.0)},
+              "report": {"code": (["class A:\n    return 1\n"], 0.0)}}
+    with pytest.raises(AssertionError, match="return 1"):
+        _check_apart(leaked)
+
+
+def test_engine_benchmark_json_records_the_set_and_its_provenance(tmp_path):
+    output = tmp_path / "rows.json"
+    subprocess.run(
+        [sys.executable, str(REPOSITORY / "bench" / "bench_engine.py"), "--model", "random",
+         "--workloads", "repeat", "--batch-sizes", "1", "--static-steps", "1", "--num-prompts", "1",
+         "--max-new-tokens", "4", "--repeats", "1", "--threads", "1", "--disable-graphs", "--json", str(output)],
+        check=True, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPOSITORY / "python")})
+    result = json.loads(output.read_text())
+    assert result["prompt_set"] == "report"
+    assert "bench_engine.py" in result["command"] and "--json" in result["command"]
+    assert result["cpu"] == provenance.cpu_line() and result["commit"] == provenance.git_commit()
+    assert {row["workload"] for row in result["rows"]} == {"repeat"}
+
+
+def test_provenance_names_the_command_the_cpu_and_the_commit(tmp_path):
+    assert provenance.command_line(["bench.py", "--adaptive-config", '{"policy": "goodput"}']) == \
+        "bench.py --adaptive-config '{\"policy\": \"goodput\"}'"
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Test CPU @ 2.00GHz\n"
+                       "processor\t: 1\nmodel name\t: Test CPU @ 2.00GHz\n")
+    try:
+        import specswap.capability  # noqa: F401  (the capability line replaces /proc/cpuinfo's once present)
+    except ImportError:
+        assert provenance.cpu_line(cpuinfo) == "Test CPU @ 2.00GHz"
+    assert provenance.cpu_line(tmp_path / "missing")  # falls back to the platform's name, never empty
+    assert provenance.git_commit(tmp_path) == "unknown"  # not a git checkout
+    commit = provenance.git_commit()
+    head = subprocess.run(["git", "-C", str(REPOSITORY), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert commit.removesuffix("-dirty") == head.stdout.strip()
+    stamp = provenance.stamp(["x", "y"])
+    assert stamp == {"command": "x y", "cpu": provenance.cpu_line(), "commit": commit}
