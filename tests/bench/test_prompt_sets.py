@@ -80,7 +80,7 @@ def test_engine_benchmark_json_records_the_set_and_its_provenance(tmp_path):
          "--workloads", "repeat", "--batch-sizes", "1", "--static-steps", "1", "--num-prompts", "1",
          "--max-new-tokens", "4", "--repeats", "1", "--threads", "1", "--disable-graphs", "--json", str(output)],
         check=True, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPOSITORY / "python")})
+        env={**os.environ, "PYTHONPATH": str(Path(provenance.__file__).parents[2])})  # the specswap under test
     result = json.loads(output.read_text())
     assert result["prompt_set"] == "report"
     assert "bench_engine.py" in result["command"] and "--json" in result["command"]
@@ -100,9 +100,9 @@ def test_provenance_names_the_command_the_cpu_and_the_commit(tmp_path):
         assert provenance.cpu_line(cpuinfo) == "Test CPU @ 2.00GHz"
     assert provenance.cpu_line(tmp_path / "missing")  # falls back to the platform's name, never empty
     assert provenance.git_commit(tmp_path) == "unknown"  # not a git checkout
-    commit = provenance.git_commit()
-    head = subprocess.run(["git", "-C", str(REPOSITORY), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode == 0:
-        assert commit.removesuffix("-dirty") == head.stdout.strip()
+    commit = provenance.git_commit()  # of the checkout holding the imported package ("unknown" if none)
+    package = Path(provenance.__file__).parent
+    head = subprocess.run(["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert commit.removesuffix("-dirty") == (head.stdout.strip() if head.returncode == 0 else "unknown")
     stamp = provenance.stamp(["x", "y"])
     assert stamp == {"command": "x y", "cpu": provenance.cpu_line(), "commit": commit}
