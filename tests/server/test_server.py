@@ -159,6 +159,7 @@ def test_api_key_is_required_everywhere(server):
     ({"prompt": "a", "temperature": 5}, "temperature"),
     ({"prompt": "a", "top_p": 0}, "top_p"),
     ({"prompt": "a", "stream": "yes"}, "stream"),
+    ({"prompt": "a", "ignore_eos": 1}, "ignore_eos"),
     ({"prompt": "a", "stop": [1, 2]}, "stop"),
     ({"prompt": "a", "seed": 1.5}, "seed"),
     ({"prompt": "a", "n": 2}, "n"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import uuid
@@ -120,8 +121,11 @@ def _common(body: dict, default_max_tokens: int,
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise _bad(f"'stream_options.include_usage' must be a boolean, got {include_usage!r}", "stream_options")
+    ignore_eos = body.get("ignore_eos", False)  # vLLM's extension, which benchmarks send: run to max_tokens
+    if not isinstance(ignore_eos, bool):
+        raise _bad(f"'ignore_eos' must be a boolean, got {ignore_eos!r}", "ignore_eos")
     params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                            seed=seed, stop=_stop(body))
+                            seed=seed, stop=_stop(body), ignore_eos=ignore_eos)
     return params, stream, include_usage, max_tokens_param
 
 
@@ -211,8 +215,7 @@ def parse_chat(body: Any, tokenizer: Any, max_prompt_chars: int) -> ParsedReques
                    "messages", "context_length_exceeded")
     if not prompt.endswith("<start_of_turn>model\n") and CHAT_STOP not in params.stop:
         stops = params.stop + (CHAT_STOP,)
-        params = SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                                top_p=params.top_p, top_k=params.top_k, seed=params.seed, stop=stops)
+        params = dataclasses.replace(params, stop=stops)
     return ParsedRequest(prompt, params, stream, include_usage, max_tokens_param)
 
 
