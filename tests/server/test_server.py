@@ -159,6 +159,7 @@ def test_api_key_is_required_everywhere(server):
     ({"prompt": "a", "temperature": 5}, "temperature"),
     ({"prompt": "a", "top_p": 0}, "top_p"),
     ({"prompt": "a", "stream": "yes"}, "stream"),
+    ({"prompt": "a", "ignore_eos": 1}, "ignore_eos"),
     ({"prompt": "a", "stop": [1, 2]}, "stop"),
     ({"prompt": "a", "seed": 1.5}, "seed"),
     ({"prompt": "a", "n": 2}, "n"),
@@ -166,6 +167,7 @@ def test_api_key_is_required_everywhere(server):
     ({"max_tokens": 4}, "prompt"),
     ({"prompt": [5, 6, 1000]}, "prompt"),          # token id outside the vocabulary
     ({"prompt": "a" * (MAX_SEQ_LEN + 5)}, "prompt"),  # longer than the context
+    ({"prompt": "abc", "max_tokens": MAX_SEQ_LEN - 3}, "max_tokens"),  # 4 prompt tokens (BOS) + 253 > 256
 ])
 def test_bad_completion_requests_are_400(http, body, param):
     _error(http.post("/v1/completions", json=body), 400, param)
@@ -178,6 +180,22 @@ def test_bad_completion_requests_are_400(http, body, param):
 ])
 def test_bad_chat_requests_are_400(http, body):
     _error(http.post("/v1/chat/completions", json=body), 400)
+
+
+def test_max_tokens_beyond_the_context_is_400_naming_the_limit(http):
+    error = _error(http.post("/v1/completions", json={"prompt": "abc", "max_tokens": 10**9}), 400, "max_tokens")
+    assert error["code"] == "context_length_exceeded"
+    assert error["message"].startswith(f"This model's maximum context length is {MAX_SEQ_LEN} tokens. However, you "
+                                       f"requested {10**9 + 4} tokens (4 in the prompt, {10**9} in the completion)")
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": MAX_SEQ_LEN}
+    assert _error(http.post("/v1/chat/completions", json=chat), 400, "max_completion_tokens")["code"] == \
+        "context_length_exceeded"
+    # exactly what is left fits; a default max_tokens (chat: 256) is capped to what is left instead
+    fits = http.post("/v1/completions", json={"prompt": "abc", "max_tokens": MAX_SEQ_LEN - 4, "temperature": 0})
+    assert fits.status_code == 200 and fits.json()["usage"]["completion_tokens"] == MAX_SEQ_LEN - 4
+    default = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                      "temperature": 0}).json()
+    assert default["usage"]["prompt_tokens"] + default["usage"]["completion_tokens"] <= MAX_SEQ_LEN
 
 
 def test_invalid_json_body_too_large_and_unknown_route(http):
@@ -252,5 +270,26 @@ def test_disconnect_mid_stream_aborts_and_frees_the_slot(models):
         assert info["requests_finished"] == {"abort": 1}
         assert info["num_requests_running"] == 0 and info["generated_tokens"] < 500
         # the freed slot (the only one) serves the next request
+        ok = session.post("/v1/completions", json={"prompt": "ab", "max_tokens": 3, "temperature": 0})
+        assert ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_disconnect_while_waiting_for_a_whole_answer_aborts_and_frees_the_slot(models):
+    """A non-streaming client that gives up (here a client timeout) has its request aborted, as a dropped stream
+    has: the handler watches for the disconnect while it waits, not only between updates."""
+    target, _ = models
+    engine = SlowEngine(target, None, None, max_batch_size=1, max_seq_len=1024, tokenizer=CharTokenizer())
+    with running_server(create_app(engine, MODEL, api_key=API_KEY)) as url, \
+            httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {API_KEY}"}) as session:
+        with pytest.raises(httpx.TimeoutException):
+            session.post("/v1/completions", json={"prompt": "go", "max_tokens": 1000, "temperature": 0}, timeout=0.5)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            info = session.get("/server_info").json()
+            if info["num_requests_running"] == 0:
+                break
+            time.sleep(0.05)
+        assert info["num_requests_running"] == 0 and info["requests_finished"] == {"abort": 1}
+        assert info["generated_tokens"] < 500  # stopped soon after the hang-up (20 ms a token)
         ok = session.post("/v1/completions", json={"prompt": "ab", "max_tokens": 3, "temperature": 0})
         assert ok.json()["usage"]["completion_tokens"] == 3

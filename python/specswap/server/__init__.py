@@ -1,10 +1,13 @@
-"""``specswap serve``: an OpenAI-compatible HTTP server over the engine, with live adaptive metrics.
+"""``specswap serve``: an HTTP server over the engine (OpenAI's API and SGLang's native one), with live adaptive
+metrics.
 
     loading.py    model flags shared with the bench; load a model pair once, build engines over it
     protocol.py   request validation, chat template, OpenAI error bodies (pure)
+    native.py     SGLang's /generate: request bodies in, its output objects out (pure)
     scheduler.py  the one thread that owns the engine (continuous batching through add_request/step)
     metrics.py    Prometheus registry: tier, draft tokens, accept-length histogram, switches, tokens, queues
-    app.py        FastAPI routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /server_info, /metrics
+    app.py        FastAPI routes: /v1/completions, /v1/chat/completions, /generate, /v1/models, /health,
+                  /server_info, /metrics
 
 The server imports the engine; the engine never imports the server. Needs ``pip install "specswap[serve]"``.
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import uuid
@@ -34,6 +35,7 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool                   # stream_options.include_usage
+    max_tokens_param: str | None = None   # the field that set max_new_tokens; None: a default, capped to fit
 
 
 def _bad(message: str, param: str, code: str | None = None) -> APIError:
@@ -92,17 +94,17 @@ def _unsupported(body: dict) -> None:
 
 
 def _common(body: dict, default_max_tokens: int,
-            max_tokens_names: tuple[str, ...]) -> tuple[SamplingParams, bool, bool]:
+            max_tokens_names: tuple[str, ...]) -> tuple[SamplingParams, bool, bool, str | None]:
     if not isinstance(body, dict):
         raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad(f"'model' must be a string, got {model!r}", "model")
     _unsupported(body)
-    max_tokens = default_max_tokens
+    max_tokens, max_tokens_param = default_max_tokens, None
     for name in max_tokens_names:
         if body.get(name) is not None:
-            max_tokens = _integer(body, name, default_max_tokens, low=1)
+            max_tokens, max_tokens_param = _integer(body, name, default_max_tokens, low=1), name
             break
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
@@ -119,14 +121,17 @@ def _common(body: dict, default_max_tokens: int,
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise _bad(f"'stream_options.include_usage' must be a boolean, got {include_usage!r}", "stream_options")
+    ignore_eos = body.get("ignore_eos", False)  # vLLM's extension, which benchmarks send: run to max_tokens
+    if not isinstance(ignore_eos, bool):
+        raise _bad(f"'ignore_eos' must be a boolean, got {ignore_eos!r}", "ignore_eos")
     params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                            seed=seed, stop=_stop(body))
-    return params, stream, include_usage
+                            seed=seed, stop=_stop(body), ignore_eos=ignore_eos)
+    return params, stream, include_usage, max_tokens_param
 
 
 def parse_completion(body: Any, max_prompt_chars: int) -> ParsedRequest:
     """POST /v1/completions: ``prompt`` is a string, a list of token ids, or a list holding one of those."""
-    params, stream, include_usage = _common(body, DEFAULT_COMPLETION_MAX_TOKENS, ("max_tokens",))
+    params, stream, include_usage, max_tokens_param = _common(body, DEFAULT_COMPLETION_MAX_TOKENS, ("max_tokens",))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -141,7 +146,7 @@ def parse_completion(body: Any, max_prompt_chars: int) -> ParsedRequest:
         raise _bad("one prompt per request: send a string or a list of token ids, not a batch", "prompt")
     else:
         raise _bad(f"'prompt' must be a string or a non-empty list of token ids, got {prompt!r:.80}", "prompt")
-    return ParsedRequest(prompt, params, stream, include_usage)
+    return ParsedRequest(prompt, params, stream, include_usage, max_tokens_param)
 
 
 def _message_text(content: Any, index: int) -> str:
@@ -202,16 +207,16 @@ CHAT_STOP = "\nUser:"
 
 def parse_chat(body: Any, tokenizer: Any, max_prompt_chars: int) -> ParsedRequest:
     """POST /v1/chat/completions; ``max_completion_tokens`` is accepted as OpenAI's newer name for max_tokens."""
-    params, stream, include_usage = _common(body, DEFAULT_CHAT_MAX_TOKENS, ("max_completion_tokens", "max_tokens"))
+    params, stream, include_usage, max_tokens_param = _common(body, DEFAULT_CHAT_MAX_TOKENS,
+                                                              ("max_completion_tokens", "max_tokens"))
     prompt = apply_chat_template(parse_messages(body), tokenizer)
     if len(prompt) > max_prompt_chars:
         raise _bad(f"the conversation has {len(prompt)} characters; at most {max_prompt_chars} are accepted",
                    "messages", "context_length_exceeded")
     if not prompt.endswith("<start_of_turn>model\n") and CHAT_STOP not in params.stop:
         stops = params.stop + (CHAT_STOP,)
-        params = SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                                top_p=params.top_p, top_k=params.top_k, seed=params.seed, stop=stops)
-    return ParsedRequest(prompt, params, stream, include_usage)
+        params = dataclasses.replace(params, stop=stops)
+    return ParsedRequest(prompt, params, stream, include_usage, max_tokens_param)
 
 
 def new_id(prefix: str) -> str:

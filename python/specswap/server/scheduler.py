@@ -29,6 +29,9 @@ class Update:
     prompt_tokens: int = 0
     finish_reason: str | None = None      # "length" | "stop" | "abort" | None while running
     error: str | None = None              # admission failed (bad prompt): a 400 for the client
+    token_ids: list[int] = field(default_factory=list)       # generated so far
+    accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per verify round
+    proposed_drafts: int = 0              # drafts verified for this request (the tier of each of its rounds)
 
 
 @dataclass
@@ -39,6 +42,7 @@ class _Submission:
     updates: asyncio.Queue
     request_id: int | None = None
     seen_rounds: int = 0
+    proposed_drafts: int = 0
 
 
 @dataclass
@@ -126,18 +130,22 @@ class Scheduler:
         submission = self._live.get(output.request_id)
         if submission is None:
             return
+        tier = self.engine.worker.active_steps if tier is None else tier
+        new_rounds = output.accept_lengths[submission.seen_rounds:]
         if self.on_round is not None:
-            tier = self.engine.worker.active_steps if tier is None else tier
-            for accepted in output.accept_lengths[submission.seen_rounds:]:
+            for accepted in new_rounds:
                 self.on_round(accepted, tier)
         submission.seen_rounds = len(output.accept_lengths)
-        self._send(submission, Update(output.request_id, output.text, len(output.token_ids),
-                                      len(output.prompt_token_ids), output.finish_reason))
-        if output.finish_reason is not None:
+        submission.proposed_drafts += tier * len(new_rounds)
+        if output.finish_reason is not None:  # counted before the client hears of it
             del self._live[output.request_id]
             counts = self.counters.requests_finished
             counts[output.finish_reason] = counts.get(output.finish_reason, 0) + 1
             self.counters.generated_tokens += len(output.token_ids)
+        self._send(submission, Update(output.request_id, output.text, len(output.token_ids),
+                                      len(output.prompt_token_ids), output.finish_reason,
+                                      token_ids=output.token_ids, accept_lengths=output.accept_lengths,
+                                      proposed_drafts=submission.proposed_drafts))
 
     def _run(self) -> None:
         engine = self.engine
@@ -152,14 +160,20 @@ class Scheduler:
                         break
                     self._handle(command, payload)
                     block = False
+                finishing = False
                 if engine.has_unfinished():
                     tier_before = engine.worker.active_steps
-                    for output in engine.step():
+                    outputs = engine.step()
+                    engine.finished.clear()  # step() already returned every request it finished
+                    finishing = any(output.finish_reason is not None for output in outputs)
+                    if finishing:  # a client that reads /server_info after its answer sees this step's tier
+                        self.snapshot = engine.stats()
+                        last_snapshot = time.monotonic()
+                    for output in outputs:
                         # the round ran at tier_before; the controller may have switched after it
                         self._deliver(output, tier_before)
-                    engine.finished.clear()  # step() already returned every request it finished
                 now = time.monotonic()
-                if now - last_snapshot > 0.05 or not engine.has_unfinished():
+                if not finishing and (now - last_snapshot > 0.05 or not engine.has_unfinished()):
                     self.snapshot = engine.stats()
                     last_snapshot = now
         except BaseException as error:  # noqa: BLE001 - reported to every waiting client, then re-raised
