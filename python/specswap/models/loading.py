@@ -182,6 +182,10 @@ def _load_native(model: nn.Module, directory: Path, dtype: torch.dtype, device: 
         raise CheckpointError(f"{file}: {len(unexpected)} unexpected tensors, e.g. {unexpected[:5]}")
     model.activation_dtype = dtype
     _assign_weights(model, dense, dtype, device, str(directory))
+    from .layers import Attention  # noqa: PLC0415
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.batch_invariant = True
     return model.eval()
 
 
