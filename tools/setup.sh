@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 VENV=${SPECSWAP_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check -c .ci/constraints.txt)
-echo "[setup] build tools and torch 2.13.0 (CPU)"
-"${PIP[@]}" torch==2.13.0 scikit-build-core ninja
+echo "[setup] build tools, torch 2.13.0 (CPU) and ggml (quantized GGUF weights)"
+"${PIP[@]}" torch==2.13.0 scikit-build-core ninja libggml-python
 echo "[setup] specswap[test] (compiles specswap._C)"
 "${PIP[@]}" --no-build-isolation ".[test${SPECSWAP_EXTRAS:+,$SPECSWAP_EXTRAS}]"
 "$VENV/bin/python" -c "import specswap, specswap._core as c; print('[setup] specswap', specswap.__version__, 'core', c._C.__file__)"

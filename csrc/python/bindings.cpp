@@ -12,6 +12,9 @@
 #include "core/adaptive_params.h"
 #include "core/state_pool.h"
 #include "graph/graph_runner.h"
+#ifdef SPECSWAP_WITH_GGML
+#include "quant/ggml_api.h"
+#endif
 
 namespace py = pybind11;
 
@@ -310,4 +313,18 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("graph_capture_count", &graph::capture_count, "Captures so far in this process, all backends.");
   m.def("compiled_backends", &graph::compiled_backends, "Graph backends compiled into this build.");
+
+  // quantized weights (torch.ops.specswap.ggml_*); ggml itself is loaded at run time
+#ifdef SPECSWAP_WITH_GGML
+  m.attr("with_ggml") = true;
+  m.def("ggml_load", &quant::ggml_load, py::arg("library_dir"),
+        "Load libggml-base.so and libggml-cpu.so from this folder (once).");
+  m.def("ggml_loaded", &quant::ggml_loaded);
+  m.def("ggml_row_bytes", &quant::ggml_row_bytes, py::arg("weight_type"), py::arg("in_features"));
+  m.def("ggml_set_fast_kernels", &quant::set_fast_kernels, py::arg("enabled"),
+        "Multi-row Q8_0/Q5_0/Q4_0 kernels on (default where AVX2 exists) or off; returns the previous setting.");
+  m.def("ggml_fast_kernels_available", &quant::fast_kernels_available);
+#else
+  m.attr("with_ggml") = false;
+#endif
 }

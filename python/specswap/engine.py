@@ -87,9 +87,39 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch
 
 
 GEMMA_NAMES = ("gemma-3-270m",)
+WEIGHTS = ("auto", "native", "bf16", "fp32")
 
 
-def resolve_checkpoint(name: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+def resolve_weights(weights: str, model: Any, dtype: str | torch.dtype,
+                    device: str | torch.device) -> tuple[str, torch.dtype]:
+    """(weights, activation dtype) for a model name. "native" keeps a GGUF model's weights in the file's block
+    formats (ggml kernels, CPU; activations fp32 unless ``dtype`` says otherwise); "bf16" / "fp32" load them
+    dequantized. "auto": native for GGUF models on CPU when ggml is installed, else the weights follow ``dtype``."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights {weights!r} is not supported; valid: {WEIGHTS}")
+    gguf_backed = str(model) in GEMMA_NAMES
+    on_cpu = torch.device(device).type == "cpu"
+    if weights == "auto":
+        from specswap.models.quantized import ggml_available
+        if gguf_backed and on_cpu and ggml_available():
+            weights = "native"
+        else:
+            torch_dtype = resolve_dtype(dtype, device)
+            return ("bf16" if torch_dtype == torch.bfloat16 else "fp32"), torch_dtype
+    if weights == "native":
+        if not gguf_backed:
+            raise ValueError(f"weights='native' needs a GGUF model ({', '.join(GEMMA_NAMES)}); {str(model)!r} has "
+                             "dense weights: use weights='auto', 'bf16' or 'fp32'")
+        if not on_cpu:
+            raise ValueError(f"weights='native' runs on the CPU only; on {device} use weights='bf16' or 'fp32'")
+        return "native", torch.float32 if dtype == "auto" else resolve_dtype(dtype, device)
+    torch_dtype = DTYPES["bfloat16" if weights == "bf16" else "float32"]
+    if dtype != "auto" and resolve_dtype(dtype, device) != torch_dtype:
+        raise ValueError(f"weights={weights!r} conflicts with dtype={dtype!r}; give one of them")
+    return weights, torch_dtype
+
+
+def resolve_checkpoint(name: str | Path, dtype: torch.dtype | str = torch.bfloat16) -> Path:
     """A checkpoint directory, the Gemma 3 270M weight cache (converted from the registry's GGUF on first
     use, in ``dtype``), or the shipped model a zoo name refers to."""
     path = Path(name)
@@ -144,10 +174,12 @@ class Engine:
     applied). With a zoo name and no ``draft``, "<name>-eagle" (EAGLE) or "<name>-draft" (STANDALONE)
     is used. ``speculative_adaptive_config`` (path or dict) requires ``speculative_adaptive=True``.
     ``disable_graphs=True`` (``--disable-cuda-graph``) runs the worker eagerly instead of replaying the
-    stage graphs captured at start-up. ``draft_quantization`` ("auto", "none", "int8"): weight-only int8 for the
-    EAGLE head ("auto": on CPU in bf16, where a head step is bound by reading its weights); the output is the
-    target's either way, only the acceptance can move. A built head is quantized, in place, only when "int8" is
-    named. ``round_graphs`` (None = auto: on for targets up to 50M parameters) also captures each tier's whole
+    stage graphs captured at start-up. ``weights`` ("auto", "native", "bf16", "fp32"): "native" keeps a GGUF
+    model's matrices in the file's block formats, computed by ggml's CPU kernels ("auto": native for GGUF models
+    on CPU when ggml is installed; see ``resolve_weights``). ``draft_quantization`` ("auto", "none", "int8",
+    "q8_0"): the EAGLE head's linears as weight-only int8 ("auto" on CPU in bf16, where a head step is bound by
+    reading its weights) or as ggml Q8_0 blocks ("auto" with native target weights); the output is the target's
+    either way, only the acceptance can move. A built head is quantized, in place, only when named. ``round_graphs`` (None = auto: on for targets up to 50M parameters) also captures each tier's whole
     greedy round as one graph (docs/graphs.md). ``ngram_numbers``: NGRAM drafts extrapolate counters (``id = 4``
     after ``id = 2``, ``id = 3``) where the tokenizer writes numbers one digit per token (``specswap.ngram``);
     False copies them as plain prompt lookup does.
@@ -158,7 +190,7 @@ class Engine:
                  speculative_adaptive_config: Any = None, device: str | torch.device = "cpu",
                  dtype: str | torch.dtype = "auto", max_batch_size: int = 8, max_seq_len: int | None = None,
                  tokenizer: Any = None, disable_graphs: bool = False, draft_quantization: str = "auto",
-                 round_graphs: bool | None = None, ngram_numbers: bool = True):
+                 round_graphs: bool | None = None, ngram_numbers: bool = True, weights: str = "auto"):
         if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
                              f"valid: {SPECULATIVE_ALGORITHMS}")
@@ -174,8 +206,8 @@ class Engine:
         if speculative_adaptive:  # validated before any weights load
             from specswap.config import load_adaptive_config
             adaptive_config = load_adaptive_config(speculative_adaptive_config)
-        target, draft, self.tokenizer = self._load(model, draft, speculative_algorithm, device, dtype, tokenizer,
-                                                   draft_quantization)
+        target, draft, self.tokenizer, self.weights = self._load(model, draft, speculative_algorithm, device, dtype,
+                                                                 tokenizer, draft_quantization, weights)
         max_positions = target.config.max_position_embeddings
         if max_seq_len is None:
             max_seq_len = min(max_positions, DEFAULT_MAX_SEQ_LEN)
@@ -218,22 +250,31 @@ class Engine:
     # ---- loading ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _load(model, draft, algorithm, device, dtype, tokenizer, draft_quantization):
+    def _load(model, draft, algorithm, device, dtype, tokenizer, draft_quantization, weights):
         from specswap.models.quantize import resolve_draft_quantization
+        from specswap.models.quantized import QuantizedLinear
         if isinstance(model, torch.nn.Module):
+            built_weights = ("native" if isinstance(model.lm_head, QuantizedLinear)
+                             else "bf16" if model.dtype == torch.bfloat16 else "fp32")
+            if weights not in ("auto", built_weights):
+                raise ValueError(f"weights={weights!r} cannot apply to a built model (its weights are {built_weights})")
             if algorithm in ("EAGLE", "STANDALONE") and not isinstance(draft, torch.nn.Module):
                 raise ValueError(f"with a built target model, speculative_algorithm {algorithm!r} needs a built "
                                  f"draft model; got draft={draft!r}")
             # a built head is quantized (in place) only when asked by name; "auto" leaves the caller's module be
-            if draft_quantization != "auto" and resolve_draft_quantization(
-                    draft_quantization, algorithm, model.dtype, model.device) == "int8":
+            choice = None if draft_quantization == "auto" else resolve_draft_quantization(
+                draft_quantization, algorithm, model.dtype, model.device, native_target=built_weights == "native")
+            if choice == "int8":
                 draft.quantize_int8()
-            return model, draft, tokenizer
+            elif choice == "q8_0":
+                draft.quantize_q8_0()
+            return model, draft, tokenizer, built_weights
         from specswap.models import load_draft_model, load_eagle_head, load_model, load_tokenizer
 
-        torch_dtype = resolve_dtype(dtype, device)
-        quantization = resolve_draft_quantization(draft_quantization, algorithm, torch_dtype, device)
-        target_path = resolve_checkpoint(model, torch_dtype)
+        weights, torch_dtype = resolve_weights(weights, model, dtype, device)
+        quantization = resolve_draft_quantization(draft_quantization, algorithm, torch_dtype, device,
+                                                  native_target=weights == "native")
+        target_path = resolve_checkpoint(model, "native" if weights == "native" else torch_dtype)
         if algorithm in ("EAGLE", "STANDALONE") and draft is None:
             if Path(str(model)).is_dir():
                 raise ValueError(f"speculative_algorithm {algorithm!r} needs draft=<checkpoint directory>; "
@@ -246,7 +287,7 @@ class Engine:
             draft = load_draft_model(resolve_checkpoint(draft), target)
         else:
             draft = None
-        return target, draft, tokenizer or load_tokenizer(target_path)
+        return target, draft, tokenizer or load_tokenizer(target_path), weights
 
     # ---- requests --------------------------------------------------------------------------------
 
@@ -425,6 +466,7 @@ class Engine:
         """Tier, EMA, switches, rounds per tier, acceptance and throughput since start."""
         stats: dict[str, Any] = {
             "speculative_algorithm": self.speculative_algorithm,
+            "weights": self.weights,
             "current_steps": self.worker.active_steps,
             "adaptive": self.controller is not None,
             "ema": None,

@@ -17,6 +17,7 @@ from .layers import DecoderLayer, RMSNorm, RotaryEmbedding, plan_attention
 from .llama import check_cache
 from .outputs import ModelOutput
 from .quantize import int8_linear, quantize_linears_int8, quantize_rows_int8
+from .quantized import QuantizedLinear
 
 
 class EagleHead(nn.Module):
@@ -47,6 +48,7 @@ class EagleHead(nn.Module):
     def set_token_map(self, token_map: torch.Tensor | None, source: str = "token_map") -> None:
         """Restrict the draft logits to ``token_map`` (draft id -> target id); None restores the full vocab."""
         self._draft_lm_scales = None
+        self._draft_lm = None  # a QuantizedLinear over block-format rows (targets with native weights)
         if token_map is None:
             self.token_map, self._draft_lm_weight = None, None
             return
@@ -60,7 +62,20 @@ class EagleHead(nn.Module):
                              f"valid ids are 0..{vocab - 1}")
         self.token_map = token_map
         # rows of the shared LM head for the draft vocabulary, gathered once rather than every step
+        if isinstance(self.lm_head, QuantizedLinear):  # the target's blocks: gather the draft rows' blocks
+            self._draft_lm = QuantizedLinear(self.lm_head.weight[token_map], self.lm_head.weight_type,
+                                             self.lm_head.in_features)
+            self._draft_lm_weight = None
+            return
         self._draft_lm_weight = self.lm_head.weight.detach()[token_map]
+
+    def quantize_q8_0(self) -> None:
+        """ggml Q8_0 blocks for the head's own linears (targets with native weights: their LM head rows are in
+        the target's block format already). A bias is kept and added in the activation dtype."""
+        for name, module in list(self.named_modules()):
+            if isinstance(module, nn.Linear):
+                parent, _, child = name.rpartition(".")
+                setattr(self.get_submodule(parent), child, QuantizedLinear.from_linear(module, "Q8_0"))
 
     def quantize_int8(self) -> None:
         """Weight-only int8 for every linear of the head and its LM head rows (see ``quantize``): about half the
@@ -81,8 +96,8 @@ class EagleHead(nn.Module):
 
     def make_cache(self, max_batch_size: int, capacity: int, dtype: torch.dtype | None = None,
                    device: torch.device | str | None = None) -> KVCache:
-        # an Int8Linear keeps the activation dtype in its scales
-        weight = getattr(self.fc, "scales", self.fc.weight)
+        # an Int8Linear keeps the activation dtype in its scales; a QuantizedLinear has none: the norm's is it
+        weight = self.norm.weight if isinstance(self.fc, QuantizedLinear) else getattr(self.fc, "scales", self.fc.weight)
         return KVCache(1, max_batch_size, self.config.num_key_value_heads, capacity, self.config.head_dim,
                        dtype=dtype or weight.dtype, device=device or weight.device)
 
@@ -99,6 +114,10 @@ class EagleHead(nn.Module):
             plan = plan_attention(positions, cache, key_length)
             hidden = self.layers[0](hidden, cos, sin, cache.keys[0], cache.values[0], slots, positions, plan)
         hidden = self.norm(hidden)
+        if self._draft_lm is not None:
+            return ModelOutput(logits=self._draft_lm(hidden), hidden=hidden)
+        if isinstance(self.lm_head, QuantizedLinear) and self.token_map is None:
+            return ModelOutput(logits=self.lm_head(hidden), hidden=hidden)
         if self._draft_lm_scales is not None:
             return ModelOutput(logits=int8_linear(hidden, self._draft_lm_weight, self._draft_lm_scales), hidden=hidden)
         lm_weight = self.lm_head.weight if self._draft_lm_weight is None else self._draft_lm_weight

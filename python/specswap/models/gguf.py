@@ -7,6 +7,8 @@ directories that ``load_model`` / ``load_tokenizer`` read:
     <cache_dir>/manifest.json             what the cache was built from (GGUF sha256 and size, cache version)
     <cache_dir>/bfloat16/                 config.json, model.safetensors (bf16), tokenizer.json
     <cache_dir>/float32/                  config.json, model.safetensors (fp32), tokenizer.json
+    <cache_dir>/native/                   config.json, model.safetensors (the file's blocks as uint8, the rest
+                                          fp32; metadata "ggml_types"), tokenizer.json
 
 ``ensure_gguf_cache`` reuses a cache only when its manifest matches the GGUF and every file it lists is
 whole (size and safetensors header checked, no full read); otherwise it says why and rebuilds.
@@ -38,9 +40,10 @@ from .config import CheckpointError
 
 logger = logging.getLogger(__name__)
 
-GGUF_CACHE_VERSION = 1
+GGUF_CACHE_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 CACHE_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+NATIVE_DIR = "native"  # the cache's block-format weights (uint8 blocks + ggml types in the safetensors metadata)
 # GGML types this converter accepts; the names are gguf.GGMLQuantizationType members
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_K", "Q6_K")
 TOKEN_TYPE_CONTROL = 3       # llama.cpp token types
@@ -293,6 +296,40 @@ def read_gguf_state_dict(reader, architecture: GGUFArchitecture, source: str,
     return state
 
 
+# ------------------------------------------------------------------------------ native (quantized) weights
+
+
+def read_gguf_native_state(reader, architecture: GGUFArchitecture, model_linears: set[str],
+                           progress: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The file's tensors for a model that keeps its matrices quantized: the bytes of every block-format weight
+    matrix (a linear's weight in ``model_linears``, or the token embedding) as uint8 [out, row_bytes] under its
+    parameter name, everything else dequantized to fp32. Returns (state, {name: ggml type name of each block
+    tensor})."""
+    import numpy as np  # noqa: PLC0415
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    from .quantized import GGML_TYPES  # noqa: PLC0415
+
+    state: dict[str, torch.Tensor] = {}
+    kinds: dict[str, str] = {}
+    total = sum(int(t.n_elements) for t in reader.tensors)
+    with tqdm(total=total, unit="param", unit_scale=True, desc="reading GGUF blocks", disable=not progress) as bar:
+        for tensor in reader.tensors:
+            name = architecture.parameter_name(tensor.name)
+            kind = tensor.tensor_type.name
+            module = name.removesuffix(".weight")
+            if (len(tensor.shape) == 2 and kind in GGML_TYPES and kind != "F32"
+                    and (module in model_linears or name == "model.embed_tokens.weight")):
+                out_features = int(tensor.shape.tolist()[1])
+                data = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(out_features, -1)
+                state[name] = torch.from_numpy(data.copy())
+                kinds[name] = kind
+            else:
+                state[name] = architecture.tensor_transform(name, dequantize_tensor(tensor))
+            bar.update(int(tensor.n_elements))
+    return state, kinds
+
+
 # ------------------------------------------------------------------------------------------ the cache
 
 
@@ -327,7 +364,7 @@ def cache_problem(cache_dir: str | Path, gguf_sha256: str, gguf_size: int | None
     if gguf_size is not None and manifest.get("gguf_size") != gguf_size:
         return f"built from a GGUF of {manifest.get('gguf_size')} bytes, not {gguf_size}"
     files = manifest.get("files") or {}
-    missing_weights = [d for d in manifest.get("dtypes", []) if f"{d}/model.safetensors" not in files]
+    missing_weights = [d for d in (*manifest.get("dtypes", []), NATIVE_DIR) if f"{d}/model.safetensors" not in files]
     if not files or missing_weights:
         return f"{manifest_file} lists no weights for {missing_weights or 'any dtype'}"
     for relative, size in files.items():
@@ -385,6 +422,15 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
         weights = {name: t.to(CACHE_DTYPES[dtype_name]).contiguous() for name, t in state.items()}
         save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt", "source": gguf_path.name})
         _link_or_copy(tokenizer_file, directory / "tokenizer.json")
+    native_state, kinds = read_gguf_native_state(reader, architecture, _linear_names(config, source), progress)
+    if config.get("tie_word_embeddings"):
+        native_state.pop("lm_head.weight", None)
+    directory = staging / NATIVE_DIR
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(dict(config, weights="native"), indent=2) + "\n")
+    save_file({name: t.contiguous() for name, t in native_state.items()}, str(directory / "model.safetensors"),
+              metadata={"format": "pt", "source": gguf_path.name, "ggml_types": json.dumps(kinds)})
+    _link_or_copy(tokenizer_file, directory / "tokenizer.json")
     tokenizer_file.unlink()
     files = {str(p.relative_to(staging)): p.stat().st_size for p in sorted(staging.rglob("*")) if p.is_file()}
     manifest = {
@@ -402,6 +448,16 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
     shutil.rmtree(cache_dir, ignore_errors=True)
     os.replace(staging, cache_dir)
     return cache_dir
+
+
+def _linear_names(config: dict[str, Any], source: str) -> set[str]:
+    """Names of the nn.Linear modules of the model ``config`` describes (built on the meta device)."""
+    from .loading import MODEL_ARCHITECTURES  # noqa: PLC0415
+
+    architecture = MODEL_ARCHITECTURES[config["model_type"]]
+    with torch.device("meta"):
+        model = architecture.model_class(architecture.config_from_dict(config, source))
+    return {name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -437,6 +493,6 @@ def ensure_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256:
 __all__ = [
     "CACHE_DTYPES", "GGUF_ARCHITECTURES", "GGUF_CACHE_VERSION", "GGUFArchitecture", "build_gguf_cache",
     "cache_problem", "dequantize_tensor", "ensure_gguf_cache", "file_sha256", "gemma3_config_from_gguf",
-    "gemma3_parameter_name", "gemma_tokenizer_from_gguf", "gguf_architecture", "gguf_field", "open_gguf",
+    "gemma3_parameter_name", "gemma_tokenizer_from_gguf", "gguf_architecture", "gguf_field", "read_gguf_native_state", "open_gguf",
     "read_gguf_state_dict", "sentencepiece_merges",
 ]

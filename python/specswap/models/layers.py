@@ -147,6 +147,10 @@ class Attention(nn.Module):
         # Gemma 3: RMSNorm over each head's queries and keys before rotary (None = no such norm)
         self.q_norm = RMSNorm(head_dim, qk_norm_eps, qk_norm_offset) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps, qk_norm_offset) if qk_norm_eps is not None else None
+        # fp32 cached attention through torch.ops.specswap.invariant_attention: a query's output has the same bits
+        # whatever queries and padded keys are beside it (set for models with block-quantized weights, whose
+        # per-block activation rounding would turn SDPA's last-bit differences into different tokens)
+        self.batch_invariant = False
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_buffer: torch.Tensor | None,
                 value_buffer: torch.Tensor | None, slots: torch.Tensor | None, positions: torch.Tensor,
@@ -171,8 +175,11 @@ class Attention(nn.Module):
             # past + new keys of each request's slot: [B, kv_heads, L, D]
             keys = key_buffer[slots, :, :plan.key_length].to(q.dtype)
             values = value_buffer[slots, :, :plan.key_length].to(q.dtype)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask, scale=self.scale,
-                                                 enable_gqa=gqa)
+            if self.batch_invariant and q.dtype == torch.float32:
+                out = torch.ops.specswap.invariant_attention(q, keys, values, plan.mask, self.scale)
+            else:
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask, scale=self.scale,
+                                                     enable_gqa=gqa)
         # out: [B, heads, T, D] -> [B, T, heads * D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 

@@ -75,7 +75,8 @@ class CausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        # models with block-quantized weights (``load_gguf_native``) name their activation dtype
+        return getattr(self, "activation_dtype", None) or self.lm_head.weight.dtype
 
     @property
     def device(self) -> torch.device:

@@ -131,6 +131,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     config = architecture.config_from_dict(raw, source)
     with torch.device("meta"):
         model = architecture.model_class(config)
+    if raw.get("weights") == "native":
+        return _load_native(model, directory, dtype, device)
     # a tied lm_head is the embedding; checkpoints usually omit it
     optional = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     weights = _match_state_dict(model, read_weights(directory), str(directory / WEIGHTS_FILE), optional)
@@ -138,13 +140,63 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     return model.eval()
 
 
+def _load_native(model: nn.Module, directory: Path, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+    """A model whose block-format matrices (safetensors metadata "ggml_types": {name: type}) stay quantized as
+    ``QuantizedLinear`` / ``QuantizedEmbedding``; the rest loads in ``dtype``, the activation dtype."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    from .quantized import QuantizedEmbedding, QuantizedLinear  # noqa: PLC0415
+
+    file = directory / WEIGHTS_FILE
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"{directory}: native (block-format) weights run on the CPU only, not {device}; "
+                         "load weights='bf16' or 'fp32' there")
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            kinds: dict[str, str] = json.loads((handle.metadata() or {})["ggml_types"])
+    except Exception as error:
+        raise CheckpointError(f"{file}: native weights need safetensors metadata 'ggml_types' ({error})") from error
+    weights = read_weights(directory)
+    for name, kind in kinds.items():
+        if name not in weights:
+            raise CheckpointError(f"{file}: 'ggml_types' names {name!r}, which the file does not hold")
+        module_name = name.removesuffix(".weight")
+        if name == "model.embed_tokens.weight":
+            embedding = model.model.embed_tokens
+            table = QuantizedLinear(weights.pop(name), kind, embedding.embedding_dim)
+            model.model.embed_tokens = QuantizedEmbedding(table, dtype, getattr(embedding, "embed_scale", None))
+            if getattr(model.config, "tie_word_embeddings", False):
+                model.lm_head = table
+            continue
+        linear = model.get_submodule(module_name)
+        if not isinstance(linear, nn.Linear) or linear.bias is not None:
+            raise CheckpointError(f"{file}: {name!r} is a block-format weight but {module_name!r} is not a bias-free "
+                                  "linear")
+        parent, _, child = module_name.rpartition(".")
+        setattr(model.get_submodule(parent), child, QuantizedLinear(weights.pop(name), kind, linear.in_features))
+    optional = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    dense = {name: t for name, t in weights.items()}
+    expected = {name for name, _ in model.named_parameters()}
+    unexpected = sorted(set(dense) - expected - optional)
+    if unexpected:
+        raise CheckpointError(f"{file}: {len(unexpected)} unexpected tensors, e.g. {unexpected[:5]}")
+    model.activation_dtype = dtype
+    _assign_weights(model, dense, dtype, device, str(directory))
+    from .layers import Attention  # noqa: PLC0415
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.batch_invariant = True
+    return model.eval()
+
+
 def load_eagle_head(path: str | Path, target: LlamaForCausalLM, dtype: torch.dtype | None = None,
                     device: torch.device | str | None = None, quantization: str | None = None) -> EagleHead:
     """Load an EAGLE head that shares ``target``'s embedding and LM head; dtype/device default to the target's.
     ``quantization="int8"`` makes the head's linears and LM head rows weight-only int8 after loading
-    (``EagleHead.quantize_int8``); None keeps the checkpoint's weights in ``dtype``."""
-    if quantization not in (None, "int8"):
-        raise ValueError(f"quantization must be None or 'int8'; got {quantization!r}")
+    (``EagleHead.quantize_int8``); ``"q8_0"`` makes its linears ggml Q8_0 blocks (``quantize_q8_0``; for targets
+    with native weights, whose LM head rows are blocks already); None keeps the checkpoint's weights in ``dtype``."""
+    if quantization not in (None, "int8", "q8_0"):
+        raise ValueError(f"quantization must be None, 'int8' or 'q8_0'; got {quantization!r}")
     directory = _checkpoint_dir(path)
     source = str(directory / "config.json")
     config = EagleConfig.from_dict(read_config_json(directory), source)
@@ -175,6 +227,8 @@ def load_eagle_head(path: str | Path, target: LlamaForCausalLM, dtype: torch.dty
         raise CheckpointError(str(error)) from error
     if quantization == "int8":
         head.quantize_int8()
+    elif quantization == "q8_0":
+        head.quantize_q8_0()
     return head.eval()
 
 

@@ -56,19 +56,26 @@ def quantize_linears_int8(module: nn.Module) -> int:
     return replaced
 
 
-DRAFT_QUANTIZATION = ("auto", "none", "int8")
+DRAFT_QUANTIZATION = ("auto", "none", "int8", "q8_0")
 
 
 def resolve_draft_quantization(choice: str, algorithm: str | None, dtype: torch.dtype,
-                               device: torch.device | str) -> str | None:
-    """None or "int8" for a draft (``load_eagle_head(quantization=...)``). "auto": int8 for an EAGLE head in bf16
-    on CPU, where a draft step is bound by reading weights and the int8 head accepted as many tokens as the bf16
-    one (docs/gemma.md); none otherwise."""
+                               device: torch.device | str, native_target: bool = False) -> str | None:
+    """None, "int8" or "q8_0" for a draft (``load_eagle_head(quantization=...)``). "auto": for a target with
+    native (block-format) weights, "q8_0" (the head's linears as ggml blocks beside the target's); for a bf16
+    target on CPU, "int8", where a draft step is bound by reading weights and the int8 head accepted as many
+    tokens as the bf16 one (docs/gemma.md); none otherwise."""
     if choice not in DRAFT_QUANTIZATION:
         raise ValueError(f"draft quantization {choice!r} is not supported; valid: {DRAFT_QUANTIZATION}")
-    if choice == "int8" and algorithm != "EAGLE":
-        raise ValueError(f"draft quantization 'int8' applies to EAGLE heads; speculative_algorithm is {algorithm!r}")
+    if choice in ("int8", "q8_0") and algorithm != "EAGLE":
+        raise ValueError(f"draft quantization {choice!r} applies to EAGLE heads; speculative_algorithm is {algorithm!r}")
+    if choice == "int8" and native_target:
+        raise ValueError("draft quantization 'int8' needs a target with bf16/fp32 weights; with native weights "
+                         "use 'q8_0' or 'none'")
     if choice == "auto":
-        cpu_bf16 = dtype == torch.bfloat16 and torch.device(device).type == "cpu"
-        return "int8" if algorithm == "EAGLE" and cpu_bf16 else None
+        if algorithm != "EAGLE":
+            return None
+        if native_target:
+            return "q8_0"
+        return "int8" if dtype == torch.bfloat16 and torch.device(device).type == "cpu" else None
     return None if choice == "none" else choice

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specswap.models.gguf import CACHE_DTYPES, cache_problem
+from specswap.models.gguf import CACHE_DTYPES, NATIVE_DIR, cache_problem
 
 INSTALL_HINT = 'pip install "specswap[gemma]"'
 CACHE_ENV = "SPECSWAP_CACHE_DIR"
@@ -37,8 +37,8 @@ def cache_root() -> Path:
 def _dtype_name(dtype: torch.dtype | str) -> str:
     name = str(dtype).removeprefix("torch.")
     name = {"bf16": "bfloat16", "fp32": "float32", "float": "float32"}.get(name, name)
-    if name not in CACHE_DTYPES:
-        raise ValueError(f"dtype {dtype} has no cached weights; valid: {sorted(CACHE_DTYPES)}")
+    if name not in CACHE_DTYPES and name != NATIVE_DIR:
+        raise ValueError(f"dtype {dtype} has no cached weights; valid: {sorted(CACHE_DTYPES)} or {NATIVE_DIR!r}")
     return name
 
 
@@ -56,8 +56,8 @@ def weight_package(name: str = "gemma-3-270m"):
 
 def resolve(name: str = "gemma-3-270m", dtype: torch.dtype | str = torch.bfloat16,
             cache_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """The checkpoint directory (config.json, model.safetensors, tokenizer.json) of ``name`` in ``dtype``,
-    converting the installed GGUF into the cache first if the cache is missing, stale or damaged."""
+    """The checkpoint directory (config.json, model.safetensors, tokenizer.json) of ``name`` in ``dtype``
+    (or ``"native"``: the file's own block-format weights), converting the installed GGUF into the cache first if the cache is missing, stale or damaged."""
     dtype_name = _dtype_name(dtype)
     package = weight_package(name)
     _, distribution = GEMMA_MODELS[name]

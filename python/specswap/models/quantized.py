@@ -1,0 +1,128 @@
+"""Weights kept in their GGUF block formats and computed with ggml's CPU kernels (``torch.ops.specswap.ggml_*``).
+
+A GGUF file's quantized tensors are used as they are: ``QuantizedLinear`` holds one weight as uint8 blocks
+[out_features, row_bytes] and computes ``x @ W.T`` through ggml's dot products (activations quantized per row to
+the type's dot-product type, as llama.cpp does), ``QuantizedEmbedding`` dequantizes the rows it looks up. Both are
+batch-invariant: a row's output has the same bits whatever rows are beside it, so verifying k + 1 tokens at once
+gives what decoding them one at a time gives.
+
+ggml itself comes from the ``libggml-python`` package (``pip install "specswap[ggml]"``), loaded on first use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .._core import _C
+
+# ggml_type ids (ggml.h); the GGUF file stores the same numbers
+GGML_TYPES: dict[str, int] = {
+    "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
+    "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30,
+}
+GGML_TYPE_NAMES = {number: name for name, number in GGML_TYPES.items()}
+GGML_EXTRA_HINT = 'pip install "specswap[ggml]" (the libggml-python package)'
+
+
+def ggml_available() -> bool:
+    """Whether quantized weights can run here: this build has the op and the ggml package is installed."""
+    return bool(getattr(_C, "with_ggml", False)) and importlib.util.find_spec("libggml") is not None
+
+
+def load_ggml() -> None:
+    """Load ggml's CPU library once; errors say what is missing and how to get it."""
+    if not getattr(_C, "with_ggml", False):
+        raise RuntimeError("this specswap build has no quantized linears: it was compiled without the libggml-python "
+                           f"package; {GGML_EXTRA_HINT}, then reinstall specswap")
+    if _C.ggml_loaded():
+        return
+    spec = importlib.util.find_spec("libggml")
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"quantized (GGUF) weights need ggml's CPU library: {GGML_EXTRA_HINT}, "
+                           "or load the model with weights='bf16' or 'fp32'")
+    _C.ggml_load(str(Path(spec.origin).parent / "lib64"))
+
+
+def ggml_type(name_or_id: str | int) -> int:
+    """A ggml type id from its name ('Q8_0') or id; anything else is an error listing the supported types."""
+    if isinstance(name_or_id, str) and name_or_id.upper() in GGML_TYPES:
+        return GGML_TYPES[name_or_id.upper()]
+    if isinstance(name_or_id, int) and name_or_id in GGML_TYPE_NAMES:
+        return name_or_id
+    raise ValueError(f"ggml type {name_or_id!r} is not supported; supported: {', '.join(GGML_TYPES)}")
+
+
+def quantize(weight: torch.Tensor, kind: str | int) -> torch.Tensor:
+    """weight [N, K] float -> [N, row_bytes] uint8 blocks of ggml type ``kind`` (ggml's own quantizer)."""
+    load_ggml()
+    return torch.ops.specswap.ggml_quantize(weight.detach().cpu(), ggml_type(kind))
+
+
+def dequantize(blocks: torch.Tensor, kind: str | int, in_features: int) -> torch.Tensor:
+    """[N, row_bytes] uint8 blocks -> [N, in_features] fp32."""
+    load_ggml()
+    return torch.ops.specswap.ggml_dequantize(blocks, ggml_type(kind), in_features)
+
+
+def row_bytes(kind: str | int, in_features: int) -> int:
+    load_ggml()
+    return int(_C.ggml_row_bytes(ggml_type(kind), in_features))
+
+
+class QuantizedLinear(nn.Module):
+    """A linear over ggml blocks: x [..., in_features] (fp32 or bf16) -> [..., out_features], same dtype."""
+
+    def __init__(self, blocks: torch.Tensor, kind: str | int, in_features: int, bias: torch.Tensor | None = None):
+        super().__init__()
+        load_ggml()
+        self.weight_type = ggml_type(kind)
+        self.in_features, self.out_features = int(in_features), int(blocks.shape[0])
+        expected = row_bytes(self.weight_type, self.in_features)
+        if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != expected:
+            raise ValueError(f"{GGML_TYPE_NAMES[self.weight_type]} weight for in_features={in_features} must be uint8 "
+                             f"[N, {expected}], got {blocks.dtype} {tuple(blocks.shape)}")
+        self.register_buffer("weight", blocks.contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kind: str | int) -> "QuantizedLinear":
+        """``linear``'s weight quantized by ggml to ``kind``; its bias (if any) kept in its dtype."""
+        return cls(quantize(linear.weight.float(), kind), kind, linear.in_features, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.specswap.ggml_linear(x, self.weight, self.weight_type)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"type={GGML_TYPE_NAMES[self.weight_type]}")
+
+
+class QuantizedEmbedding(nn.Module):
+    """Rows of a ggml-block table, dequantized on lookup to ``dtype`` (times ``scale`` rounded to it, when given)."""
+
+    def __init__(self, table: QuantizedLinear, dtype: torch.dtype, scale: float | None = None):
+        super().__init__()
+        self.table = table  # shared with a tied LM head: one copy of the blocks
+        self.dtype = dtype
+        self.scale = scale
+        self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
+
+    @property
+    def weight(self) -> torch.Tensor:  # the blocks (uint8), so weight tying keeps one copy
+        return self.table.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = torch.ops.specswap.ggml_embedding(self.table.weight, self.table.weight_type, self.embedding_dim,
+                                                 ids, self.dtype)
+        if self.scale is None:
+            return rows
+        return rows * torch.tensor(self.scale, dtype=torch.float32).to(self.dtype)
+
+
+__all__ = ["GGML_TYPES", "QuantizedEmbedding", "QuantizedLinear", "dequantize", "ggml_available", "ggml_type",
+           "load_ggml", "quantize", "row_bytes"]
