@@ -83,7 +83,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     algorithm = args.speculative_algorithm
     models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device,
-                             args.draft_quantization)
+                             args.draft_quantization, args.weights)
     engine = build_engine(models, algorithm, args.speculative_num_steps, args.speculative_adaptive,
                           args.speculative_adaptive_config, args.max_batch_size, args.max_seq_len,
                           disable_graphs=args.disable_cuda_graph)
@@ -91,7 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(engine, args.served_model_name or args.model, api_key=args.api_key,
                      max_body_bytes=args.max_body_bytes, server_args=server_args)
     print(f"specswap serve: {args.model} ({sum(p.numel() for p in models.target.parameters()) / 1e6:.1f}M, "
-          f"{models.dtype}), speculative {algorithm}{' adaptive' if args.speculative_adaptive else ''}, "
+          f"{models.dtype}, weights {models.weights}), speculative {algorithm}{' adaptive' if args.speculative_adaptive else ''}, "
           f"max batch {engine.max_batch_size}, max_seq_len {engine.max_seq_len}; http://{args.host}:{args.port}/v1",
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

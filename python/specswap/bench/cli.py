@@ -161,11 +161,12 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
         if models is None:
             algorithm = None if args.speculative_algorithm is None else args.speculative_algorithm
             models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device,
-                             args.draft_quantization)
+                             args.draft_quantization, args.weights)
         steps = candidate_steps(args.speculative_adaptive_config)
         modes = mode_settings(args.modes, models.speculative_algorithm, steps, args.speculative_num_steps,
                               args.speculative_adaptive_config)
         result.update(model=models.name, speculative_algorithm=models.speculative_algorithm, dtype=str(models.dtype),
+                      weights=models.weights,
                       num_parameters=sum(p.numel() for p in models.target.parameters()))
         progress = _progress(requests * len(modes) * args.repeats, not args.no_progress)
         with progress:

@@ -358,6 +358,7 @@ def server_info_dict(scheduler: Scheduler, model_name: str, engine, server_args:
         "model": model_name,
         "speculative_algorithm": stats.get("speculative_algorithm"),
         "speculative_adaptive": stats.get("adaptive", False),
+        "weights": stats.get("weights"),
         "speculative_num_steps": steps,
         "speculative_num_draft_tokens": steps + 1 if speculative else 0,
         "candidate_steps": None,

@@ -25,8 +25,9 @@ class LoadedModels:
     draft: Any                          # a built EAGLE head / draft model, or None
     tokenizer: Any
     speculative_algorithm: str | None   # what the draft supports: "EAGLE", "STANDALONE", "NGRAM" or None
-    dtype: Any                          # torch.dtype
+    dtype: Any                          # torch.dtype (of activations, for native weights)
     device: str
+    weights: str = "fp32"               # "native" (the GGUF's blocks on ggml), "bf16" or "fp32"
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str | None) -> None:
@@ -45,8 +46,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
     parser.add_argument("--speculative-adaptive-config", default=None,
                         help="adaptive policy JSON (docs/policy.md); needs --speculative-adaptive")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
-    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8"],
-                        help="weight-only int8 for the EAGLE head (auto: on CPU in bf16); output is unchanged")
+    parser.add_argument("--weights", default="auto", choices=["auto", "native", "bf16", "fp32"],
+                        help="native: a GGUF model's matrices stay in the file's block formats on ggml's CPU kernels "
+                             "(auto: native for GGUF models on CPU when ggml is installed); bf16 / fp32: dequantized")
+    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8", "q8_0"],
+                        help="the EAGLE head's linears as weight-only int8 (auto: on CPU in bf16) or ggml Q8_0 blocks "
+                             "(auto: with native target weights); output is unchanged")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (cache slots)")
     parser.add_argument("--threads", type=int, default=None,
@@ -97,14 +102,15 @@ def _draft_directory(model: str, draft: str | None, algorithm: str) -> Path:
 
 
 def load_models(model: str, draft: str | None = None, speculative_algorithm: str | None = "EAGLE",
-                dtype: str = "auto", device: str = "cpu", draft_quantization: str = "auto") -> LoadedModels:
+                dtype: str = "auto", device: str = "cpu", draft_quantization: str = "auto",
+                weights: str = "auto") -> LoadedModels:
     """Load the target (and draft) once. ``speculative_algorithm=None`` picks EAGLE when a head is found, else
-    NGRAM; "NONE" loads no draft. ``draft_quantization``: see ``Engine``."""
-    from specswap.engine import resolve_dtype
+    NGRAM; "NONE" loads no draft. ``weights``, ``draft_quantization``: see ``Engine``."""
+    from specswap.engine import resolve_weights
     from specswap.models import load_draft_model, load_eagle_head, load_model, load_tokenizer
     from specswap.models.quantize import resolve_draft_quantization
 
-    torch_dtype = resolve_dtype(dtype, device)
+    weights, torch_dtype = resolve_weights(weights, model, dtype, device)
     algorithm = speculative_algorithm
     if algorithm is None:
         try:
@@ -112,17 +118,17 @@ def load_models(model: str, draft: str | None = None, speculative_algorithm: str
             algorithm = "EAGLE"
         except ValueError:
             algorithm = "NGRAM"
-    target_dir = _target_directory(model, torch_dtype)
+    target_dir = _target_directory(model, "native" if weights == "native" else torch_dtype)
     draft_dir = _draft_directory(model, draft, algorithm) if algorithm in ("EAGLE", "STANDALONE") else None
     target = load_model(target_dir, dtype=torch_dtype, device=device)
     drafter = None
     if algorithm == "EAGLE":
         drafter = load_eagle_head(draft_dir, target, quantization=resolve_draft_quantization(
-            draft_quantization, algorithm, torch_dtype, device))
+            draft_quantization, algorithm, torch_dtype, device, native_target=weights == "native"))
     elif algorithm == "STANDALONE":
         drafter = load_draft_model(draft_dir, target)
     return LoadedModels(str(model), target, drafter, load_tokenizer(target_dir),
-                        None if algorithm == "NONE" else algorithm, torch_dtype, device)
+                        None if algorithm == "NONE" else algorithm, torch_dtype, device, weights)
 
 
 def build_engine(models: LoadedModels, speculative_algorithm: str | None, speculative_num_steps: int = 3,
