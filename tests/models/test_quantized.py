@@ -282,7 +282,7 @@ def test_thread_count_does_not_change_the_bits(kind):
 
 @pytest.fixture
 def fast_kernels_restored():
-    previous = _C.ggml_set_fast_kernels(True)
+    previous = _C.ggml_set_fast_kernels(True)  # the switch only answers by being set: read, then put back
     _C.ggml_set_fast_kernels(previous)
     try:
         yield
