@@ -87,6 +87,17 @@ void check_weight(const at::Tensor& weight, ggml_type type, int64_t in_features,
               " values takes ", row_bytes, " bytes, but weight rows have ", weight.size(1));
 }
 
+// One row of blocks to fp32. ggml's type traits have no to_float for F32 (its rows already are fp32): calling
+// the null pointer crashed ggml_dequantize and ggml_embedding on F32 weights.
+void copy_f32_row(const void* src, float* dst, int64_t k) { std::memcpy(dst, src, k * sizeof(float)); }
+
+ggml_to_float_t row_to_float(const GgmlApi& ggml, ggml_type type) {
+  if (type == GGML_TYPE_F32) return &copy_f32_row;
+  const ggml_to_float_t to_float = ggml.traits(type)->to_float;
+  TORCH_CHECK(to_float != nullptr, "ggml has no dequantizer for ", ggml.type_name(type));
+  return to_float;
+}
+
 // Per-call scratch that grows once and is then reused: the hot path allocates nothing but its output.
 struct Scratch {
   std::vector<float> rows;         // activation rows converted to fp32 (bf16 input)
@@ -213,18 +224,18 @@ at::Tensor ggml_embedding(const at::Tensor& weight, int64_t weight_type, int64_t
     TORCH_CHECK(id[i] >= 0 && id[i] < vocab, "ggml_embedding: token id ", id[i], " is outside the vocabulary [0, ",
                 vocab, ")");
   }
-  const ggml_type_traits* traits = ggml.traits(type);
+  const ggml_to_float_t to_float = row_to_float(ggml, type);
   const size_t row_bytes = ggml.row_size(type, k);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   if (dtype == at::kFloat) {
     float* y = out.data_ptr<float>();
-    for (int64_t i = 0; i < count; ++i) traits->to_float(w + id[i] * row_bytes, y + i * k, k);
+    for (int64_t i = 0; i < count; ++i) to_float(w + id[i] * row_bytes, y + i * k, k);
   } else {
     Scratch& s = scratch();
     if (s.rows.size() < static_cast<size_t>(k)) s.rows.resize(k);
     c10::BFloat16* y = out.data_ptr<c10::BFloat16>();
     for (int64_t i = 0; i < count; ++i) {
-      traits->to_float(w + id[i] * row_bytes, s.rows.data(), k);
+      to_float(w + id[i] * row_bytes, s.rows.data(), k);
       for (int64_t j = 0; j < k; ++j) y[i * k + j] = static_cast<c10::BFloat16>(s.rows[j]);
     }
   }
@@ -251,12 +262,12 @@ at::Tensor ggml_dequantize(const at::Tensor& weight, int64_t weight_type, int64_
   const GgmlApi& ggml = api();
   const int64_t n = weight.size(0);
   at::Tensor out = at::empty({n, in_features}, weight.options().dtype(at::kFloat));
-  const ggml_type_traits* traits = ggml.traits(type);
+  const ggml_to_float_t to_float = row_to_float(ggml, type);
   const size_t row_bytes = ggml.row_size(type, in_features);
   const uint8_t* w = weight.data_ptr<uint8_t>();
   float* y = out.data_ptr<float>();
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) traits->to_float(w + i * row_bytes, y + i * in_features, in_features);
+    for (int64_t i = begin; i < end; ++i) to_float(w + i * row_bytes, y + i * in_features, in_features);
   });
   return out;
 }
