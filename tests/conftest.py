@@ -4,10 +4,12 @@
   ``cpu_capability()`` has every named attribute true (an unknown name is an error, not a skip).
 - ``@pytest.mark.capability``: the test exercises a capability-dependent path (dtype "auto", bf16 weight
   repacking, the int8 draft kernel, the capability module). tools/test.sh runs ``-m capability`` a second time
-  with ``SPECSWAP_CPU_CAPS=-avx512`` and torch held to AVX2. Every ``requires_cpu`` test is one too.
+  with ``SPECSWAP_CPU_CAPS=-avx512`` and torch held to AVX2. Every ``requires_cpu`` test is one too, and so is
+  every test whose source names bf16 (CAPABILITY_WORDS).
 """
 
 import dataclasses
+import inspect
 
 import pytest
 
@@ -20,9 +22,24 @@ def pytest_report_header(config):
     return cpu_capability().describe()
 
 
+# a test whose source names one of these runs a capability-dependent path: it is a capability test without a
+# marker, so a new bf16 test that forgets the marker still runs under the override (and fails on a missing guard)
+CAPABILITY_WORDS = ("bfloat16", "bf16", "pack_linear_weights", "cpu_capability", "draft_quantization")
+
+
+def _names_a_capability_path(item) -> bool:
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        return False
+    return any(word in source for word in CAPABILITY_WORDS)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("requires_cpu") is not None and item.get_closest_marker("capability") is None:
+        if item.get_closest_marker("capability") is None and (
+                item.get_closest_marker("requires_cpu") is not None or _names_a_capability_path(item)):
             item.add_marker(pytest.mark.capability)
 
 
