@@ -70,7 +70,7 @@ class CpuCapability:
         SPECSWAP_CPU_CAPS, or ``; limited (removed ...)`` when only torch's limits took something."""
         short = {"avx512_vnni": "vnni"}
         present = [short.get(name, name) for name in FEATURES if name != "amx" and getattr(self, name)]
-        line = (f"cpu: {self.model}; {' '.join(present) or 'no vector features'}; amx {_yes(self.amx)}; "
+        line = (f"cpu: {self.model}; {' '.join(present) or 'no avx2'}; amx {_yes(self.amx)}; "
                 f"native bf16 {_yes(self.native_bf16)}; onednn bf16 {_yes(self.onednn_bf16)}; "
                 f"torch kernels {self.torch_kernels}")
         taken = ' '.join(short.get(name, name) for name in self.removed) or "nothing"
@@ -211,11 +211,10 @@ def _onednn_bf16_supported() -> bool:
 
     if not torch.backends.mkldnn.is_available():
         return False
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    try:
-        return bool(check()) if check is not None else True
-    except RuntimeError:
-        return True  # no answer from this build: the features decide
+    try:  # oneDNN's own check, the one _reorder_linear_weight makes (ONEDNN_MAX_CPU_ISA lowers it)
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return True  # this build cannot say: the features decide
 
 
 @functools.lru_cache(maxsize=1)
