@@ -1,5 +1,6 @@
 """What this CPU does natively, in one place: every capability-dependent choice (the "auto" dtype, bf16 weight
-repacking for oneDNN, the int8 draft kernel, tests that need a feature) asks ``cpu_capability()``.
+repacking for oneDNN, the int8 draft rule, the AVX2 kernels for native ggml weights, tests that need a feature)
+asks ``cpu_capability()``.
 
 Features (after the limits below):
 

@@ -165,3 +165,29 @@ def test_onednn_bf16_agrees_with_the_weight_reorder():
             torch.ops.mkldnn._reorder_linear_weight(weight, None)
     else:
         assert cap.override or cap.removed, "oneDNN runs bf16 yet the capability says no without a limit"
+
+
+def test_ggml_fast_kernels_follow_the_capability():
+    """The AVX2 multi-row ggml kernels are chosen by the capability when ggml loads (once per process)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from specswap.models.quantized import ggml_available
+    if not ggml_available():
+        pytest.skip('needs a build with ggml and pip install "specswap[ggml]"')
+    probe = ("from specswap import _core; from specswap.capability import cpu_capability; "
+             "from specswap.models.quantized import load_ggml; load_ggml(); "
+             "print(_core._C.ggml_set_fast_kernels(True), cpu_capability().avx2, _core._C.ggml_fast_kernels_available())")
+    package_root = str(Path(capability.__file__).parents[1])  # the specswap under test
+    answers = {}
+    for override in ("", "-avx2"):
+        env = {**os.environ, "SPECSWAP_CPU_CAPS": override, "PYTHONPATH": package_root}
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        answers[override] = out.stdout.split()
+    # on where the capability reports AVX2 (and the cpuid check agrees); off under -avx2 whatever the hardware
+    setting, reported, _ = answers[""]
+    assert setting == str(reported == "True"), answers
+    assert answers["-avx2"][:2] == ["False", "False"], answers
