@@ -32,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from specswap.bench import provenance
+from specswap.capability import cpu_capability
 from specswap.engine import Engine, encode_text, resolve_checkpoint, resolve_dtype
 
 TUNE_CODE_PROMPTS = [
@@ -384,6 +385,7 @@ def main() -> None:
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
+    print(cpu_capability().describe(), flush=True)
     dtype = resolve_dtype(args.dtype, "cpu")
     target, drafts, tokenizer = load_models(args.model, args.algorithm, dtype, args.draft_quantization)
     print(f"model {args.model} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M), "

@@ -7,7 +7,7 @@ machine) per decode round for each tier and batch, eager and graphed, and
 their ratio (and, where round graphs are on, the ratio with stage graphs
 only); plus the start-up capture time and the memory each tier's graphs
 add. Greedy, fp32 by default (--dtype bfloat16: the engine's default on
-CPUs with fast bf16). The engines run the same loaded weights; their rounds
+CPUs with native bf16, specswap.capability). The engines run the same loaded weights; their rounds
 alternate in short bursts.
 """
 

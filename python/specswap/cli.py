@@ -94,6 +94,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"{models.dtype}, weights {models.weights}), speculative {algorithm}{' adaptive' if args.speculative_adaptive else ''}, "
           f"max batch {engine.max_batch_size}, max_seq_len {engine.max_seq_len}; http://{args.host}:{args.port}/v1",
           flush=True)
+    from specswap.capability import cpu_capability
+    print(cpu_capability().describe(), flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

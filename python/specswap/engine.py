@@ -18,11 +18,12 @@ from typing import Any, Sequence
 
 import torch
 
+from specswap.capability import cpu_capability
 from specswap.ngram import NumberTokens
 from specswap.sampling import SamplingParams
 from specswap.worker import SPECULATIVE_ALGORITHMS, EAGLEWorker
 
-__all__ = ["Engine", "RequestOutput", "resolve_dtype", "resolve_checkpoint", "cpu_has_fast_bf16", "encode_text"]
+__all__ = ["Engine", "RequestOutput", "resolve_dtype", "resolve_checkpoint", "encode_text"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DEFAULT_MAX_SEQ_LEN = 2048
@@ -62,17 +63,9 @@ class _Request:
     stop_string_hit: bool = False         # text was cut at a stop string
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True when /proc/cpuinfo lists avx512_bf16 or AMX (bf16 matmuls run natively)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
-    """"auto": bf16 on accelerators and on CPUs with fast bf16, else fp32."""
+    """"auto": bf16 on accelerators and on CPUs with native bf16 (``cpu_capability().native_bf16``: avx512_bf16 or
+    AMX; elsewhere bf16 matmuls are emulated by converting to fp32), else fp32."""
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype {dtype} is not supported; valid: 'auto', {', '.join(map(repr, DTYPES))}")
@@ -80,7 +73,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch
     if dtype == "auto":
         if torch.device(device).type != "cpu":
             return torch.bfloat16
-        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+        return torch.bfloat16 if cpu_capability().native_bf16 else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; valid: 'auto', {', '.join(map(repr, DTYPES))}")
     return DTYPES[dtype]

@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from specswap.capability import cpu_capability
 from specswap.ngram import NumberTokens, propose_ngram
 from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy, accept_keyed,
                                argmax, exponential_, logits_to_probs, position_key, sample_from_probs, sample_keyed)
@@ -168,8 +169,9 @@ class EAGLEWorker:
 
             self.graph_context = GraphContext(self.device, max_batch_size, self.cache_capacity)
             # bf16 matmuls by weights recorded as oneDNN linears over weights repacked once (same bits, 15-40%
-            # faster at decode sizes); the packed copy doubles the weights' memory, so small targets only
-            self.graph_context.pool.pack_linear_weights = small_target
+            # faster at decode sizes); the packed copy doubles the weights' memory, so small targets only. The
+            # repacking needs oneDNN's bf16 path (AVX-512 or AVX-NE-CONVERT) and raises without it.
+            self.graph_context.pool.pack_linear_weights = small_target and cpu_capability().onednn_bf16
             self.graph_context.share_model(target, self.target_cache)
             if draft is not None:
                 self.graph_context.share_model(draft, self.draft_cache)

@@ -8,6 +8,7 @@ from server_helpers import loaded_models, random_models, running_server
 from specswap.bench import report
 from specswap.bench.cli import mode_settings, run_from_args
 from specswap.bench.workloads import REPORT_HIGH_PROMPTS, REPORT_LOW_PROMPTS, build_workload
+from specswap.capability import cpu_capability
 from specswap.cli import build_parser, main
 
 
@@ -124,6 +125,9 @@ def test_bench_in_process_writes_json_schema_and_plot(tmp_path, capsys):
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert "oracle" in out and "adaptive" in out and "tier over time" in out
+    line = cpu_capability().describe()
+    assert out.splitlines()[0] == line and result["cpu"] == line
+    assert result["cpu_capability"] == cpu_capability().as_dict()
 
 
 def _config(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from specswap.bench import provenance, workloads
+from specswap.capability import cpu_capability
 from specswap.cli import build_parser
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -91,18 +92,12 @@ def test_engine_benchmark_json_records_the_set_and_its_provenance(tmp_path):
 def test_provenance_names_the_command_the_cpu_and_the_commit(tmp_path):
     assert provenance.command_line(["bench.py", "--adaptive-config", '{"policy": "goodput"}']) == \
         "bench.py --adaptive-config '{\"policy\": \"goodput\"}'"
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Test CPU @ 2.00GHz\n"
-                       "processor\t: 1\nmodel name\t: Test CPU @ 2.00GHz\n")
-    try:
-        import specswap.capability  # noqa: F401  (the capability line replaces /proc/cpuinfo's once present)
-    except ImportError:
-        assert provenance.cpu_line(cpuinfo) == "Test CPU @ 2.00GHz"
-    assert provenance.cpu_line(tmp_path / "missing")  # falls back to the platform's name, never empty
+    assert provenance.cpu_line() == cpu_capability().describe()
     assert provenance.git_commit(tmp_path) == "unknown"  # not a git checkout
     commit = provenance.git_commit()  # of the checkout holding the imported package ("unknown" if none)
     package = Path(provenance.__file__).parent
     head = subprocess.run(["git", "-C", str(package), "rev-parse", "HEAD"], capture_output=True, text=True)
     assert commit.removesuffix("-dirty") == (head.stdout.strip() if head.returncode == 0 else "unknown")
     stamp = provenance.stamp(["x", "y"])
-    assert stamp == {"command": "x y", "cpu": provenance.cpu_line(), "commit": commit}
+    assert stamp == {"command": "x y", "cpu": provenance.cpu_line(), "cpu_capability": cpu_capability().as_dict(),
+                     "commit": commit}

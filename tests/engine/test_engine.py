@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 import torch
 
 from engine_helpers import CharTokenizer, bigram_pair, random_eagle_head
+from specswap.capability import cpu_capability
 from specswap.engine import Engine, _Request, prefill_groups, resolve_dtype
 from specswap.sampling import SamplingParams
 
@@ -259,9 +260,15 @@ def test_prefill_groups_respect_the_token_budget_and_order():
     assert all(len(g) * max(len(r.prompt_ids) for r in g) <= 64 or len(g) == 1 for g in groups)
 
 
-def test_dtype_resolution():
+@pytest.mark.capability
+def test_dtype_resolution(cpu_override):
     assert resolve_dtype("float32", "cpu") == torch.float32
-    assert resolve_dtype("auto", "cpu") in (torch.float32, torch.bfloat16)
+    native = cpu_capability().native_bf16
+    assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if native else torch.float32)
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert not cpu_override("-bf16").native_bf16
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    assert resolve_dtype("bfloat16", "cpu") == torch.bfloat16  # asked for by name: given, emulated or not
     with pytest.raises(ValueError, match="'float16' is not supported"):
         resolve_dtype("float16", "cpu")
 

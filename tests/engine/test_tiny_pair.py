@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specswap import zoo
+from specswap.capability import cpu_capability
 from specswap.engine import Engine
 
 pytestmark = pytest.mark.skipif(
@@ -80,14 +81,18 @@ def test_tiny_greedy_identity_under_adaptive_switching(tiny, reference, algorith
         assert len(result.token_ids) == len(expected) or result.finish_reason == "stop"
 
 
+@pytest.mark.capability  # bf16 on any CPU: weights repacked for oneDNN only where it runs bf16
 def test_tiny_bf16_agreement_is_reported(tiny, capsys):
     from specswap.models import load_eagle_head, load_model
     target = load_model(zoo.path("tiny"), dtype=torch.bfloat16)
     head = load_eagle_head(zoo.path("tiny-eagle"), target)
     tokenizer = tiny["tokenizer"]
-    reference = Engine(target, None, None, tokenizer=tokenizer, max_seq_len=MAX_SEQ_LEN).generate(TEXTS, 40)
-    results = Engine(target, head, "EAGLE", speculative_num_steps=3, tokenizer=tokenizer,
-                     max_seq_len=MAX_SEQ_LEN).generate(TEXTS, 40)
+    plain = Engine(target, None, None, tokenizer=tokenizer, max_seq_len=MAX_SEQ_LEN)
+    speculative = Engine(target, head, "EAGLE", speculative_num_steps=3, tokenizer=tokenizer, max_seq_len=MAX_SEQ_LEN)
+    packs = cpu_capability().onednn_bf16
+    assert [e.worker.graph_context.pool.pack_linear_weights for e in (plain, speculative)] == [packs, packs]
+    reference = plain.generate(TEXTS, 40)
+    results = speculative.generate(TEXTS, 40)
     identical = sum(r.token_ids == ref.token_ids for r, ref in zip(results, reference))
     with capsys.disabled():
         print(f"\nbf16 EAGLE k=3 vs bf16 target-only, greedy: {identical}/{len(TEXTS)} identical")

@@ -85,6 +85,7 @@ def test_target_replay_equals_eager_in_every_bucket(num_tokens):
                                            rtol=0, atol=1e-5)
 
 
+@pytest.mark.requires_cpu("onednn_bf16")  # mkldnn::_reorder_linear_weight refuses bf16 without it
 @torch.inference_mode()
 def test_packed_bf16_linears_replay_the_same_bits_as_eager():
     target = small_target().to(torch.bfloat16)

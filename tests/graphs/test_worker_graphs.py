@@ -9,6 +9,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from spec_helpers import random_eagle_head, random_target, run_to_completion  # noqa: E402
 
+from specswap.capability import cpu_capability  # noqa: E402
 from specswap.controller import AdaptiveController  # noqa: E402
 from specswap.graphs import capture_count  # noqa: E402
 from specswap.sampling import SamplingParams  # noqa: E402
@@ -132,3 +133,16 @@ def test_round_graphs_need_graph_mode_and_default_to_small_targets():
         EAGLEWorker(target, None, None, graphs=False, round_graphs=True)
     assert EAGLEWorker(target, None, None, max_seq_len=32, graphs=True).round_graphs_enabled
     assert not EAGLEWorker(target, None, None, max_seq_len=32, graphs=False).round_graphs_enabled
+
+
+@pytest.mark.capability
+def test_bf16_weight_repacking_follows_the_cpu_capability(cpu_override):
+    # mkldnn::_reorder_linear_weight raises without oneDNN's bf16 path: the worker repacks only where it exists
+    target = random_target(seed=0).to(torch.bfloat16)
+    worker = EAGLEWorker(target, None, None, max_batch_size=4, max_seq_len=96, graphs=True)
+    assert worker.graph_context.pool.pack_linear_weights == cpu_capability().onednn_bf16
+    assert not cpu_override("-avx512").onednn_bf16
+    worker = EAGLEWorker(target, None, None, max_batch_size=4, max_seq_len=96, graphs=True)
+    assert not worker.graph_context.pool.pack_linear_weights
+    tokens, _, _ = run_to_completion(worker, PROMPTS, 8)  # captured and replayed in bf16, nothing repacked
+    assert worker.graph_context.pool.derived_bytes == 0 and all(len(t) == 8 for t in tokens)

@@ -56,6 +56,7 @@ def test_batch_of_different_lengths_matches_each_request_alone(hf_and_ours):
             torch.testing.assert_close(batched[row], hf_model(full).logits[0, -draft_steps:], atol=1e-4, rtol=0)
 
 
+@pytest.mark.capability  # bf16 matmuls, whichever kernel this CPU runs them with
 def test_loads_transformers_checkpoint_in_bf16_and_agrees_roughly(tmp_path):
     hf_model, directory = make_hf_llama(tmp_path)
     fp32 = load_model(directory)

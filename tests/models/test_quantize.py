@@ -11,10 +11,14 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from spec_helpers import bigram_pair, random_eagle_head, random_target, run_to_completion  # noqa: E402
 
+from specswap.capability import cpu_capability  # noqa: E402
 from specswap.models.quantize import (Int8Linear, quantize_linears_int8, quantize_rows_int8,  # noqa: E402
                                       resolve_draft_quantization)
 from specswap.sampling import argmax  # noqa: E402
 from specswap.worker import EAGLEWorker  # noqa: E402
+
+# the int8 kernel dispatches on the CPU's vector level, and "auto" consults cpu_capability()
+pytestmark = pytest.mark.capability
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -46,8 +50,10 @@ def test_quantize_linears_replaces_every_linear_and_nothing_else():
     assert isinstance(module[2][1], nn.LayerNorm)
 
 
-def test_auto_rule_and_bad_values():
-    assert resolve_draft_quantization("auto", "EAGLE", torch.bfloat16, "cpu") == "int8"
+def test_auto_rule_and_bad_values(cpu_override):
+    # int8 needs torch's vectorized int8 kernel (bf16 activations, AVX2 or AVX-512)
+    expected = "int8" if cpu_capability().avx2 else None
+    assert resolve_draft_quantization("auto", "EAGLE", torch.bfloat16, "cpu") == expected
     assert resolve_draft_quantization("auto", "EAGLE", torch.float32, "cpu") is None
     assert resolve_draft_quantization("auto", "EAGLE", torch.bfloat16, "cuda") is None
     assert resolve_draft_quantization("auto", "NGRAM", torch.bfloat16, "cpu") is None
@@ -58,6 +64,11 @@ def test_auto_rule_and_bad_values():
         resolve_draft_quantization("int8", "STANDALONE", torch.bfloat16, "cpu")
     with pytest.raises(ValueError, match="valid"):
         resolve_draft_quantization("int4", "EAGLE", torch.bfloat16, "cpu")
+    assert not cpu_override("none").avx2
+    assert resolve_draft_quantization("auto", "EAGLE", torch.bfloat16, "cpu") is None
+    assert resolve_draft_quantization("int8", "EAGLE", torch.bfloat16, "cpu") == "int8"  # by name: the scalar kernel
+    assert cpu_override("-avx512").avx2
+    assert resolve_draft_quantization("auto", "EAGLE", torch.bfloat16, "cpu") == "int8"
 
 
 def test_head_int8_mode_keeps_dtype_cache_and_target_untouched():

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from server_helpers import FORCED_SWITCHING, CharTokenizer, random_models, running_server
+from specswap.capability import cpu_capability
 from specswap.engine import Engine
 from specswap.server.app import create_app
 
@@ -227,6 +228,7 @@ def test_server_info_reports_the_adaptive_state(http):
     assert info["avg_spec_accept_length"] >= 1.0 and isinstance(info["ema"], float)
     assert info["num_switches"] >= 1  # forced switching (alpha 1, interval 1) over varied acceptance
     assert info["generated_tokens"] > 0
+    assert info["cpu"]["line"] == cpu_capability().describe() and isinstance(info["cpu"]["native_bf16"], bool)
 
 
 def test_metrics_names_and_accept_length_histogram(http):

@@ -124,6 +124,7 @@ def test_counter_drafts_leave_the_greedy_output_target_only(steps, monkeypatch):
     assert any(extrapolated)  # the drafts were the extrapolated ones at least once (the target then rejected them)
 
 
+@pytest.mark.capability  # Engine("tiny") takes dtype "auto"
 def test_the_engine_gives_ngram_the_digits_of_a_tokenizer_that_splits_numbers():
     from spec_helpers import bigram_pair
     from specswap import Engine

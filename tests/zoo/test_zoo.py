@@ -93,6 +93,7 @@ def test_stdlib_selection_skips_tests_and_is_sorted(tmp_path):
     assert [p.relative_to(tmp_path).as_posix() for p in stdlib_sources(tmp_path)] == ["a/x.py", "b.py"]
 
 
+@pytest.mark.capability  # bf16 matmuls: native, emulated on AVX-512, or torch's own kernel without oneDNN's bf16
 def test_bf16_pair_drafts_and_agrees_with_fp32(shipped):
     target32, _, _ = shipped
     target = load_model(zoo.path("tiny"), dtype=torch.bfloat16)

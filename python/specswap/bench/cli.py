@@ -142,7 +142,7 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
     phases = build_workload(args.workload, args.requests_per_phase, args.low_temperature, args.prompt_set)
     requests = sum(len(phase.prompts) for phase in phases)
     result: dict[str, Any] = {
-        **provenance.stamp(),
+        **provenance.stamp(),  # "cpu": this process's capability line (with --server: the client's)
         "workload": args.workload,
         "prompt_set": args.prompt_set,
         "phases": [phase.name for phase in phases],
@@ -178,6 +178,9 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
 
 
 def run_from_args(args: argparse.Namespace, models=None) -> int:
+    from specswap.capability import cpu_capability
+
+    print(cpu_capability().describe(), flush=True)  # before the run: what the dtype and kernel choices saw
     result = run_bench(args, models)
     print(f"workload {result['workload']} ({', '.join(result['phases'])}, {result['prompt_set']} prompts), "
           f"model {result.get('model')}, "

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from specswap.capability import cpu_capability
+
 _REPOSITORY = Path(__file__).resolve().parents[3]
 
 
@@ -20,29 +22,10 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     return " ".join(shlex.quote(word) for word in (sys.argv if argv is None else argv))
 
 
-def cpu_line(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """One line naming this CPU.
-
-    Switch to ``specswap.capability.cpu_capability().describe()`` once that module lands (it names the native
-    bf16 / AVX-512 / AMX / AVX2 support as well); until then the first ``model name`` of /proc/cpuinfo, or the
-    platform's processor string where that file does not exist.
-    """
-    try:  # the capability line, when the capability module is present
-        from specswap.capability import cpu_capability  # type: ignore[import-not-found]
-    except ImportError:
-        pass
-    else:
-        return cpu_capability().describe()
-    try:
-        text = Path(cpuinfo).read_text(errors="replace")
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and value.strip():
-            return value.strip()
-    import platform
-    return platform.processor() or platform.machine() or "unknown"
+def cpu_line() -> str:
+    """One line naming this CPU and what it runs natively (AVX2, AVX-512, native bf16, AMX, any override):
+    ``specswap.capability.cpu_capability().describe()``."""
+    return cpu_capability().describe()
 
 
 def git_commit(directory: str | Path = _REPOSITORY) -> str:
@@ -62,5 +45,7 @@ def git_commit(directory: str | Path = _REPOSITORY) -> str:
 
 
 def stamp(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """``{"command", "cpu", "commit"}`` for a benchmark JSON (merge it into the report's top level)."""
-    return {"command": command_line(argv), "cpu": cpu_line(), "commit": git_commit()}
+    """``{"command", "cpu", "cpu_capability", "commit"}`` for a benchmark JSON (merge it into the report's top
+    level): ``cpu`` is the capability line, ``cpu_capability`` its fields."""
+    return {"command": command_line(argv), "cpu": cpu_line(), "cpu_capability": cpu_capability().as_dict(),
+            "commit": git_commit()}

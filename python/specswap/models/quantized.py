@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .._core import _C
+from ..capability import cpu_capability
 
 # ggml_type ids (ggml.h); the GGUF file stores the same numbers
 GGML_TYPES: dict[str, int] = {
@@ -45,6 +46,9 @@ def load_ggml() -> None:
         raise RuntimeError(f"quantized (GGUF) weights need ggml's CPU library: {GGML_EXTRA_HINT}, "
                            "or load the model with weights='bf16' or 'fp32'")
     _C.ggml_load(str(Path(spec.origin).parent / "lib64"))
+    # the multi-row Q8_0/Q5_0/Q4_0 kernels are AVX2 code (the C++ also checks cpuid): they run only where the
+    # capability says AVX2, so SPECSWAP_CPU_CAPS=-avx2 sends every row through ggml's vec_dot as such a CPU would
+    _C.ggml_set_fast_kernels(cpu_capability().avx2)
 
 
 def ggml_type(name_or_id: str | int) -> int:

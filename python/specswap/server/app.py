@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specswap.capability import cpu_capability
 from specswap.server import native, protocol
 from specswap.server.metrics import CONTENT_TYPE, ServerMetrics
 from specswap.server.protocol import APIError, ParsedRequest
@@ -381,6 +382,7 @@ def server_info_dict(scheduler: Scheduler, model_name: str, engine, server_args:
         "internal_states": [{"speculative_num_steps": steps, "speculative_num_draft_tokens": steps + 1 if speculative
                              else 0, "avg_spec_accept_length": stats["mean_accept_length"] + 1 if rounds else None,
                              "last_gen_throughput": stats.get("tokens_per_second", 0.0)}],
+        "cpu": cpu_capability().as_dict(),  # what the dtype and kernel choices saw (docs/engine.md)
     }
     if "tiers" in stats:
         info["candidate_steps"] = [row.get("speculative_num_steps") for row in stats["tiers"]

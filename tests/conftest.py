@@ -1,0 +1,72 @@
+"""Suite-wide: the CPU capability line in the header, and the two capability markers.
+
+- ``@pytest.mark.requires_cpu("native_bf16", ...)``: skip, with the capability line as the reason, unless
+  ``cpu_capability()`` has every named attribute true (an unknown name is an error, not a skip).
+- ``@pytest.mark.capability``: the test exercises a capability-dependent path (dtype "auto", bf16 weight
+  repacking, the int8 draft kernel, the capability module). tools/test.sh runs ``-m capability`` a second time
+  with ``SPECSWAP_CPU_CAPS=-avx512`` and torch held to AVX2. Every ``requires_cpu`` test is one too, and so is
+  every test whose source names bf16 (CAPABILITY_WORDS).
+"""
+
+import dataclasses
+import inspect
+
+import pytest
+
+from specswap.capability import CpuCapability, cpu_capability
+
+CAPABILITY_FLAGS = tuple(f.name for f in dataclasses.fields(CpuCapability) if f.type in (bool, "bool"))
+
+
+def pytest_report_header(config):
+    try:
+        return cpu_capability().describe()
+    except ValueError as error:  # a bad SPECSWAP_CPU_CAPS: every test that asks fails with this message
+        return f"cpu capability: {error}"
+
+
+# a test whose source names one of these runs a capability-dependent path: it is a capability test without a
+# marker, so a new bf16 test that forgets the marker still runs under the override (and fails on a missing guard)
+CAPABILITY_WORDS = ("bfloat16", "bf16", "pack_linear_weights", "cpu_capability", "draft_quantization")
+
+
+def _names_a_capability_path(item) -> bool:
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        return False
+    return any(word in source for word in CAPABILITY_WORDS)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("capability") is None and (
+                item.get_closest_marker("requires_cpu") is not None or _names_a_capability_path(item)):
+            item.add_marker(pytest.mark.capability)
+
+
+def pytest_runtest_setup(item):
+    for marker in item.iter_markers("requires_cpu"):
+        unknown = [name for name in marker.args if name not in CAPABILITY_FLAGS]
+        if unknown or not marker.args:
+            raise pytest.UsageError(f"requires_cpu{marker.args} on {item.nodeid}: valid names are "
+                                    f"{', '.join(CAPABILITY_FLAGS)}")
+        capability = cpu_capability()
+        missing = [name for name in marker.args if not getattr(capability, name)]
+        if missing:
+            pytest.skip(f"needs {' '.join(missing)}; {capability.describe()}")
+
+
+@pytest.fixture
+def cpu_override(monkeypatch):
+    """``cpu_override("-avx512")``: the capability under that SPECSWAP_CPU_CAPS for the rest of the test (it
+    replaces the process's own setting; torch's limits still apply), re-read afterwards."""
+    def apply(text: str) -> CpuCapability:
+        monkeypatch.setenv("SPECSWAP_CPU_CAPS", text)
+        cpu_capability.cache_clear()
+        return cpu_capability()
+
+    yield apply
+    monkeypatch.undo()
+    cpu_capability.cache_clear()
