@@ -1,4 +1,6 @@
-"""Suite-wide: the CPU capability line in the header, and the two capability markers.
+"""Suite-wide: the CPU capability line and the test device in the header, the capability markers, and the
+device fixture.
+
 
 - ``@pytest.mark.requires_cpu("native_bf16", ...)``: skip, with the capability line as the reason, unless
   ``cpu_capability()`` has every named attribute true (an unknown name is an error, not a skip).
@@ -6,7 +8,13 @@
   repacking, the int8 draft kernel, the capability module). tools/test.sh runs ``-m capability`` a second time
   with ``SPECSWAP_CPU_CAPS=-avx512`` and torch held to AVX2. Every ``requires_cpu`` test is one too, and so is
   every test whose source names bf16 (CAPABILITY_WORDS).
+
+The device that device-parametrized tests run on: ``SPECSWAP_TEST_DEVICE`` (default ``cpu``).
+
+``tools/gpu_check.sh`` runs those tests with ``SPECSWAP_TEST_DEVICE=cuda``. A device that is asked for but
+absent fails the whole run at start-up instead of skipping, so a GPU check cannot pass by running nothing.
 """
+
 
 import dataclasses
 import inspect
@@ -20,9 +28,10 @@ CAPABILITY_FLAGS = tuple(f.name for f in dataclasses.fields(CpuCapability) if f.
 
 def pytest_report_header(config):
     try:
-        return cpu_capability().describe()
+        line = cpu_capability().describe()
     except ValueError as error:  # a bad SPECSWAP_CPU_CAPS: every test that asks fails with this message
-        return f"cpu capability: {error}"
+        line = f"cpu capability: {error}"
+    return [line, f"specswap test device: {config.specswap_device} ({DEVICE_VARIABLE})"]
 
 
 # a test whose source names one of these runs a capability-dependent path: it is a capability test without a
@@ -70,3 +79,41 @@ def cpu_override(monkeypatch):
     yield apply
     monkeypatch.undo()
     cpu_capability.cache_clear()
+
+
+import os
+
+import torch
+
+DEVICE_VARIABLE = "SPECSWAP_TEST_DEVICE"
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def requested_device() -> torch.device:
+    """The device named by SPECSWAP_TEST_DEVICE, with an index when it is an accelerator."""
+    name = os.environ.get(DEVICE_VARIABLE, "cpu").strip() or "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r} is not a device ({error}); valid: cpu, cuda, cuda:N")
+    if device.type not in DEVICE_TYPES:
+        raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r}: device type {device.type!r} is not tested here; "
+                                f"valid: cpu, cuda, cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r} but torch {torch.__version__} sees no CUDA device")
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if index >= torch.cuda.device_count():
+            raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r}: valid indices are 0..{torch.cuda.device_count() - 1}")
+        device = torch.device("cuda", index)
+    return device
+
+
+def pytest_configure(config):
+    config.specswap_device = requested_device()
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig) -> torch.device:
+    """Where device-parametrized tests build their models, caches and graphs."""
+    return pytestconfig.specswap_device

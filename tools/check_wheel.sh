@@ -2,8 +2,9 @@
 # Checks a built wheel: its metadata pins torch; cpu: installs in a fresh venv
 # and passes the test suite; cuda: installs (beside the build environment's
 # CUDA torch, no second 5 GB copy) and imports, no GPU needed; npu: lists the
-# ACL / NPU graph symbols the extension links (nothing runs without CANN and
-# Ascend hardware). Usage: tools/check_wheel.sh VARIANT WHEEL [BUILD_VENV]
+# ACL / NPU graph symbols the extension links and checks that torch_npu exports
+# every one (nothing runs without CANN and Ascend hardware).
+# Usage: tools/check_wheel.sh VARIANT WHEEL [BUILD_VENV]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 variant=${1:?usage: tools/check_wheel.sh cpu|cuda|npu WHEEL}
@@ -29,6 +30,16 @@ case "$variant" in
     (cd "$tmp" && cp -r "$OLDPWD/tests" "$OLDPWD/pyproject.toml" . && "$venv/bin/python" -m pytest -q -p no:cacheprovider tests) ;;
   npu)
     echo "[check_wheel] ACL / NPU graph symbols the extension links:"
-    nm -DC --undefined-only "$so" | grep -E 'NPUGraph|graph_task|graph_pool_handle|getNPUStreamFromPool' | sed 's/^ *U /  /'
+    nm -DC --undefined-only "$so" | grep -E 'NPUGraph|graph_pool_handle|getNPUStreamFromPool' | sed 's/^ *U /  /'
+    # without CANN the extension cannot load, but every torch_npu symbol it needs must be one torch_npu exports
+    venv=${3:?the npu check needs the build venv (with torch_npu) as third argument}
+    npu_lib=$("$venv/bin/python" -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('torch_npu').origin).parent / 'lib' / 'libtorch_npu.so')")
+    nm -D --defined-only "$npu_lib" | awk '{print $NF}' | sort -u >"$tmp/exported"
+    nm -D --undefined-only "$so" | awk '{print $NF}' | grep -E 'c10_npu|at_npu' | sort -u >"$tmp/needed"
+    missing=$(comm -23 "$tmp/needed" "$tmp/exported")
+    if [ -n "$missing" ]; then
+      echo "[check_wheel] torch_npu does not export:" >&2; echo "$missing" | c++filt >&2; exit 1
+    fi
+    echo "[check_wheel] all $(wc -l <"$tmp/needed") torch_npu symbols resolve in $npu_lib"
     ldd "$so" | grep -E 'torch_npu|ascend' || true ;;
 esac

@@ -117,14 +117,6 @@ std::vector<std::string> GraphRunner::buffer_names() const {
   return names;
 }
 
-void GraphRunner::refuse_task_groups() const {
-  throw std::logic_error(std::string("task groups are an Ascend NPU feature; the ") + backend() +
-                         " runner reads per-round arguments from its persistent buffers");
-}
-void GraphRunner::begin_task_group() { refuse_task_groups(); }
-int GraphRunner::end_task_group() { refuse_task_groups(); }
-void GraphRunner::update_task_group(int, const std::function<void()>&) { refuse_task_groups(); }
-
 std::size_t GraphRunner::memory_bytes() const {
   std::size_t bytes = backend_bytes();
   for (const auto& [name, tensor] : buffers_) {

@@ -67,20 +67,12 @@ class GraphRunner : public StageResource {
   // persistent buffers (or shared tensors) and write its results into the
   // persistent output buffers. May be called once.
   void capture(const std::function<void()>& body);
-  // Re-runs what was captured. Throws if nothing was captured.
+  // Re-runs what was captured. Throws if nothing was captured. On a device
+  // it is queued on the caller's current stream and returns without waiting.
   void replay();
 
   virtual const char* backend() const = 0;
   bool captured() const noexcept { return captured_; }
-
-  // Task groups (Ascend NPU): inside capture(), wrap the launches whose
-  // arguments change every round (attention sequence lengths) in
-  // begin_task_group()/end_task_group(); before replay(), update_task_group()
-  // re-issues them with new arguments instead of re-capturing. Other backends
-  // read such arguments from persistent buffers and refuse these calls.
-  virtual void begin_task_group();
-  virtual int end_task_group();
-  virtual void update_task_group(int group, const std::function<void()>& body);
 
   Stage stage() const noexcept { return stage_; }
   int speculative_num_steps() const noexcept { return steps_; }
@@ -101,7 +93,6 @@ class GraphRunner : public StageResource {
   virtual void do_capture(const std::function<void()>& body) = 0;
   virtual void do_replay() = 0;
   virtual std::size_t backend_bytes() const { return 0; }
-  [[noreturn]] void refuse_task_groups() const;
 
  private:
   Stage stage_;

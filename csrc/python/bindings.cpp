@@ -302,14 +302,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("bucket", &graph::GraphRunner::bucket)
       .def_property_readonly("pool", &graph::GraphRunner::pool)
       .def_property_readonly("capture_seconds", &graph::GraphRunner::capture_seconds)
-      .def("memory_bytes", &graph::GraphRunner::memory_bytes)
-      .def("begin_task_group", &graph::GraphRunner::begin_task_group,
-           "NPU: start a group of launches whose arguments change every round (inside capture).")
-      .def("end_task_group", &graph::GraphRunner::end_task_group, "NPU: end the group; returns its index.")
-      .def("update_task_group", [](graph::GraphRunner& runner, int group, py::function body) {
-             runner.update_task_group(group, [&body] { body(); });
-           }, py::arg("group"), py::arg("body"),
-           "NPU: re-issue a group's launches with this round's arguments before replay().");
+      .def("memory_bytes", &graph::GraphRunner::memory_bytes);
 
   m.def("graph_capture_count", &graph::capture_count, "Captures so far in this process, all backends.");
   m.def("compiled_backends", &graph::compiled_backends, "Graph backends compiled into this build.");

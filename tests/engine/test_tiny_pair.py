@@ -30,9 +30,9 @@ MAX_SEQ_LEN = 160
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(device):  # on the test device (SPECSWAP_TEST_DEVICE, tests/conftest.py); the drafts follow the target
     from specswap.models import load_draft_model, load_eagle_head, load_model, load_tokenizer
-    target = load_model(zoo.path("tiny"), dtype=torch.float32)
+    target = load_model(zoo.path("tiny"), dtype=torch.float32, device=device)
     return dict(target=target, tokenizer=load_tokenizer(zoo.path("tiny")),
                 eagle=load_eagle_head(zoo.path("tiny-eagle"), target),
                 draft=load_draft_model(zoo.path("tiny-draft"), target))

@@ -1,4 +1,6 @@
-"""The worker in graph mode: lossless against target-only in the same mode, and no capture after start-up."""
+"""The worker in graph mode: lossless against target-only in the same mode, and no capture after start-up.
+
+On the test device (``SPECSWAP_TEST_DEVICE``, tests/conftest.py): CUDA graphs under tools/gpu_check.sh."""
 
 import sys
 from pathlib import Path
@@ -18,10 +20,10 @@ from specswap.worker import EAGLEWorker  # noqa: E402
 PROMPTS = [[1, 5, 9, 2], [3, 3, 3, 3, 3, 3, 7], [11, 4]]
 
 
-def _worker(algorithm, steps, graphs, tiers=(), round_graphs=None):
-    target = random_target(seed=0)
+def _worker(device, algorithm, steps, graphs, tiers=(), round_graphs=None):
+    target = random_target(seed=0).to(device)
     if algorithm == "EAGLE":
-        draft_model = random_eagle_head(target)
+        draft_model = random_eagle_head(target).to(device)  # after the target moved: it shares its embedding
     elif algorithm == "STANDALONE":
         draft_model = target  # a draft equal to the target accepts everything
     else:
@@ -40,24 +42,24 @@ def _switching_every_round(worker):
 
 
 @pytest.mark.parametrize("algorithm, steps", [("EAGLE", 1), ("EAGLE", 3), ("STANDALONE", 3), ("NGRAM", 2)])
-def test_graph_mode_greedy_equals_target_only_graph_mode(algorithm, steps):
-    reference, _, _ = run_to_completion(_worker(None, 0, graphs=True), PROMPTS, 20)
-    tokens, accepts, _ = run_to_completion(_worker(algorithm, steps, graphs=True), PROMPTS, 20)
+def test_graph_mode_greedy_equals_target_only_graph_mode(device, algorithm, steps):
+    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=True), PROMPTS, 20)
+    tokens, accepts, _ = run_to_completion(_worker(device, algorithm, steps, graphs=True), PROMPTS, 20)
     assert tokens == reference
     if algorithm == "STANDALONE":
         assert all(a == steps for per in accepts for a in per[:-1])  # the all-accepted path ran
 
 
-def test_graph_mode_matches_eager_mode_tokens():
-    eager, _, _ = run_to_completion(_worker("EAGLE", 3, graphs=False), PROMPTS, 16)
-    graphed, _, _ = run_to_completion(_worker("EAGLE", 3, graphs=True), PROMPTS, 16)
+def test_graph_mode_matches_eager_mode_tokens(device):
+    eager, _, _ = run_to_completion(_worker(device, "EAGLE", 3, graphs=False), PROMPTS, 16)
+    graphed, _, _ = run_to_completion(_worker(device, "EAGLE", 3, graphs=True), PROMPTS, 16)
     assert graphed == eager
 
 
-def test_adaptive_switching_in_graph_mode_captures_nothing_new():
-    worker = _switching_every_round(_worker("EAGLE", 3, graphs=True, tiers=(1, 3, 7)))
+def test_adaptive_switching_in_graph_mode_captures_nothing_new(device):
+    worker = _switching_every_round(_worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7)))
     captured = capture_count()
-    reference, _, _ = run_to_completion(_worker(None, 0, graphs=True), PROMPTS, 24)
+    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=True), PROMPTS, 24)
     captured_reference = capture_count() - captured
     tokens, _, tiers = run_to_completion(worker, PROMPTS, 24)
     assert tokens == reference
@@ -67,11 +69,11 @@ def test_adaptive_switching_in_graph_mode_captures_nothing_new():
     assert all(v > 0 for v in memory.values())
 
 
-def test_graph_mode_sampling_runs_and_is_seeded():
+def test_graph_mode_sampling_runs_and_is_seeded(device):
     params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
     def run():
-        worker = _worker("EAGLE", 3, graphs=True)
-        gens = [torch.Generator().manual_seed(i) for i in range(len(PROMPTS))]
+        worker = _worker(device, "EAGLE", 3, graphs=True)
+        gens = [torch.Generator(device=device).manual_seed(i) for i in range(len(PROMPTS))]
         first = worker.prefill(range(len(PROMPTS)), PROMPTS, [params] * len(PROMPTS), gens)
         out = [[t] for t in first]
         for _ in range(4):
@@ -84,10 +86,11 @@ def test_graph_mode_sampling_runs_and_is_seeded():
 
 @pytest.mark.parametrize("algorithm, steps", [("EAGLE", 1), ("EAGLE", 3), ("STANDALONE", 2), ("NGRAM", 3),
                                               (None, 0)])
-def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(algorithm, steps):
+def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(device, algorithm, steps):
     # 3 requests in a bucket of 4: the padded row runs on the scratch slot and must disturb nothing
-    stage_only, _, _ = run_to_completion(_worker(algorithm, steps, graphs=True, round_graphs=False), PROMPTS, 20)
-    worker = _worker(algorithm, steps, graphs=True, round_graphs=True)
+    stage_only, _, _ = run_to_completion(_worker(device, algorithm, steps, graphs=True, round_graphs=False), PROMPTS,
+                                         20)
+    worker = _worker(device, algorithm, steps, graphs=True, round_graphs=True)
     assert set(worker._round_graphs) >= {steps}
     replays = []
     for tier, graphs in list(worker._round_graphs.items()):
@@ -108,23 +111,26 @@ def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(algorithm
         for tier in worker._tiers.values():
             tier.draft.graphs = worker._draft_step_graphs
     tokens, _, _ = run_to_completion(worker, PROMPTS, 20)
-    reference, _, _ = run_to_completion(_worker(None, 0, graphs=False), PROMPTS, 20)
+    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=False), PROMPTS, 20)
     assert tokens == stage_only == reference
     assert replays and max(replays) == 3
 
 
-def test_round_graphs_follow_tier_switches_and_report_memory():
-    worker = _switching_every_round(_worker("EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=True))
+def test_round_graphs_follow_tier_switches_and_report_memory(device):
+    worker = _switching_every_round(_worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=True))
     assert set(worker._round_graphs) == {1, 3, 7}
     captured = capture_count()
     tokens, _, tiers = run_to_completion(worker, PROMPTS, 24)
     assert capture_count() == captured
-    reference, _, _ = run_to_completion(_worker(None, 0, graphs=False), PROMPTS, 24)
+    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=False), PROMPTS, 24)
     assert tokens == reference
-    with_rounds = worker.tier_memory_bytes()
-    without = _worker("EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=False)
-    AdaptiveController(without, {"candidate_steps": [1, 3, 7]}).init_states()
-    assert all(with_rounds[t] > without.tier_memory_bytes()[t] for t in (1, 3, 7))
+    # each tier's memory counts its round runners on top of its stage runners (compared within this worker: on
+    # CUDA a runner's share of the graph pool depends on what was captured before it, so two workers differ)
+    memory = worker.tier_memory_bytes()
+    for t in (1, 3, 7):
+        tier, rounds = worker._tiers[t], worker._round_graphs[t].memory_bytes()
+        assert rounds > 0
+        assert memory[t] >= rounds + tier.verify.graphs.memory_bytes() + tier.draft_extend.graphs.memory_bytes()
 
 
 def test_round_graphs_need_graph_mode_and_default_to_small_targets():

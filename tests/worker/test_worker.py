@@ -313,8 +313,8 @@ def sample_continuations(worker, params, num_samples, seed):
     slots = list(range(worker.max_batch_size))
     base = torch.Generator().manual_seed(seed)
     for _ in range(num_samples // len(slots)):
-        generators = [torch.Generator().manual_seed(int(torch.randint(0, 2 ** 62, (1,), generator=base)))
-                      for _ in slots]
+        generators = [torch.Generator(device=worker.device).manual_seed(
+            int(torch.randint(0, 2 ** 62, (1,), generator=base))) for _ in slots]
         first = worker.prefill(slots, [PROMPT] * len(slots), [params] * len(slots), generators)
         outputs = [[token] for token in first]
         while any(len(o) < NUM_NEW for o in outputs):
@@ -331,13 +331,13 @@ def sample_continuations(worker, params, num_samples, seed):
 def _accept_always(target_probs, draft_probs, draft_tokens, uniforms, noise):
     """A biased verifier: takes every draft, then the bonus token from the target."""
     batch, steps = draft_tokens.shape
-    return torch.full((batch,), steps), sample_from_probs(target_probs[:, steps], noise)
+    return torch.full((batch,), steps, device=draft_tokens.device), sample_from_probs(target_probs[:, steps], noise)
 
 
 def _resample_from_p(target_probs, draft_probs, draft_tokens, uniforms, noise):
     """A subtly biased verifier: the right acceptance test, but a rejection redraws from p, not max(0, p - q)."""
     accept_lengths, _ = accept_draft_tokens(target_probs, draft_probs, draft_tokens, uniforms, noise)
-    rows = torch.arange(accept_lengths.shape[0])
+    rows = torch.arange(accept_lengths.shape[0], device=accept_lengths.device)
     return accept_lengths, sample_from_probs(target_probs[rows, accept_lengths], noise)
 
 
@@ -364,15 +364,17 @@ BIASED_KEYED_VERIFIERS = {"accept_always": _accept_always_keyed}
     ("NGRAM", 2, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), None),
     ("NGRAM", 1, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), "accept_always"),
 ])
-def test_sampled_continuations_follow_the_target_law(algorithm, steps, params, biased):
+def test_sampled_continuations_follow_the_target_law(device, algorithm, steps, params, biased):
     # sharp, clearly different target and draft laws so that a biased verifier shows
     target = random_target(VOCAB, 16, num_layers=1, seed=3, logit_scale=4.0)
+    law = exact_law(target, params)  # on the CPU, before the sampling runs on the test device (tests/conftest.py)
+    target.to(device)
     if algorithm == "STANDALONE":
-        draft = random_target(VOCAB, 16, num_layers=1, seed=4, logit_scale=4.0)
+        draft = random_target(VOCAB, 16, num_layers=1, seed=4, logit_scale=4.0).to(device)
     elif algorithm == "NGRAM":
         draft = None
-    else:
-        draft = random_eagle_head(target, seed=4, token_map=[0, 2, 3, 5])
+    else:  # built after the target moved: the head shares its embedding and LM head
+        draft = random_eagle_head(target, seed=4, token_map=[0, 2, 3, 5]).to(device)
     worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=steps, max_batch_size=8, max_seq_len=16)
     if biased and worker.keyed_sampling:  # NGRAM: draws keyed by output position (sampling.accept_keyed)
         worker.accept_keyed_fn = BIASED_KEYED_VERIFIERS[biased]
@@ -380,7 +382,7 @@ def test_sampled_continuations_follow_the_target_law(algorithm, steps, params, b
         worker.accept_fn = BIASED_VERIFIERS[biased]
     # a biased verifier is far off; the unbiased runs need the samples to have power
     counts = sample_continuations(worker, params, num_samples=1200 if biased else 4000, seed=11)
-    pvalue = chi_square_pvalue(counts, exact_law(target, params))
+    pvalue = chi_square_pvalue(counts, law)
     print(f"{algorithm} k={steps} biased={biased} chi-square p-value {pvalue:.3g}")
     if biased:
         assert pvalue < 1e-4, pvalue

@@ -1,21 +1,50 @@
 // CUDA graphs: at::cuda::CUDAGraph per runner, captured on a side stream,
 // every runner of every tier allocating from one graph_pool_handle().
+//
+// Sharing one private pool between all runners is safe here although torch
+// only promises it for graphs replayed in capture order: nothing allocated
+// during a capture outlives it (a runner's inputs and outputs are persistent
+// buffers made before capture, weights and caches are shared), so the pool
+// only ever holds a graph's intermediates, which each replay writes before it
+// reads them, and all replays run one after another on the caller's stream.
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
+#include <string>
 
 #include "graph/graph_runner.h"
 
 namespace specswap::graph {
 namespace {
 
+// torch.device("cuda") has no index while the tensors it makes live on
+// cuda:<current>; the pool compares buffer devices by index, so it holds the
+// explicit one (and reads allocator statistics of that device).
+c10::Device with_index(c10::Device device) {
+  const auto count = c10::cuda::device_count();
+  if (count <= 0) {
+    throw std::runtime_error("a CUDA graph pool needs a visible CUDA device; none was found "
+                             "(run with disable_graphs=True, or on a machine with a GPU)");
+  }
+  const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+  if (index < 0 || index >= count) {
+    throw std::invalid_argument("CUDA device " + device.str() + " does not exist; valid: cuda:0.." +
+                                "cuda:" + std::to_string(count - 1));
+  }
+  return c10::Device(c10::DeviceType::CUDA, index);
+}
+
 class CudaGraphPool final : public GraphPool {
  public:
   explicit CudaGraphPool(c10::Device device)
-      : GraphPool(device),
+      : GraphPool(with_index(device)),
         handle_(at::cuda::graph_pool_handle()),
-        capture_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {}
+        capture_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, this->device().index())) {}
   at::cuda::MempoolId_t handle() const { return handle_; }
   c10::cuda::CUDAStream capture_stream() const { return capture_stream_; }
 
@@ -26,7 +55,8 @@ class CudaGraphPool final : public GraphPool {
 
 std::size_t reserved_bytes(c10::DeviceIndex device) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
-  return static_cast<std::size_t>(stats.reserved_bytes[0].current);
+  return static_cast<std::size_t>(
+      stats.reserved_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current);
 }
 
 class CudaGraphRunner final : public GraphRunner {
@@ -39,23 +69,59 @@ class CudaGraphRunner final : public GraphRunner {
     auto& pool = static_cast<CudaGraphPool&>(*this->pool());
     c10::cuda::CUDAGuard device_guard(pool.device());
     const auto device = pool.device().index();
+    auto stream = pool.capture_stream();
+    // the caller's stream wrote the buffers; the side stream must see that work
     c10::cuda::device_synchronize();
-    const std::size_t before = reserved_bytes(device);
+    std::size_t before = 0;
     {
-      c10::cuda::CUDAStreamGuard stream_guard(pool.capture_stream());
+      c10::cuda::CUDAStreamGuard stream_guard(stream);
       body();  // warm-up outside capture: lazy library handles, workspace allocations
-      pool.capture_stream().synchronize();
-      graph_.capture_begin(pool.handle());
-      body();
+      stream.synchronize();
+      // measured after the warm-up: what the warm-up cached belongs to the ordinary allocator, not the graph
+      before = reserved_bytes(device);
+      // Global: any unsafe CUDA call from another thread during capture fails it, rather than corrupting it
+      graph_.capture_begin(pool.handle(), cudaStreamCaptureModeGlobal);
+      try {
+        body();
+      } catch (const std::exception& error) {
+        abort_capture(stream, device, pool.handle());
+        throw std::runtime_error(std::string("CUDA graph capture of the ") + stage_name(stage()) + " runner (steps=" +
+                                 std::to_string(speculative_num_steps()) + ", bucket=" + std::to_string(bucket()) +
+                                 ") failed: " + error.what() +
+                                 " (a host sync inside a captured forward, e.g. .item(), .tolist() or a copy from "
+                                 "host memory, is not allowed)");
+      }
       graph_.capture_end();
     }
     c10::cuda::device_synchronize();
-    captured_bytes_ = reserved_bytes(device) - std::min(before, reserved_bytes(device));
+    const std::size_t after = reserved_bytes(device);
+    captured_bytes_ = after > before ? after - before : 0;
   }
+  // Asynchronous on the caller's current stream, like any kernel launch: the
+  // outputs are ready for work queued after it on that stream.
   void do_replay() override { graph_.replay(); }
   std::size_t backend_bytes() const override { return captured_bytes_; }
 
  private:
+  // Ends a capture that failed halfway, so the stream can be used again (its partial graph is discarded).
+  static void abort_capture(const c10::cuda::CUDAStream& stream, c10::DeviceIndex device,
+                            at::cuda::MempoolId_t pool) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t partial = nullptr;
+      if (cudaStreamEndCapture(stream.stream(), &partial) == cudaSuccess && partial != nullptr) {
+        cudaGraphDestroy(partial);
+      }
+    }
+    (void)cudaGetLastError();  // the capture's error is reported by the exception, not left for the next call
+    try {
+      // capture_end() never ran: stop routing this capture's allocations to the shared pool
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+    } catch (const std::exception&) {
+      // already ended: nothing to undo
+    }
+  }
+
   at::cuda::CUDAGraph graph_;
   std::size_t captured_bytes_ = 0;
 };

@@ -1,36 +1,50 @@
 // Ascend NPU graphs: c10_npu::NPUGraph per runner (ACL model-RI capture on a
 // non-default stream), one graph pool handle shared by every runner of every
-// tier. Launches whose arguments change every round (attention sequence
-// lengths) are captured inside task groups and updated before replay on a
-// separate stream, instead of re-capturing. The runner takes the per-tier
-// arguments (stage, speculative_num_steps, bucket) exactly as the CUDA one.
+// tier, as on CUDA (see cuda_graph_runner.cpp for why sharing is safe). What
+// changes between rounds (positions, cache rows, masks built from them) is
+// read from the runner's persistent buffers, so a replay needs no argument
+// updates. The runner takes the per-tier arguments (stage,
+// speculative_num_steps, bucket) exactly as the CUDA one.
+#include <torch_npu/csrc/core/npu/NPUFunctions.h>
 #include <torch_npu/csrc/core/npu/NPUGraph.h>
 #include <torch_npu/csrc/core/npu/NPUGuard.h>
 #include <torch_npu/csrc/core/npu/NPUStream.h>
 
 #include <stdexcept>
-#include <vector>
+#include <string>
 
 #include "graph/graph_runner.h"
 
 namespace specswap::graph {
 namespace {
 
+// As on CUDA: an index-less device means the current one, and the pool holds it explicitly.
+c10::Device with_index(c10::Device device) {
+  const auto count = c10_npu::device_count();
+  if (count <= 0) {
+    throw std::runtime_error("an NPU graph pool needs a visible Ascend device; none was found "
+                             "(run with disable_graphs=True, or on a machine with CANN and an NPU)");
+  }
+  const c10::DeviceIndex index = device.has_index() ? device.index() : c10_npu::current_device();
+  if (index < 0 || index >= count) {
+    throw std::invalid_argument("NPU device " + device.str() + " does not exist; valid: npu:0..npu:" +
+                                std::to_string(count - 1));
+  }
+  return c10::Device(device.type(), index);
+}
+
 class NpuGraphPool final : public GraphPool {
  public:
   explicit NpuGraphPool(c10::Device device)
-      : GraphPool(device),
+      : GraphPool(with_index(device)),
         handle_(c10_npu::graph_pool_handle()),
-        capture_stream_(c10_npu::getNPUStreamFromPool(device.index())),
-        update_stream_(c10_npu::getNPUStreamFromPool(device.index())) {}
+        capture_stream_(c10_npu::getNPUStreamFromPool(this->device().index())) {}
   c10_npu::MempoolId_t handle() const { return handle_; }
   c10_npu::NPUStream capture_stream() const { return capture_stream_; }
-  c10_npu::NPUStream update_stream() const { return update_stream_; }
 
  private:
   c10_npu::MempoolId_t handle_;
   c10_npu::NPUStream capture_stream_;
-  c10_npu::NPUStream update_stream_;
 };
 
 class NpuGraphRunner final : public GraphRunner {
@@ -38,61 +52,35 @@ class NpuGraphRunner final : public GraphRunner {
   using GraphRunner::GraphRunner;
   const char* backend() const override { return "npu"; }
 
-  void begin_task_group() override {
-    if (!capturing_) throw std::logic_error("begin_task_group() outside capture()");
-    c10_npu::graph_task_group_begin(npu_pool().capture_stream());
-  }
-
-  int end_task_group() override {
-    if (!capturing_) throw std::logic_error("end_task_group() outside capture()");
-    task_groups_.push_back(c10_npu::graph_task_group_end(npu_pool().capture_stream()));
-    return static_cast<int>(task_groups_.size()) - 1;
-  }
-
-  void update_task_group(int group, const std::function<void()>& body) override {
-    if (group < 0 || group >= static_cast<int>(task_groups_.size())) {
-      throw std::out_of_range("task group " + std::to_string(group) + " does not exist; this runner has " +
-                              std::to_string(task_groups_.size()));
-    }
-    auto stream = npu_pool().update_stream();
-    c10_npu::NPUStreamGuard stream_guard(stream);
-    c10_npu::graph_task_update_begin(stream, task_groups_[group]);
-    body();  // re-issue the grouped launches with this round's arguments
-    c10_npu::graph_task_update_end(stream);
-  }
-
  protected:
   void do_capture(const std::function<void()>& body) override {
-    auto& pool = npu_pool();
+    auto& pool = static_cast<NpuGraphPool&>(*this->pool());
     c10_npu::NPUGuard device_guard(pool.device());
+    auto stream = pool.capture_stream();
+    // the caller's stream wrote the buffers; the capture stream must see that work
+    c10_npu::getCurrentNPUStream().synchronize();
     {
-      c10_npu::NPUStreamGuard stream_guard(pool.capture_stream());
+      c10_npu::NPUStreamGuard stream_guard(stream);
       body();  // warm-up outside capture
-      pool.capture_stream().synchronize();
-      capturing_ = true;
+      stream.synchronize();
       graph_.capture_begin(pool.handle());
       try {
         body();
-      } catch (...) {
-        capturing_ = false;
-        throw;
+      } catch (const std::exception& error) {
+        throw std::runtime_error(std::string("NPU graph capture of the ") + stage_name(stage()) + " runner (steps=" +
+                                 std::to_string(speculative_num_steps()) + ", bucket=" + std::to_string(bucket()) +
+                                 ") failed: " + error.what());
       }
       graph_.capture_end();
-      capturing_ = false;
     }
+    stream.synchronize();
   }
-  void do_replay() override {
-    // updates were issued on the update stream; replay must see them
-    npu_pool().update_stream().synchronize();
-    graph_.replay();
-  }
+  // Asynchronous on the caller's current stream, as on CUDA: work queued after
+  // it on that stream sees its outputs. No host synchronization per replay.
+  void do_replay() override { graph_.replay(); }
 
  private:
-  NpuGraphPool& npu_pool() { return static_cast<NpuGraphPool&>(*pool()); }
-
   c10_npu::NPUGraph graph_;
-  std::vector<c10_npu::NPUTaskGroupHandle> task_groups_;
-  bool capturing_ = false;
 };
 
 }  // namespace

@@ -192,8 +192,9 @@ class ScaledEmbedding(nn.Embedding):
         self.embed_scale = embed_scale
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # fp32 first, then the weight dtype: the same rounding as the reference's fp32 buffer cast at use
-        scale = torch.tensor(self.embed_scale, dtype=torch.float32, device=self.weight.device).to(self.weight.dtype)
+        # fp32 first, then the weight dtype: the same rounding as the reference's fp32 buffer cast at use; a
+        # fill, not torch.tensor: copying a host value to a GPU synchronizes, which a CUDA graph capture refuses
+        scale = torch.full((), self.embed_scale, dtype=torch.float32, device=self.weight.device).to(self.weight.dtype)
         return super().forward(input_ids) * scale
 
 
