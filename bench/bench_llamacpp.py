@@ -32,11 +32,12 @@ import argparse
 import hashlib
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from specswap.bench.provenance import stamp
 
 _HERE = Path(__file__).resolve().parent
 _REPOSITORY = _HERE.parent
@@ -114,34 +115,6 @@ def import_llama_cpp():
 
 
 # ---- provenance ------------------------------------------------------------------------------------------
-
-
-def provenance(argv: Sequence[str] | None = None) -> dict[str, str]:
-    """``{"command", "cpu", "commit"}``: specswap.bench.provenance where this checkout has it, else the same keys
-    from sys.argv, /proc/cpuinfo and git."""
-    try:
-        from specswap.bench.provenance import stamp  # noqa: PLC0415
-    except ImportError:
-        pass
-    else:
-        return stamp(argv)
-    import shlex  # noqa: PLC0415
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                cpu = value.strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(["git", "-C", str(_REPOSITORY), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    return {"command": " ".join(shlex.quote(w) for w in (sys.argv if argv is None else argv)), "cpu": cpu,
-            "commit": commit}
 
 
 def sha256_of(path: str | Path) -> str:
@@ -397,7 +370,7 @@ def format_tables(rows: list[dict], best: list[dict]) -> str:
 def build_report(args, rows: list[dict], meta: dict[str, Any], argv: Sequence[str] | None = None) -> dict:
     """The JSON document: provenance, the run's settings and files, every row and the best modes."""
     rows = greedy_agreement(add_ratios(rows))
-    report = {**provenance(argv), **meta, "threads": args.threads, "prompt_set": PROMPT_SET, "sets": args.sets,
+    report = {**stamp(argv), **meta, "threads": args.threads, "prompt_set": PROMPT_SET, "sets": args.sets,
               "num_prompts": args.num_prompts, "new_tokens": args.new_tokens, "temperatures": args.temperatures,
               "repeats": args.repeats, "seed": args.seed, "args": vars(args), "results": rows,
               "best": best_modes(rows)}

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +31,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from specswap.bench.provenance import stamp
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -102,32 +102,6 @@ def native_bf16() -> tuple[bool | None, str]:
     if capability.native_bf16:
         return True, "native bf16 (specswap.capability)"
     return False, "no native bf16 here (specswap.capability): torch emulates it, not measured (--bf16 on measures it)"
-
-
-def provenance(argv: Sequence[str]) -> dict[str, str]:
-    """command, cpu, commit: specswap.bench.provenance where this build has it, else the same three keys here."""
-    try:
-        from specswap.bench.provenance import stamp  # type: ignore[import-not-found]  # noqa: PLC0415
-    except ImportError:
-        pass
-    else:
-        return stamp(argv)
-    cpu = platform.processor() or platform.machine() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                cpu = value.strip()
-                break
-    except OSError:
-        pass
-    try:
-        head = subprocess.run(["git", "-C", str(REPOSITORY), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
-        commit = head.stdout.strip() if head.returncode == 0 else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    return {"command": " ".join(argv), "cpu": cpu, "commit": commit}
 
 
 def bench_shape(name: str, out_features: int, in_features: int, kind: str, rows: list[int], repeats: int,
@@ -222,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for name, out_features, in_features, kind in shapes:
         results.extend(bench_shape(name, out_features, in_features, kind, rows, args.repeats, with_bf16))
     print_table(results, rows)
-    report = {**provenance(command), "threads": torch.get_num_threads(), "repeats": args.repeats, "rows": rows,
+    report = {**stamp(command), "threads": torch.get_num_threads(), "repeats": args.repeats, "rows": rows,
               "torch": torch.__version__, "fast_kernels": fast_note, "bf16": bf16_note, "results": results}
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
