@@ -94,10 +94,15 @@ if [ "$build" = 1 ] && [ "$build_rc" = 0 ]; then
     [ -x "$nvcc" ] || nvcc=$(readlink -f "$(command -v nvcc)")
     local cuda_root
     cuda_root=$(dirname "$(dirname "$nvcc")")
-    defines+=(-DCMAKE_CUDA_COMPILER="$nvcc" -DCUDAToolkit_ROOT="$cuda_root")
+    defines+=(-DCMAKE_CUDA_COMPILER="$nvcc" -DCUDAToolkit_ROOT="$cuda_root" -DCUDA_TOOLKIT_ROOT_DIR="$cuda_root")
+    # the cmake and ninja installed beside this Python first (CMake older than 3.31 cannot drive nvcc 13 in
+    # C++20 mode), then the toolkit's binaries, as torch's CUDA CMake config looks for them on PATH
+    PATH="$(dirname "$(command -v "$python")"):$cuda_root/bin:$PATH"
     # a fixed arch list skips torch's GPU probe; 9.0 = Hopper (H100/H200)
     export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} CUDA_HOME=${CUDA_HOME:-$cuda_root}
     "$python" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
+    # the extension needs the interpreter's headers: say so plainly if an image's Python came without them
+    "$python" -c "import os, sysconfig; d = sysconfig.get_paths()['include']; print('Python.h', 'in' if os.path.isfile(os.path.join(d, 'Python.h')) else 'MISSING from', d)"
     cmake --version | head -1
     "$nvcc" --version | tail -1
     SPECSWAP_BUILD_DIR=build/gpu-check PYTHON="$python" bash tools/build_inplace.sh "${defines[@]}"
