@@ -7,7 +7,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
-from spec_helpers import random_eagle_head, random_target, run_to_completion  # noqa: E402
+from spec_helpers import attention_pair, random_target, run_to_completion  # noqa: E402
 
 from specswap.controller import AdaptiveController  # noqa: E402
 from specswap.graphs import capture_count  # noqa: E402
@@ -18,9 +18,11 @@ PROMPTS = [[1, 5, 9, 2], [3, 3, 3, 3, 3, 3, 7], [11, 4]]
 
 
 def _worker(algorithm, steps, graphs, tiers=(), round_graphs=None):
-    target = random_target(seed=0)
+    # a target whose attention matters and a head that takes about half its drafts: replayed rounds must read
+    # the cache, the positions and the rollback of rejected drafts right, and a tier policy has reasons to move
+    target, head = attention_pair(head_noise=0.1)
     if algorithm == "EAGLE":
-        draft_model = random_eagle_head(target)
+        draft_model = head
     elif algorithm == "STANDALONE":
         draft_model = target  # a draft equal to the target accepts everything
     else:
@@ -36,6 +38,12 @@ def _switching_every_round(worker):
     worker.controller = controller
     controller.init_states()
     return worker
+
+
+def _assert_switched(tiers):
+    """The rounds ran at more than one tier and changed tier more than once (tiers: one entry per round)."""
+    switches = sum(a != b for a, b in zip(tiers, tiers[1:]))
+    assert len(set(tiers)) >= 2 and switches >= 2, tiers
 
 
 @pytest.mark.parametrize("algorithm, steps", [("EAGLE", 1), ("EAGLE", 3), ("STANDALONE", 3), ("NGRAM", 2)])
@@ -56,11 +64,12 @@ def test_graph_mode_matches_eager_mode_tokens():
 def test_adaptive_switching_in_graph_mode_captures_nothing_new():
     worker = _switching_every_round(_worker("EAGLE", 3, graphs=True, tiers=(1, 3, 7)))
     captured = capture_count()
-    reference, _, _ = run_to_completion(_worker(None, 0, graphs=True), PROMPTS, 24)
+    reference, _, _ = run_to_completion(_worker(None, 0, graphs=True), PROMPTS, 40)
     captured_reference = capture_count() - captured
-    tokens, _, tiers = run_to_completion(worker, PROMPTS, 24)
+    tokens, _, tiers = run_to_completion(worker, PROMPTS, 40)  # 40 tokens: the tier moves 3 -> 7 -> 3 -> 7
     assert tokens == reference
     assert capture_count() == captured + captured_reference  # only the reference worker captured
+    _assert_switched(tiers)
     memory = worker.tier_memory_bytes()
     assert set(k for k in memory if isinstance(k, int)) == {1, 3, 7}
     assert all(v > 0 for v in memory.values())
@@ -116,9 +125,10 @@ def test_round_graphs_follow_tier_switches_and_report_memory():
     worker = _switching_every_round(_worker("EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=True))
     assert set(worker._round_graphs) == {1, 3, 7}
     captured = capture_count()
-    tokens, _, tiers = run_to_completion(worker, PROMPTS, 24)
+    tokens, _, tiers = run_to_completion(worker, PROMPTS, 40)
     assert capture_count() == captured
-    reference, _, _ = run_to_completion(_worker(None, 0, graphs=False), PROMPTS, 24)
+    _assert_switched(tiers)
+    reference, _, _ = run_to_completion(_worker(None, 0, graphs=False), PROMPTS, 40)
     assert tokens == reference
     with_rounds = worker.tier_memory_bytes()
     without = _worker("EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=False)
