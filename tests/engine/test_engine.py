@@ -269,7 +269,7 @@ def test_dtype_resolution():
 _switching_pair = {}
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     arrivals=st.lists(st.tuples(
         st.integers(0, 6),                                           # step at which the request arrives

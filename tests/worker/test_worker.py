@@ -165,7 +165,7 @@ SWITCH_PAIRS = ["eagle_partial", "eagle_close", "eagle_random", "standalone_self
                 "ngram", "ngram_numbers"]
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     name=st.sampled_from(SWITCH_PAIRS),
     prompts=st.lists(st.lists(st.integers(0, 63), min_size=1, max_size=12), min_size=1, max_size=4),
