@@ -1,7 +1,10 @@
-"""Suite-wide: the CPU capability line and the test device in the header, the capability markers, and the
-device fixture.
+"""Suite-wide: the CPU capability line, the test device and the property-test seed in the header, the
+capability markers, and the device fixture.
 
-
+- One seed per run for the property tests (hypothesis), printed in the header and again in the summary (``-q``
+  hides the header), so a failing run can be repeated. Each run draws new examples: a fixed derandomized set
+  would try the same 15-20 cases forever. The seed comes from ``SPECSWAP_TEST_SEED`` when set, else from
+  os.urandom; ``--hypothesis-seed`` on the command line wins over both.
 - ``@pytest.mark.requires_cpu("native_bf16", ...)``: skip, with the capability line as the reason, unless
   ``cpu_capability()`` has every named attribute true (an unknown name is an error, not a skip).
 - ``@pytest.mark.capability``: the test exercises a capability-dependent path (dtype "auto", bf16 weight
@@ -18,8 +21,10 @@ absent fails the whole run at start-up instead of skipping, so a GPU check canno
 
 import dataclasses
 import inspect
+import os
 
 import pytest
+import torch
 
 from specswap.capability import CpuCapability, cpu_capability
 
@@ -31,7 +36,7 @@ def pytest_report_header(config):
         line = cpu_capability().describe()
     except ValueError as error:  # a bad SPECSWAP_CPU_CAPS: every test that asks fails with this message
         line = f"cpu capability: {error}"
-    return [line, f"specswap test device: {config.specswap_device} ({DEVICE_VARIABLE})"]
+    return [line, f"specswap test device: {config.specswap_device} ({DEVICE_VARIABLE})", _seed_line(config)]
 
 
 # a test whose source names one of these runs a capability-dependent path: it is a capability test without a
@@ -81,10 +86,6 @@ def cpu_override(monkeypatch):
     cpu_capability.cache_clear()
 
 
-import os
-
-import torch
-
 DEVICE_VARIABLE = "SPECSWAP_TEST_DEVICE"
 DEVICE_TYPES = ("cpu", "cuda")
 
@@ -109,8 +110,38 @@ def requested_device() -> torch.device:
     return device
 
 
+SEED_VARIABLE = "SPECSWAP_TEST_SEED"
+
+
+def _session_seed() -> tuple[int, str]:
+    value = os.environ.get(SEED_VARIABLE)
+    if value is None:
+        return int.from_bytes(os.urandom(4), "little"), "drawn for this run"
+    try:
+        return int(value), f"from {SEED_VARIABLE}"
+    except ValueError:
+        raise pytest.UsageError(f"{SEED_VARIABLE} must be an integer, got {value!r}") from None
+
+
+@pytest.hookimpl(tryfirst=True)  # before hypothesis' own pytest_configure reads --hypothesis-seed
 def pytest_configure(config):
     config.specswap_device = requested_device()
+    given = config.getoption("hypothesis_seed", default=None)
+    if given is not None:
+        config._specswap_seed = (given, "from --hypothesis-seed")
+        return
+    seed, origin = _session_seed()
+    config.option.hypothesis_seed = str(seed)
+    config._specswap_seed = (seed, origin)
+
+
+def _seed_line(config) -> str:
+    seed, origin = config._specswap_seed
+    return f"specswap test seed {seed} ({origin}; repeat with {SEED_VARIABLE}={seed})"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    terminalreporter.write_line(_seed_line(config))
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,8 @@ import torch
 from specswap.capability import cpu_capability
 from specswap.ngram import NumberTokens, propose_ngram
 from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy, accept_keyed,
-                               argmax, exponential_, logits_to_probs, position_key, sample_from_probs, sample_keyed)
+                               KeyedNoise, argmax, exponential_, logits_to_probs, position_key, sample_from_probs,
+                               sample_keyed)
 
 __all__ = ["EAGLEWorker", "RoundResult", "TierState", "DraftStage", "VerifyStage", "DraftExtendStage",
            "SPECULATIVE_ALGORITHMS", "propose_ngram"]
@@ -211,8 +212,7 @@ class EAGLEWorker:
         self.accept_keyed_fn: Callable = accept_keyed
         self._keyed_seeds = [0] * max_batch_size
         self._prompt_lens = [0] * max_batch_size
-        self._keyed_generator = torch.Generator(device=self.device)
-        self._keyed_noise = torch.empty(self.vocab_size, device=self.device)                 # [V] scratch
+        self._keyed_noise = KeyedNoise(self.vocab_size, self.device) if self.keyed_sampling else None  # [V] scratch
         # vocabulary-sized buffers, shared by every tier (each tier holds views): [S, k_max, V], [S, k_max, Vd]
         self._draft_probs = torch.zeros(max_batch_size, self.max_steps, self.vocab_size, device=self.device)
         self._draft_noise = torch.ones(max_batch_size, self.max_steps, self.draft_vocab_size, device=self.device)
@@ -369,8 +369,7 @@ class EAGLEWorker:
                 if not request_params.greedy:
                     seed = generator.initial_seed() if generator is not None else int(torch.randint(2 ** 62, ()))
                     self._keyed_seeds[slot] = seed
-                    first_tokens[row] = sample_keyed(probs[row].log(), position_key(seed, 0), self._keyed_generator,
-                                                     self._keyed_noise)
+                    first_tokens[row] = sample_keyed(probs[row].log(), position_key(seed, 0), self._keyed_noise)
         else:
             noise = torch.ones_like(probs)
             for row, (request_params, generator) in enumerate(zip(params, generators)):
@@ -551,8 +550,7 @@ class EAGLEWorker:
                                                       top_k[row:row + 1], top_p[row:row + 1], True)[0].log()
                     else:
                         log_weights = logits[row, i].float() / request.temperature
-                    return sample_keyed(log_weights, position_key(seed, start + i), self._keyed_generator,
-                                        self._keyed_noise)
+                    return sample_keyed(log_weights, position_key(seed, start + i), self._keyed_noise)
             row_accepted, token = self.accept_keyed_fn(draw, drafts[row])
             accepted.append(row_accepted)
             tokens.append(token)

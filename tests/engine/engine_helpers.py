@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
-from spec_helpers import bigram_pair, random_eagle_head, random_target  # noqa: E402,F401
+from spec_helpers import attention_pair, random_eagle_head, random_target  # noqa: E402,F401
 
 
 class CharTokenizer:

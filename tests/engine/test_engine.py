@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import torch
 
-from engine_helpers import CharTokenizer, bigram_pair, random_eagle_head
+from engine_helpers import CharTokenizer, attention_pair, random_eagle_head
 from specswap.capability import cpu_capability
 from specswap.engine import Engine, _Request, prefill_groups, resolve_dtype
 from specswap.sampling import SamplingParams
@@ -18,7 +18,7 @@ _models = {}
 
 def models():
     if not _models:
-        _models["target"], _models["head"] = bigram_pair(head_noise=0.2)
+        _models["target"], _models["head"] = attention_pair(head_noise=0.2)
         _models["random_head"] = random_eagle_head(_models["target"], seed=7)
     return _models["target"], _models["head"], _models["random_head"]
 
@@ -51,7 +51,7 @@ def test_greedy_identity_with_queueing_and_continuous_batching(algorithm, steps)
 @pytest.mark.parametrize("max_batch_size", [1, 3])
 def test_greedy_identity_while_the_controller_switches_tiers(max_batch_size):
     # a head that accepts a varying part: with alpha 1 and no warmup the tier moves between 1, 3 and 7
-    target, head = bigram_pair(head_noise=0.1)
+    target, head = attention_pair(head_noise=0.1)
     eng = Engine(target, head, "EAGLE", speculative_adaptive=True, speculative_adaptive_config=FORCED,
                  max_batch_size=max_batch_size, max_seq_len=48)
     results = eng.generate(PROMPTS, 24)
@@ -63,7 +63,7 @@ def test_greedy_identity_while_the_controller_switches_tiers(max_batch_size):
 
 
 def test_greedy_requests_mixed_with_sampling_ones_stay_identical_while_switching():
-    target, head = bigram_pair(head_noise=0.1)
+    target, head = attention_pair(head_noise=0.1)
     eng = Engine(target, head, "EAGLE", speculative_adaptive=True, speculative_adaptive_config=FORCED,
                  max_batch_size=3, max_seq_len=48)
     greedy_ids = []
@@ -215,7 +215,7 @@ def test_ngram_sampling_draws_the_target_only_tokens_at_every_tier_and_switch(fi
         eng = engine("NGRAM", max_batch_size=3, **config)
         assert [r.token_ids for r in eng.generate(prompts, 30, **sampling)] == reference, config
         stats = eng.stats()
-        assert stats["mean_accept_length"] > 0.2, (config, stats)  # drafts were verified and taken
+        assert stats["mean_accept_length"] > 0.1, (config, stats)  # drafts were verified and taken (0.2-0.45)
         if "speculative_adaptive" in config:
             assert stats["num_switches"] >= 2, stats
     # another seed draws other text
@@ -276,7 +276,7 @@ def test_dtype_resolution(cpu_override):
 _switching_pair = {}
 
 
-@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     arrivals=st.lists(st.tuples(
         st.integers(0, 6),                                           # step at which the request arrives
@@ -291,7 +291,7 @@ _switching_pair = {}
 def test_continuous_batching_with_arrivals_aborts_and_switching(arrivals, max_batch_size, algorithm):
     """Greedy requests finish with target-only tokens whatever joins, leaves or is aborted around them."""
     if not _switching_pair:
-        _switching_pair["pair"] = bigram_pair(head_noise=0.1)
+        _switching_pair["pair"] = attention_pair(head_noise=0.1)
     target, head = _switching_pair["pair"]
     draft = {"EAGLE": head, "STANDALONE": target}.get(algorithm)
     eng = Engine(target, draft, algorithm, speculative_adaptive=True, speculative_adaptive_config=FORCED,
@@ -321,7 +321,7 @@ def test_continuous_batching_with_arrivals_aborts_and_switching(arrivals, max_ba
 
 def test_draft_quantization_of_a_built_head_only_when_named():
     from specswap.models.quantize import Int8Linear
-    target, head = bigram_pair(head_noise=0.2)
+    target, head = attention_pair(head_noise=0.2)
     Engine(target, head, "EAGLE", max_seq_len=32)  # "auto" leaves a caller's module as it is
     assert not isinstance(head.fc, Int8Linear)
     eng = Engine(target, head, "EAGLE", max_seq_len=32, draft_quantization="int8")

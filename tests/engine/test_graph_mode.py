@@ -8,7 +8,7 @@ one (and to a full-recompute reference), so a capture that bakes in a stale valu
 import pytest
 import torch
 
-from engine_helpers import CharTokenizer, bigram_pair
+from engine_helpers import CharTokenizer, attention_pair
 from specswap import zoo
 from specswap.engine import Engine
 from spec_helpers import reference_greedy
@@ -19,7 +19,7 @@ FORCED = {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1}
 
 @pytest.mark.parametrize("algorithm", [None, "EAGLE", "STANDALONE", "NGRAM"])
 def test_graph_mode_matches_eager_and_full_recompute(algorithm):
-    target, head = bigram_pair(head_noise=0.1)
+    target, head = attention_pair(head_noise=0.1)
     draft = {"EAGLE": head, "STANDALONE": target}.get(algorithm)
     kwargs = dict(max_seq_len=48, max_batch_size=3, tokenizer=CharTokenizer())
     if algorithm is not None:

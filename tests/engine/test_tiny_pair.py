@@ -1,5 +1,5 @@
 """The shipped tiny pair (zoo "tiny" + "tiny-eagle" / "tiny-draft"): greedy fp32 identity with target-only
-decoding for every tier and under switching, and bf16 agreement reported (not asserted).
+decoding for every tier and under switching, and a floor under bf16 EAGLE's agreement with bf16 target-only.
 
 Skipped until the zoo weights exist (``python -m specswap.zoo train tiny``).
 """
@@ -59,7 +59,7 @@ def test_tiny_greedy_identity_every_tier(tiny, reference, algorithm, steps):
         assert engine.stats()["mean_accept_length"] > 0.2  # the trained drafts do accept
 
 
-@settings(max_examples=15, deadline=None, derandomize=True,
+@settings(max_examples=15, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(algorithm=st.sampled_from(["EAGLE", "STANDALONE"]),
        texts=st.lists(st.sampled_from(TEXTS), min_size=1, max_size=5),
@@ -81,8 +81,32 @@ def test_tiny_greedy_identity_under_adaptive_switching(tiny, reference, algorith
         assert len(result.token_ids) == len(expected) or result.finish_reason == "stop"
 
 
+@pytest.mark.parametrize("algorithm", ["EAGLE", "STANDALONE"])
+def test_tiny_greedy_identity_while_the_tier_moves(tiny, reference, algorithm):
+    # the property test above draws its own cases, some too short to switch: this one must switch
+    engine = make(tiny, algorithm, speculative_adaptive=True, max_batch_size=4,
+                  speculative_adaptive_config={"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1})
+    results = engine.generate(TEXTS, 40)
+    assert [r.token_ids for r in results] == [reference[t] for t in TEXTS]
+    stats = engine.stats()
+    assert stats["num_switches"] >= 2 and len(stats["rounds_per_tier"]) >= 2, stats
+
+
+def _agreed_prefix(tokens, reference):
+    """The share of the reference that ``tokens`` repeats before they first differ."""
+    agreed = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+    return agreed / len(reference)
+
+
+# bf16 verify over k + 1 tokens and a one-token decode round differently, so greedy bf16 EAGLE may leave the
+# bf16 target-only text where two logits nearly tie. Measured on an AMD EPYC with AVX-512 and avx512_bf16: 7 of 7 texts identical,
+# every prefix agreed, at k = 1, 3 and 7. The floor leaves room for other kernels' rounding, not for a bug.
+BF16_MIN_IDENTICAL = 5      # of the 7 texts
+BF16_MIN_AGREED_PREFIX = 0.8  # mean share of each reference text before the first difference
+
+
 @pytest.mark.capability  # bf16 on any CPU: weights repacked for oneDNN only where it runs bf16
-def test_tiny_bf16_agreement_is_reported(tiny, capsys):
+def test_tiny_bf16_agreement_meets_its_floor(tiny):
     from specswap.models import load_eagle_head, load_model
     target = load_model(zoo.path("tiny"), dtype=torch.bfloat16)
     head = load_eagle_head(zoo.path("tiny-eagle"), target)
@@ -94,6 +118,6 @@ def test_tiny_bf16_agreement_is_reported(tiny, capsys):
     reference = plain.generate(TEXTS, 40)
     results = speculative.generate(TEXTS, 40)
     identical = sum(r.token_ids == ref.token_ids for r, ref in zip(results, reference))
-    with capsys.disabled():
-        print(f"\nbf16 EAGLE k=3 vs bf16 target-only, greedy: {identical}/{len(TEXTS)} identical")
-    assert all(len(r.token_ids) >= 1 for r in results)
+    agreed = sum(_agreed_prefix(r.token_ids, ref.token_ids) for r, ref in zip(results, reference)) / len(TEXTS)
+    summary = f"bf16 EAGLE k=3 vs bf16 target-only: {identical}/{len(TEXTS)} identical, mean agreed prefix {agreed:.2f}"
+    assert identical >= BF16_MIN_IDENTICAL and agreed >= BF16_MIN_AGREED_PREFIX, summary

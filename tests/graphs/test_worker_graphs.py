@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
-from spec_helpers import random_eagle_head, random_target, run_to_completion  # noqa: E402
+from spec_helpers import attention_pair, random_eagle_head, random_target, run_to_completion  # noqa: E402
 
 from specswap.capability import cpu_capability  # noqa: E402
 from specswap.controller import AdaptiveController  # noqa: E402
@@ -20,10 +20,18 @@ from specswap.worker import EAGLEWorker  # noqa: E402
 PROMPTS = [[1, 5, 9, 2], [3, 3, 3, 3, 3, 3, 7], [11, 4]]
 
 
-def _worker(device, algorithm, steps, graphs, tiers=(), round_graphs=None):
-    target = random_target(seed=0).to(device)
+def _worker(device, algorithm, steps, graphs, tiers=(), round_graphs=None, pair="random"):
+    """pair "random": a 2-layer random target and a random head (which accepts next to nothing); "attention":
+    spec_helpers.attention_pair, whose head takes about half its drafts, so replayed rounds roll rejected drafts
+    back and a tier policy has reasons to move."""
+    if pair == "random":
+        target = random_target(seed=0).to(device)
+        head = random_eagle_head(target).to(device)  # after the target moved: it shares its embedding
+    else:
+        target, head = attention_pair(head_noise=0.1)
+        target, head = target.to(device), head.to(device)
     if algorithm == "EAGLE":
-        draft_model = random_eagle_head(target).to(device)  # after the target moved: it shares its embedding
+        draft_model = head
     elif algorithm == "STANDALONE":
         draft_model = target  # a draft equal to the target accepts everything
     else:
@@ -41,13 +49,24 @@ def _switching_every_round(worker):
     return worker
 
 
-@pytest.mark.parametrize("algorithm, steps", [("EAGLE", 1), ("EAGLE", 3), ("STANDALONE", 3), ("NGRAM", 2)])
-def test_graph_mode_greedy_equals_target_only_graph_mode(device, algorithm, steps):
-    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=True), PROMPTS, 20)
-    tokens, accepts, _ = run_to_completion(_worker(device, algorithm, steps, graphs=True), PROMPTS, 20)
+def _assert_switched(tiers):
+    """The rounds ran at more than one tier and changed tier more than once (tiers: one entry per round)."""
+    switches = sum(a != b for a, b in zip(tiers, tiers[1:]))
+    assert len(set(tiers)) >= 2 and switches >= 2, tiers
+
+
+@pytest.mark.parametrize("algorithm, steps, pair", [("EAGLE", 1, "random"), ("EAGLE", 3, "random"),
+                                                    ("EAGLE", 3, "attention"), ("STANDALONE", 3, "random"),
+                                                    ("NGRAM", 2, "random"), ("NGRAM", 3, "attention")])
+def test_graph_mode_greedy_equals_target_only_graph_mode(device, algorithm, steps, pair):
+    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=True, pair=pair), PROMPTS, 20)
+    tokens, accepts, _ = run_to_completion(_worker(device, algorithm, steps, graphs=True, pair=pair), PROMPTS, 20)
     assert tokens == reference
+    flat = [a for per in accepts for a in per]
     if algorithm == "STANDALONE":
         assert all(a == steps for per in accepts for a in per[:-1])  # the all-accepted path ran
+    if pair == "attention":
+        assert 0 < sum(flat) < steps * len(flat)  # drafts taken and rejected: the replayed rounds roll back
 
 
 def test_graph_mode_matches_eager_mode_tokens(device):
@@ -57,13 +76,14 @@ def test_graph_mode_matches_eager_mode_tokens(device):
 
 
 def test_adaptive_switching_in_graph_mode_captures_nothing_new(device):
-    worker = _switching_every_round(_worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7)))
+    worker = _switching_every_round(_worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7), pair="attention"))
     captured = capture_count()
-    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=True), PROMPTS, 24)
+    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=True, pair="attention"), PROMPTS, 40)
     captured_reference = capture_count() - captured
-    tokens, _, tiers = run_to_completion(worker, PROMPTS, 24)
+    tokens, _, tiers = run_to_completion(worker, PROMPTS, 40)  # 40 tokens: the tier moves 3 -> 7 -> 3 -> 7
     assert tokens == reference
     assert capture_count() == captured + captured_reference  # only the reference worker captured
+    _assert_switched(tiers)
     memory = worker.tier_memory_bytes()
     assert set(k for k in memory if isinstance(k, int)) == {1, 3, 7}
     assert all(v > 0 for v in memory.values())
@@ -84,13 +104,14 @@ def test_graph_mode_sampling_runs_and_is_seeded(device):
     assert run() == run()
 
 
-@pytest.mark.parametrize("algorithm, steps", [("EAGLE", 1), ("EAGLE", 3), ("STANDALONE", 2), ("NGRAM", 3),
-                                              (None, 0)])
-def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(device, algorithm, steps):
+@pytest.mark.parametrize("algorithm, steps, pair", [("EAGLE", 1, "random"), ("EAGLE", 3, "random"),
+                                                    ("EAGLE", 3, "attention"), ("STANDALONE", 2, "random"),
+                                                    ("NGRAM", 3, "random"), (None, 0, "random")])
+def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(device, algorithm, steps, pair):
     # 3 requests in a bucket of 4: the padded row runs on the scratch slot and must disturb nothing
-    stage_only, _, _ = run_to_completion(_worker(device, algorithm, steps, graphs=True, round_graphs=False), PROMPTS,
-                                         20)
-    worker = _worker(device, algorithm, steps, graphs=True, round_graphs=True)
+    stage_only, _, _ = run_to_completion(_worker(device, algorithm, steps, graphs=True, round_graphs=False,
+                                                 pair=pair), PROMPTS, 20)
+    worker = _worker(device, algorithm, steps, graphs=True, round_graphs=True, pair=pair)
     assert set(worker._round_graphs) >= {steps}
     replays = []
     for tier, graphs in list(worker._round_graphs.items()):
@@ -111,18 +132,20 @@ def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(device, a
         for tier in worker._tiers.values():
             tier.draft.graphs = worker._draft_step_graphs
     tokens, _, _ = run_to_completion(worker, PROMPTS, 20)
-    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=False), PROMPTS, 20)
+    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=False, pair=pair), PROMPTS, 20)
     assert tokens == stage_only == reference
     assert replays and max(replays) == 3
 
 
 def test_round_graphs_follow_tier_switches_and_report_memory(device):
-    worker = _switching_every_round(_worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=True))
+    worker = _switching_every_round(_worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=True,
+                                            pair="attention"))
     assert set(worker._round_graphs) == {1, 3, 7}
     captured = capture_count()
-    tokens, _, tiers = run_to_completion(worker, PROMPTS, 24)
+    tokens, _, tiers = run_to_completion(worker, PROMPTS, 40)
     assert capture_count() == captured
-    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=False), PROMPTS, 24)
+    _assert_switched(tiers)
+    reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=False, pair="attention"), PROMPTS, 40)
     assert tokens == reference
     # each tier's memory counts its round runners on top of its stage runners (compared within this worker: on
     # CUDA a runner's share of the graph pool depends on what was captured before it, so two workers differ)

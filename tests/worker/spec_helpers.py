@@ -65,14 +65,29 @@ def reference_greedy(target: LlamaForCausalLM, prompt, max_new_tokens):
     return tokens[len(prompt):]
 
 
+def attention_pair(vocab_size=64, hidden_size=32, seed=0, head_noise=0.0):
+    """A 1-layer random target whose attention matters (half its greedy tokens change when the attention output
+    is zeroed), and an EAGLE head that copies its layer and ignores the features: the head then attends over
+    the same tokens as the target but the first, so it predicts the target's next token almost always
+    (head_noise 0: ~3.9 of 4 drafts accepted), and head_noise > 0 makes it accept a part (0.1: ~1.9 of 4).
+    What the target emits depends on its KV cache, the positions and the rollback of rejected drafts, so the
+    losslessness tests built on it see bugs there."""
+    return _layer_copying_pair(vocab_size, hidden_size, seed, head_noise, attention=True)
+
+
 def bigram_pair(vocab_size=64, hidden_size=32, seed=0, head_noise=0.0):
-    """A 1-layer target whose attention output is zeroed (next token depends on the current one only) and an
-    EAGLE head that copies its layer and ignores the features: the head then predicts exactly what the
-    target will (head_noise 0), so greedy accepts everything; head_noise > 0 makes it accept a part."""
+    """attention_pair with the target's attention output zeroed: the next token depends on the current one
+    only and the head predicts exactly what the target will (head_noise 0), so greedy accepts everything.
+    Blind to the KV cache, positions and rollback: only for tests that need a head agreeing everywhere."""
+    return _layer_copying_pair(vocab_size, hidden_size, seed, head_noise, attention=False)
+
+
+def _layer_copying_pair(vocab_size, hidden_size, seed, head_noise, attention):
     target = random_target(vocab_size, hidden_size, num_layers=1, seed=seed, logit_scale=3.0)
     head = random_eagle_head(target, seed=seed + 1)
     with torch.no_grad():
-        target.model.layers[0].self_attn.o_proj.weight.zero_()
+        if not attention:
+            target.model.layers[0].self_attn.o_proj.weight.zero_()
         head.layers[0].load_state_dict(target.model.layers[0].state_dict())
         head.norm.load_state_dict(target.model.norm.state_dict())
         eye = torch.eye(hidden_size)

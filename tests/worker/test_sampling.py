@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from specswap.sampling import (SamplingParams, accept_draft_tokens, accept_from_logits, accept_greedy, accept_keyed,
-                               exponential_, logits_to_probs, position_key, sample_from_probs, sample_keyed)
+from specswap.sampling import (KEYED_VOCAB_LIMIT, KeyedNoise, SamplingParams, accept_draft_tokens, accept_from_logits,
+                               accept_greedy, accept_keyed, exponential_, logits_to_probs, position_key,
+                               sample_from_probs, sample_keyed)
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -171,23 +172,87 @@ def test_accept_from_logits_takes_the_same_decisions_as_the_full_law(one_hot_dra
 
 def test_keyed_draws_follow_the_law_and_depend_on_the_key_alone():
     p = torch.tensor([0.05, 0.5, 0.0, 0.15, 0.3])
-    generator, noise = torch.Generator(), torch.empty(5)
-    draws = [sample_keyed(p.log(), position_key(seed, 3), generator, noise) for seed in range(20_000)]
+    keyed = KeyedNoise(5)
+    draws = [sample_keyed(p.log(), position_key(seed, 3), keyed) for seed in range(20_000)]
     counts = torch.bincount(torch.tensor(draws), minlength=5)
     assert counts[2] == 0                                                  # zero weight is never drawn
     assert chi_square_pvalue(counts, p) > 1e-3
+    # along the positions of one request too: its draws are independent of each other
+    along = [sample_keyed(p.log(), position_key(7, n), keyed) for n in range(20_000)]
+    assert chi_square_pvalue(torch.bincount(torch.tensor(along), minlength=5), p) > 1e-3
     # unnormalised log weights (logits) draw the same token for the same key; other positions draw anew
     logits = p.log() + 7.0
-    assert all(sample_keyed(logits, position_key(seed, 3), generator, noise) == draws[seed] for seed in range(200))
-    other = [sample_keyed(p.log(), position_key(seed, 4), generator, noise) for seed in range(200)]
+    assert all(sample_keyed(logits, position_key(seed, 3), keyed) == draws[seed] for seed in range(200))
+    other = [sample_keyed(p.log(), position_key(seed, 4), keyed) for seed in range(200)]
     assert sum(a != b for a, b in zip(draws, other)) > 60
-    # neighbouring seeds and positions are unrelated keys
-    assert len({position_key(s, n) for s in range(50) for n in range(50)}) == 2500
+
+
+def _splitmix64_top24(counter: int) -> int:
+    """SplitMix64 output number ``counter`` (Steele et al. 2014), written out on Python ints: its top 24 bits."""
+    mask = (1 << 64) - 1
+    z = (counter * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) >> 40
+
+
+@pytest.mark.parametrize("key", [0, 1, 12345, 2 ** 32 + 12345, 2 ** 63 - 3, 2 ** 63, 2 ** 64 - 500, position_key(9, 4)])
+def test_keyed_noise_is_splitmix64_bit_for_bit(key):
+    # int64 tensor ops must wrap like uint64 ones: keys past 2^63 and counters that wrap past 2^64 included
+    vocab = 1000
+    got = KeyedNoise(vocab).uniform(key)
+    expected = torch.tensor([_splitmix64_top24((key + v) % 2 ** 64) for v in range(vocab)], dtype=torch.float64)
+    assert torch.equal(got.double() * 2 ** 24, expected)
+    assert got.dtype == torch.float32 and bool((got >= 0).all()) and bool((got < 1).all())
+
+
+def test_distinct_seed_position_pairs_read_disjoint_counters_in_all_64_bits():
+    # the bits that count: every (seed, position) owns counters [key, key + vocab) of SplitMix64, none shared
+    # over the grid, seeds that differ only above bit 32 included (a torch CPU generator's manual_seed keeps the
+    # low 32 bits: 1M keys folded to 32 bits share a seed n^2 / 2^33 ~ 116 times, each pair drawing the same noise)
+    seeds = [*range(1000), *(s + (1 << 32) for s in range(500)), *(s + (1 << 40) for s in range(500))]
+    keys = sorted(position_key(seed, n) for seed in seeds for n in range(500))
+    vocab = 262_144  # Gemma 3's vocabulary
+    assert len(keys) == 1_000_000
+    gaps = [b - a for a, b in zip(keys, keys[1:])] + [keys[0] + 2 ** 64 - keys[-1]]  # around the 2^64 circle
+    assert min(gaps) >= vocab
+
+
+def test_keyed_streams_are_distinct_repeatable_and_uniform():
+    keyed, vocab = KeyedNoise(4096), 4096
+    seeds = [0, 1, 2, 3, 2 ** 32, 2 ** 32 + 1, 2 ** 40 + 2, 2 ** 63, -1, 123456789]
+    streams = torch.stack([keyed.uniform(position_key(seed, n)).clone() for seed in seeds for n in range(40)])
+    as_ints = (streams.double() * 2 ** 24).long()                                      # [400, V]
+    assert len({tuple(row) for row in as_ints.tolist()}) == len(seeds) * 40
+    # keys that differ only above bit 32 draw other noise (a generator seeded by them would repeat the stream)
+    key = position_key(5, 2)
+    high = [keyed.uniform((key + (1 << bit)) % 2 ** 64).clone() for bit in (32, 40, 48, 63)]
+    assert all(not torch.equal(keyed.uniform(key), other) for other in high)
+    # the same (seed, position) draws the same noise whatever was drawn before
+    assert torch.equal(keyed.uniform(position_key(2 ** 32, 17)), streams[4 * 40 + 17])
+    # pairwise: entries agree by chance only (2^-24 each), neighbouring streams are uncorrelated
+    centred = streams.double() - 0.5
+    correlation = (centred @ centred.T) / (centred.norm(dim=1, keepdim=True) * centred.norm(dim=1))
+    off_diagonal = correlation - torch.eye(len(streams), dtype=torch.float64)
+    assert off_diagonal.abs().max() < 6 / vocab ** 0.5
+    # pooled, the uniforms are uniform: Kolmogorov-Smirnov, 1% critical value 1.63 / sqrt(n)
+    ordered = streams.flatten().double().sort().values
+    grid = torch.arange(1, len(ordered) + 1, dtype=torch.float64) / len(ordered)
+    assert (grid - ordered).abs().max() < 1.63 / len(ordered) ** 0.5
+
+
+def test_keyed_noise_rejects_what_it_cannot_key():
+    with pytest.raises(ValueError, match=f"vocab_size must be an int in 1..{KEYED_VOCAB_LIMIT}.*got 16777217"):
+        KeyedNoise(KEYED_VOCAB_LIMIT + 1)
+    with pytest.raises(ValueError, match="got 0"):
+        KeyedNoise(0)
+    with pytest.raises(ValueError, match="position must be >= 0, got -1"):
+        position_key(3, -1)
 
 
 def test_keyed_acceptance_takes_a_draft_with_probability_p_and_emits_the_target_draw():
     p = torch.tensor([0.1, 0.6, 0.3])
-    generator, noise = torch.Generator(), torch.empty(3)
+    keyed = KeyedNoise(3)
     rows = 20_000
     accepted_counts = [0, 0, 0]
     after_rejection = [0, 0, 0]
@@ -195,7 +260,7 @@ def test_keyed_acceptance_takes_a_draft_with_probability_p_and_emits_the_target_
         draws = []
 
         def draw(i):
-            draws.append(sample_keyed(p.log(), position_key(seed, i), generator, noise))
+            draws.append(sample_keyed(p.log(), position_key(seed, i), keyed))
             return draws[-1]
         accepted, token = accept_keyed(draw, [1, 1])
         assert token == draws[-1] and len(draws) == accepted + 1        # no draw past the first mismatch
