@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -33,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from specswap.bench.provenance import stamp
+from specswap.bench.timing import median_ms
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -46,17 +45,6 @@ GEMMA_SHAPES: dict[str, tuple[int, int, str]] = {
 }
 QUICK_SHAPES = "64x256:Q8_0,32x256:Q4_K"
 FAST_TYPES = ("Q8_0", "Q5_0", "Q4_0")  # the types our multi-row kernels cover
-
-
-def median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def parse_shapes(text: str) -> list[tuple[str, int, int, str]]:
