@@ -40,6 +40,9 @@ def measure(weights: str, lengths: list[int], context: int, repeats: int) -> lis
     directory = resolve("gemma-3-270m", "native" if weights == "native" else dtype)
     model = load_model(directory, torch.float32 if weights == "native" else dtype)
     activation = model.dtype
+    # resident bytes of the weights: every distinct parameter and buffer (the tied head counted once)
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}.values()
+    model_bytes = sum(t.numel() * t.element_size() for t in tensors)
     cache = model.make_cache(1, context + max(lengths))
     slots = torch.tensor([0])
     rows = []
@@ -52,7 +55,7 @@ def measure(weights: str, lengths: list[int], context: int, repeats: int) -> lis
             forward = median_ms(lambda: model(ids, positions, cache, slots, context + length), repeats)
             head = median_ms(lambda: model.lm_head(hidden), repeats)
             rows.append({"weights": weights, "activation_dtype": str(activation).removeprefix("torch."),
-                         "tokens": length, "forward_ms": round(forward, 3), "lm_head_ms": round(head, 3)})
+                         "model_bytes": model_bytes, "tokens": length, "forward_ms": round(forward, 3), "lm_head_ms": round(head, 3)})
     one = rows[0]
     for row in rows:
         row["forward_ratio_to_one"] = round(row["forward_ms"] / one["forward_ms"], 3)
@@ -105,8 +108,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(f"{name:>8} {row['tokens']:>3} {row['forward_ms']:>11.2f} {row['forward_ratio_to_one']:>5.2f}x "
                   f"{row['lm_head_ms']:>11.2f} {row['lm_head_ratio_to_one']:>5.2f}x "
                   f"{row['lm_head_ms'] / row['forward_ms']:>10.0%}")
-    report = stamp({"threads": torch.get_num_threads(), "context": args.context, "repeats": args.repeats,
-                    "torch": torch.__version__, "results": results})
+    for name in weights:
+        size = next(r["model_bytes"] for r in results if r["weights"] == name)
+        print(f"{name}: weights resident {size / 2**20:.0f} MiB")
+    report = {**stamp(), "threads": torch.get_num_threads(), "context": args.context, "repeats": args.repeats,
+              "torch": torch.__version__, "results": results}
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
