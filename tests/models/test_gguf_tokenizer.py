@@ -272,3 +272,39 @@ def test_truncated_and_foreign_files_get_clear_errors(tmp_path):
         read_gguf_metadata(empty)
     with pytest.raises(CheckpointError, match="does not exist"):
         read_gguf_metadata(tmp_path / "missing.gguf")
+
+
+# ------------------------------------------------------------------------------------------ HF directories
+
+
+def test_saved_gguf_tokenizer_loads_back_with_its_template_and_bos_rule(tmp_path):
+    from specswap.models import load_tokenizer, save_tokenizer
+
+    original = tokenizer_from_gguf(_smollm2_path())
+    save_tokenizer(original, tmp_path)
+    loaded = load_tokenizer(tmp_path)
+    assert loaded.chat_template == original.chat_template is not None
+    assert loaded.bos_token_id is None and loaded.special_tokens == original.special_tokens
+    for text in corpus(["<|im_start|>", "<|im_end|>"])[:50]:
+        assert loaded.encode(text, add_bos=True) == original.encode(text, add_bos=True)
+
+
+def test_hf_chat_template_sources(tmp_path):
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+
+    from specswap.models import chat_template_from_hf, load_tokenizer
+
+    HFTokenizer(WordLevel({"<s>": 0, "</s>": 1, "[UNK]": 2}, unk_token="[UNK]")).save(str(tmp_path / "tokenizer.json"))
+    assert chat_template_from_hf(tmp_path) is None and load_tokenizer(tmp_path).bos_token_id == 0
+    config = {"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],
+              "add_bos_token": False, "bos_token": {"content": "<s>"}, "eos_token": "</s>"}
+    (tmp_path / "tokenizer_config.json").write_text(__import__("json").dumps(config))
+    loaded = load_tokenizer(tmp_path)
+    assert loaded.chat_template == "D" and loaded.bos_token_id is None
+    assert loaded.special_tokens["bos_token"] == "<s>" and loaded.special_tokens["eos_token"] == "</s>"
+    (tmp_path / "chat_template.jinja").write_text("J")  # transformers' separate file wins, as in transformers
+    assert chat_template_from_hf(tmp_path) == "J" and chat_template_from_hf(tmp_path / "tokenizer.json") == "J"
+    (tmp_path / "tokenizer_config.json").write_text("{broken")
+    with pytest.raises(CheckpointError, match="tokenizer_config.json: not valid JSON"):
+        load_tokenizer(tmp_path)
