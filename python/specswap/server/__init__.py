@@ -2,7 +2,8 @@
 metrics.
 
     loading.py    model flags shared with the bench; load a model pair once, build engines over it
-    protocol.py   request validation, chat template, OpenAI error bodies (pure)
+    protocol.py   request validation, OpenAI error bodies (pure)
+    chat.py       the model's own chat template, rendered in transformers' jinja2 sandbox
     native.py     SGLang's /generate: request bodies in, its output objects out (pure)
     scheduler.py  the one thread that owns the engine (continuous batching through add_request/step)
     metrics.py    Prometheus registry: tier, draft tokens, accept-length histogram, switches, tokens, queues
