@@ -78,6 +78,46 @@ class _Request:
     accept_lengths: list[int] = field(default_factory=list)
     stop_string_hit: bool = False         # text was cut at a stop string
 
+    def append(self, tokens: list[int], eos_token_ids: frozenset[int], tokenizer: Any) -> int:
+        """Add a round's tokens, stopping at EOS, the token budget or a stop string (sets finish_reason);
+        returns how many were taken before a stop."""
+        taken = 0
+        for token in tokens:
+            self.token_ids.append(token)
+            taken += 1
+            if token in eos_token_ids and not self.params.ignore_eos:
+                self.finish_reason = "stop"
+                break
+            if len(self.token_ids) >= self.max_tokens:
+                self.finish_reason = "length"
+                break
+        if self.params.stop and tokenizer is not None:
+            self._cut_at_stop_string(tokenizer, len(tokens))
+        return taken
+
+    def _cut_at_stop_string(self, tokenizer: Any, num_new: int) -> None:
+        text = tokenizer.decode(self.token_ids)
+        hits = [(text.find(s), s) for s in self.params.stop if s in text]
+        if not hits:
+            return
+        cut, _ = min(hits)
+        # keep the shortest token prefix whose text reaches the stop string
+        for keep in range(max(len(self.token_ids) - num_new, 0), len(self.token_ids) + 1):
+            prefix_text = tokenizer.decode(self.token_ids[:keep])
+            if any(s in prefix_text for s in self.params.stop):
+                del self.token_ids[keep:]
+                break
+        self.finish_reason = "stop"
+        self.stop_string_hit = True
+        self.text = text[:cut]
+
+    def output(self, tokenizer: Any) -> RequestOutput:
+        text = self.text
+        if self.finish_reason is None and tokenizer is not None:
+            text = tokenizer.decode(self.token_ids)
+        return RequestOutput(self.request_id, list(self.prompt_ids), list(self.token_ids), text,
+                             self.finish_reason, len(self.accept_lengths), list(self.accept_lengths))
+
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
     """"auto": bf16 on accelerators and on CPUs with native bf16 (``cpu_capability().native_bf16``: avx512_bf16 or
@@ -360,23 +400,13 @@ class Engine:
         """Raise ValueError naming the problem if a prompt (token ids) cannot be served."""
         self.worker.check_prompt(prompt_ids)
 
-    @property
-    def current_steps(self) -> int:
-        """The tier the next decode round runs."""
-        return self.worker.active_steps
-
-    @property
-    def max_steps(self) -> int:
-        """The largest tier the engine can run."""
-        return self.worker.max_steps
-
-    @property
-    def keyed_sampling(self) -> bool:
-        """Whether sampled tokens are drawn keyed by (seed, output position): NGRAM and target-only decoding."""
-        return self.worker.keyed_sampling
+    # what callers read of the worker: the tier the next round runs, the largest tier, whether sampled tokens
+    # are keyed by (seed, output position) (NGRAM, target-only), each tier's graph and buffer bytes
+    current_steps = property(lambda self: self.worker.active_steps)
+    max_steps = property(lambda self: self.worker.max_steps)
+    keyed_sampling = property(lambda self: self.worker.keyed_sampling)
 
     def tier_memory_bytes(self) -> dict[int | str, int]:
-        """Bytes each tier's graph runners and buffers hold beyond the shared weights and caches."""
         return self.worker.tier_memory_bytes()
 
     def has_unfinished(self) -> bool:
@@ -391,7 +421,7 @@ class Engine:
         any that finished inside another caller's generate()), and the tier the round ran for.
         """
         tier = self.worker.active_steps
-        outputs = [self._finished.pop(r.request_id, None) or self._output(r) for r in self._step()]
+        outputs = [self._finished.pop(r.request_id, None) or r.output(self.tokenizer) for r in self._step()]
         outputs.extend(self._finished.values())
         self._finished.clear()
         return StepOutput(outputs, tier)
@@ -434,36 +464,9 @@ class Engine:
         return updated
 
     def _append(self, request: _Request, tokens: list[int]) -> None:
-        """Add a round's tokens, stopping at EOS, the token budget or a stop string."""
-        for token in tokens:
-            request.token_ids.append(token)
-            self._generated_tokens += 1
-            if token in self.eos_token_ids and not request.params.ignore_eos:
-                request.finish_reason = "stop"
-                break
-            if len(request.token_ids) >= request.max_tokens:
-                request.finish_reason = "length"
-                break
-        if request.params.stop and self.tokenizer is not None:
-            self._check_stop_strings(request, len(tokens))
+        self._generated_tokens += request.append(tokens, self.eos_token_ids, self.tokenizer)
         if request.finish_reason is not None:
             self._finish(request, request.finish_reason)
-
-    def _check_stop_strings(self, request: _Request, num_new: int) -> None:
-        text = self.tokenizer.decode(request.token_ids)
-        hits = [(text.find(s), s) for s in request.params.stop if s in text]
-        if not hits:
-            return
-        cut, _ = min(hits)
-        # keep the shortest token prefix whose text reaches the stop string
-        for keep in range(max(len(request.token_ids) - num_new, 0), len(request.token_ids) + 1):
-            prefix_text = self.tokenizer.decode(request.token_ids[:keep])
-            if any(s in prefix_text for s in request.params.stop):
-                del request.token_ids[keep:]
-                break
-        request.finish_reason = "stop"
-        request.stop_string_hit = True
-        request.text = text[:cut]
 
     def _finish(self, request: _Request, reason: str) -> None:
         request.finish_reason = reason
@@ -471,20 +474,13 @@ class Engine:
             request.text = self.tokenizer.decode(request.token_ids)
         if request.slot is not None and reason == "abort":
             self._free_slot(request)
-        self._finished[request.request_id] = self._output(request)
+        self._finished[request.request_id] = request.output(self.tokenizer)
 
     def _free_slot(self, request: _Request) -> None:
         if request.slot is not None:
             self.worker.release(request.slot)
             self._free_slots.append(request.slot)
             request.slot = None
-
-    def _output(self, request: _Request) -> RequestOutput:
-        text = request.text
-        if request.finish_reason is None and self.tokenizer is not None:
-            text = self.tokenizer.decode(request.token_ids)
-        return RequestOutput(request.request_id, list(request.prompt_ids), list(request.token_ids), text,
-                             request.finish_reason, len(request.accept_lengths), list(request.accept_lengths))
 
     # ---- convenience -----------------------------------------------------------------------------
 
