@@ -359,7 +359,7 @@ class KeyedRow(NamedTuple):
 
 @dataclass
 class KeyedDraws:
-    """A round's keyed draws (deterministic drafts: NGRAM, target-only): one row per request and the scratch."""
+    """A round's keyed draws (deterministic drafts: NGRAM, target-only): a row per request, the noise scratch."""
 
     rows: list[KeyedRow]
     noise: KeyedNoise

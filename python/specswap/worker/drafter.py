@@ -46,6 +46,7 @@ class Drafter:
     model = None
     cache = None
     token_map = None
+    vocab_size: int | None = None  # the draft vocabulary's size (None: no draft model)
     # deterministic drafts (no law): sampled rounds accept them against keyed draws (sampling.accept_keyed)
     keyed_sampling = True
 
@@ -74,6 +75,10 @@ class Drafter:
 
     def release(self, slot: int) -> None:
         pass
+
+    def shared_memory_bytes(self) -> int:
+        """Bytes of graphs every tier shares (the draft steps)."""
+        return 0
 
     def eager_forwards(self) -> Forwards:
         """The draft's entries of an eager tier's Forwards (verify filled in by the worker)."""
@@ -154,7 +159,6 @@ class ModelDrafter(Drafter):
         return Forwards(verify=None, draft_steps=self._step_graphs)
 
     def shared_memory_bytes(self) -> int:
-        """Bytes of the draft-step graphs every tier shares."""
         return sum(g.memory_bytes() for g in (self._step_graphs or {}).values())
 
 

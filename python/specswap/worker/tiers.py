@@ -11,11 +11,12 @@ both take the same arguments, so the round itself never asks which.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from specswap.models import ModelOutput
+if TYPE_CHECKING:  # the models arrive as objects; the worker imports none of them
+    from specswap.models import ModelOutput
 
 
 class EagerForward:

@@ -129,8 +129,8 @@ class EAGLEWorker:
         # (sampling.accept_keyed): its text then depends on its seed only, not on the tier, the switches or its
         # batch, and NGRAM's equals target-only decoding's
         self._keyed_noise = KeyedNoise(self.vocab_size, self.device) if self.keyed_sampling else None  # [V] scratch
-        draft_vocab_size = getattr(self.drafter, "vocab_size", self.vocab_size)
-        self._buffers = TierBuffers(max_batch_size, self.max_steps, self.vocab_size, draft_vocab_size, self.device)
+        self._buffers = TierBuffers(max_batch_size, self.max_steps, self.vocab_size,
+                                    self.drafter.vocab_size or self.vocab_size, self.device)
         self._eager = self.drafter.eager_forwards()  # the eager Forwards, shared by every tier
         self._eager.verify = EagerForward(target, self.target_cache, with_features=False)
         self.state: Any = None
@@ -218,9 +218,8 @@ class EAGLEWorker:
             forwards = tier.round.forwards
             graphs = (forwards.verify, forwards.draft_extend, tier.round_graph)
             out[steps] = tier.buffer_bytes() + sum(g.memory_bytes() for g in graphs if g is not None)
-        shared_steps = getattr(self.drafter, "shared_memory_bytes", lambda: 0)()
-        if shared_steps:
-            out["draft_steps_shared"] = shared_steps
+        if self.drafter.shared_memory_bytes():
+            out["draft_steps_shared"] = self.drafter.shared_memory_bytes()
         if self.graph_context is not None and self.graph_context.pool.derived_bytes:
             out["packed_weights_shared"] = self.graph_context.pool.derived_bytes
         return out
