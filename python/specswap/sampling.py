@@ -303,7 +303,8 @@ def accept_from_logits(
     replaces [B, k+1, V] float tensors by [B, V].
 
     target_logits: [B, k+1, V]; temperature: [B] (<= 0: greedy row); draft_tokens: [B, k]; draft_probs:
-    [B, k, V] laws the drafts were drawn from; uniforms: [B, k]; residual_noise: [B, V] Exp(1). Returns (accept_lengths [B], next_tokens [B]).
+    [B, k, V] laws the drafts were drawn from; uniforms: [B, k]; residual_noise: [B, V] Exp(1).
+    Returns (accept_lengths [B], next_tokens [B]).
     """
     batch_size, positions, vocab_size = target_logits.shape
     num_draft = positions - 1

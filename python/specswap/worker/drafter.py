@@ -7,9 +7,10 @@ to the accepted tokens (``extend``), and catches up requests it fell behind on
 parts, outside any graph. One implementation per algorithm: ``EagleDrafter``
 (``worker.eagle``), ``StandaloneDrafter`` (``worker.standalone``),
 ``NgramDrafter`` (``worker.ngram``) and ``Drafter`` itself (no speculation).
-A tree drafter is one more: drafts a tree into the verify buffers with the
-depths as ``VerifyStage.offsets`` (and its mask), and nothing in the round
-driver changes.
+A tree drafter is meant to be one more: its nodes as the drafts, their depths
+as ``VerifyStage.offsets``, its mask carried by the VerifyStage and passed on
+by ``Forwards.verify`` (the target forward takes no mask yet); the round
+driver's steps stay as they are.
 """
 
 from __future__ import annotations

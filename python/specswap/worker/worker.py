@@ -303,8 +303,7 @@ class EAGLEWorker:
 
         ``slots``: the running requests' cache rows (each prefilled, each with room for k more tokens).
         """
-        active = self._active
-        tier = active
+        active = tier = self._active
         if not slots:
             return RoundResult([], [], tier.speculative_num_steps, tier.speculative_num_steps)
         round_start = time.perf_counter()  # the round's cost, for the goodput policy
@@ -327,7 +326,8 @@ class EAGLEWorker:
         accept_list = accept_lengths.tolist()  # the round's one host sync
         draft_list = tier.draft.draft_tokens[:len(slots)].tolist()
         next_list = next_tokens.tolist()
-        new_tokens = [drafts[:accepted] + [token] for drafts, accepted, token in zip(draft_list, accept_list, next_list)]
+        new_tokens = [drafts[:accepted] + [token]                     # d_1..d_a, b
+                      for drafts, accepted, token in zip(draft_list, accept_list, next_list)]
         table.commit_round(slots, new_tokens)
         self.drafter.end_round(tier, slots)
         return RoundResult(new_tokens, accept_list, steps, active.speculative_num_steps,
