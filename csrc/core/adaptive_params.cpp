@@ -10,12 +10,6 @@
 namespace specswap {
 namespace {
 
-std::string format_double(double value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
-}
-
 [[noreturn]] void invalid(const std::string& key, const std::string& rule,
                           const std::string& got) {
   throw std::invalid_argument(key + " must be " + rule + ", got " + got);
@@ -50,82 +44,6 @@ constexpr double kSpellRatio = 1.6;
 constexpr double kSpellEnd = 1.3;
 
 }  // namespace
-
-const char* policy_name(PolicyKind policy) noexcept {
-  return policy == PolicyKind::kGoodput ? "goodput" : "sglang";
-}
-
-const char* acceptance_model_name(AcceptanceModel model) noexcept {
-  return model == AcceptanceModel::kPositional ? "positional" : "geometric";
-}
-
-AcceptanceModel acceptance_model_from_name(const std::string& name) {
-  if (name == "geometric") return AcceptanceModel::kGeometric;
-  if (name == "positional") return AcceptanceModel::kPositional;
-  invalid("acceptance_model", "one of \"geometric\", \"positional\"", "\"" + name + "\"");
-}
-
-PolicyKind policy_from_name(const std::string& name) {
-  if (name == "sglang") return PolicyKind::kSglang;
-  if (name == "goodput") return PolicyKind::kGoodput;
-  invalid("policy", "one of \"sglang\", \"goodput\"", "\"" + name + "\"");
-}
-
-void AdaptiveConfig::validate() const {
-  if (policy != PolicyKind::kSglang && policy != PolicyKind::kGoodput) {
-    invalid("policy", "one of \"sglang\", \"goodput\"",
-            std::to_string(static_cast<int>(policy)));
-  }
-  if (acceptance_model != AcceptanceModel::kGeometric &&
-      acceptance_model != AcceptanceModel::kPositional) {
-    invalid("acceptance_model", "one of \"geometric\", \"positional\"",
-            std::to_string(static_cast<int>(acceptance_model)));
-  }
-  for (int steps : candidate_steps) {
-    if (steps < 0 || steps > kMaxSteps) {
-      invalid("candidate_steps entries",
-              "integers in [0, " + std::to_string(kMaxSteps) + "]",
-              std::to_string(steps));
-    }
-  }
-  if (sorted_unique(candidate_steps).size() < 2) {
-    std::ostringstream got;
-    got << "[";
-    for (std::size_t i = 0; i < candidate_steps.size(); ++i) {
-      got << (i ? ", " : "") << candidate_steps[i];
-    }
-    got << "]";
-    invalid("candidate_steps", "at least two distinct step counts", got.str());
-  }
-  if (!(ema_alpha > 0.0 && ema_alpha <= 1.0)) {
-    invalid("ema_alpha", "in (0, 1]", format_double(ema_alpha));
-  }
-  if (update_interval < 1) {
-    invalid("update_interval", ">= 1", std::to_string(update_interval));
-  }
-  if (warmup_batches < 0) {
-    invalid("warmup_batches", ">= 0", std::to_string(warmup_batches));
-  }
-  if (!std::isfinite(down_hysteresis)) {
-    invalid("down_hysteresis", "a finite number", format_double(down_hysteresis));
-  }
-  if (!std::isfinite(up_hysteresis)) {
-    invalid("up_hysteresis", "a finite number", format_double(up_hysteresis));
-  }
-  if (!(std::isfinite(min_gain) && min_gain >= 0.0)) {
-    invalid("min_gain", "a finite number >= 0", format_double(min_gain));
-  }
-  if (!(std::isfinite(cost_prior_slope) && cost_prior_slope >= 0.0)) {
-    invalid("cost_prior_slope", "a finite number >= 0",
-            format_double(cost_prior_slope));
-  }
-  if (probe_rounds < 0) {
-    invalid("probe_rounds", ">= 0", std::to_string(probe_rounds));
-  }
-  if (probe_interval < 1) {
-    invalid("probe_interval", ">= 1", std::to_string(probe_interval));
-  }
-}
 
 AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_steps,
                                                      AdaptiveConfig config)

@@ -14,61 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "core/adaptive_config.h"
+
 namespace specswap {
-
-enum class PolicyKind { kSglang, kGoodput };
-
-// "sglang" / "goodput"; policy_from_name throws std::invalid_argument naming
-// the key and the valid values.
-const char* policy_name(PolicyKind policy) noexcept;
-PolicyKind policy_from_name(const std::string& name);
-
-// goodput's acceptance model: one alpha for every draft position (geometric,
-// the default) or one acceptance rate per draft position (positional).
-enum class AcceptanceModel { kGeometric, kPositional };
-const char* acceptance_model_name(AcceptanceModel model) noexcept;
-AcceptanceModel acceptance_model_from_name(const std::string& name);
-
-struct AdaptiveConfig {
-  PolicyKind policy = PolicyKind::kSglang;
-  std::vector<int> candidate_steps{1, 3, 7};
-  double ema_alpha = 0.2;
-  int update_interval = 5;
-  int warmup_batches = 10;
-  // sglang only: the bands around `tier - 0.5`.
-  double down_hysteresis = -0.25;
-  double up_hysteresis = 0.0;
-  // false: the initial step count joins the candidates (no unused state is
-  // built for it later). true: it snaps to the nearest candidate, ties to the
-  // larger (SGLang's original behaviour).
-  bool snap_initial_steps = false;
-  // goodput only: switch when the predicted goodput of the best tier beats
-  // the current tier's by more than this fraction.
-  double min_gain = 0.03;
-  // goodput only: cost of one draft step relative to a round without
-  // speculation, used for tiers whose cost was never measured (and for every
-  // tier when update() gets no timing).
-  double cost_prior_slope = 0.1;
-  // goodput only: batches spent on each candidate at start-up so that every
-  // tier's cost is measured (0: no probing).
-  int probe_rounds = 2;
-  // goodput only: at tier 0 (where no acceptance is observed) the best
-  // speculative tier is tried for probe_rounds batches (at least one) after
-  // 2 * update_interval batches, then after twice as many each time the
-  // policy comes back to 0, up to probe_interval batches.
-  int probe_interval = 50;
-  // goodput only: geometric = E(k) from one alpha; positional = from the
-  // acceptance rate of each draft position up to the current tier, the
-  // deepest one standing in for the positions beyond (bursty drafters such
-  // as NGRAM: once a match runs, it runs on).
-  AcceptanceModel acceptance_model = AcceptanceModel::kGeometric;
-
-  static constexpr int kMaxSteps = 64;
-
-  // Throws std::invalid_argument naming the key, the bad value and the valid
-  // range.
-  void validate() const;
-};
 
 class AdaptiveSpeculativeParams {
  public:
