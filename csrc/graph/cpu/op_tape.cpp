@@ -479,8 +479,14 @@ class CpuGraphRunner final : public GraphRunner {
 
 }  // namespace
 
-std::shared_ptr<GraphRunner> make_cpu_runner(Stage stage, int steps, int bucket, std::shared_ptr<GraphPool> pool) {
-  return std::make_shared<CpuGraphRunner>(stage, steps, bucket, std::move(pool));
-}
+// The CPU needs no pool of its own: GraphPool carries the device (and the repacked weights).
+SPECSWAP_REGISTER_GRAPH_BACKEND(c10::DeviceType::CPU,
+                                GraphBackend{"cpu",
+                                             [](c10::Device device) { return std::make_shared<GraphPool>(device); },
+                                             [](Stage stage, int steps, int bucket, std::shared_ptr<GraphPool> pool)
+                                                 -> std::shared_ptr<GraphRunner> {
+                                               return std::make_shared<CpuGraphRunner>(stage, steps, bucket,
+                                                                                       std::move(pool));
+                                             }});
 
 }  // namespace specswap::graph
