@@ -15,6 +15,28 @@
 namespace specswap::graph {
 namespace {
 
+// The recording hook sits on TESTING_ONLY_GenericMode, a mode key (switched
+// on per thread through the local dispatch key set, not carried by tensors).
+// Why this key (docs/graphs.md, "Why a testing dispatch key"):
+//  - It is the highest-priority key the C++ dispatcher visits (only PreDispatch
+//    and PythonDispatcher rank above it), so the fallback sees each operator as
+//    the caller called it, before Python modes, functorch, autocast, autograd
+//    and BackendSelect, and a CompositeImplicitAutograd operator before it is
+//    decomposed: the tape itself decides to decompose it or record it whole.
+//  - Torch registers no kernel or fallback for it and never switches it on
+//    (only its own dispatcher unit test does, which the wheel does not ship).
+//    Every other key at that height belongs to torch: PythonDispatcher,
+//    PreDispatch, Python, PythonTLSSnapshot, FuncTorchDynamicLayerFrontMode,
+//    BackendSelect and the Autocast keys all carry torch's fallbacks, and a
+//    second fallback on a key is refused at registration.
+// What guarantees it: the key is on only inside OpTape::record, on the
+// recording thread (IncludeDispatchKeyGuard, thread-local); replay
+// redispatches with the keys captured below it, so it never passes the hook;
+// if anything else switches the key on, the fallback runs the operator with
+// the key excluded, so it is transparent there; if another library registers a
+// fallback on it, loading the extension fails (torch refuses a second one)
+// instead of recording wrongly; and a torch that renames the key fails to
+// compile this file (torch is pinned, pyproject.toml).
 constexpr auto kRecordKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 thread_local OpTape* tls_recording_tape = nullptr;
 
@@ -78,8 +100,7 @@ std::optional<at::Tensor> gathered_rows(const c10::OperatorHandle& op, const tor
 
 }  // namespace
 
-// The recording hook: a boxed fallback on a mode key that is switched on only
-// while a tape records, on the recording thread.
+// The recording hook: a boxed fallback on kRecordKey (why that key: above).
 TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&record_fallback>());
 }
