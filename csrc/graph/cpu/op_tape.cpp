@@ -219,8 +219,8 @@ void OpTape::on_operator(const c10::OperatorHandle& op, c10::DispatchKeySet keys
   record_entry(Entry{op, keys, std::move(args), {}, {}, {}}, *stack);
 }
 
-// index_select copies the same rows 2-4x faster than the general index kernel. Recorded in its
-// place only where it returns the very same tensor (sizes, strides, values: a copy either way).
+// index_select copies the same rows faster than the general index kernel (docs/graphs.md). Recorded in
+// its place only where it returns the very same tensor (sizes, strides, values: a copy either way).
 void OpTape::record_row_gather(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const at::Tensor& rows,
                                torch::jit::Stack* stack) {
   static const auto index_select = c10::Dispatcher::singleton().findSchemaOrThrow("aten::index_select", "");
@@ -244,8 +244,8 @@ void OpTape::record_row_gather(const c10::OperatorHandle& op, c10::DispatchKeySe
 
 // aten::mm(x, weight.t()) in bf16 on the CPU, weight a contiguous [N, K] tensor that existed before capture:
 // recorded as mkldnn::_linear_pointwise over the weight repacked once for oneDNN (shared by every runner of
-// the pool), which skips the per-call weight handling of a plain matmul: 15-40% faster at the 1-16 rows a
-// decode step has. Only where it returns the very same bits as mm at capture; otherwise mm is recorded.
+// the pool), which skips the per-call weight handling of a plain matmul, the part that dominates at the few
+// rows a decode step has (docs/graphs.md). Only where it returns the very same bits as mm at capture; otherwise mm is recorded.
 bool OpTape::record_packed_linear(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& name = op.schema().operator_name();
   if (name.name != "aten::mm" || !name.overload_name.empty()) return false;
