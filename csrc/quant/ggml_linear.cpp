@@ -147,7 +147,10 @@ void run_linear(const GgmlApi& ggml, ggml_type type, const uint8_t* weight, int6
   }
   // Weight rows are read once: a tile of rows stays in L1 while every activation row is dotted with it.
   constexpr int64_t kTile = 16;
-  const int64_t grain = std::max<int64_t>(kTile, 4096 / std::max<int64_t>(m, 1));
+  // a thread's share is at least ~32 KiB of weight blocks times the rows beside them: enough to outweigh the
+  // fork-join, small enough that a 2048-row layer at one token splits over two threads (a whole dot stays on one
+  // thread either way, so the bits do not depend on the thread count)
+  const int64_t grain = std::max<int64_t>(kTile, static_cast<int64_t>(32768 / (w_row_bytes * std::max<int64_t>(m, 1))));
   at::parallel_for(0, n_out, grain, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> tile_buffer;
     if (tile_buffer.size() < static_cast<size_t>(kTile * m)) tile_buffer.resize(kTile * m);
