@@ -1,7 +1,6 @@
 """``specswap serve``: an HTTP server over the engine (OpenAI's API and SGLang's native one), with live adaptive
 metrics.
 
-    loading.py    model flags shared with the bench; load a model pair once, build engines over it
     protocol.py   request validation, chat template, OpenAI error bodies (pure)
     native.py     SGLang's /generate: request bodies in, its output objects out (pure)
     scheduler.py  the one thread that owns the engine (continuous batching through add_request/step)
