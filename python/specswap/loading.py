@@ -177,7 +177,8 @@ def load_models(model: Any, draft: Any = None, speculative_algorithm: str | None
     else NGRAM; "NONE" loads no draft. ``weights``: "auto" | "native" | "bf16" | "fp32" (``resolve_weights``);
     ``draft_quantization``: "auto" | "none" | "int8" | "q8_0" (``resolve_draft_quantization``). ``tokenizer``
     replaces the checkpoint's."""
-    from specswap.models import load_model, load_tokenizer
+    from specswap.models import load_model
+    from specswap.models.loading import load_checkpoint_tokenizer
     from specswap.models.quantize import resolve_draft_quantization
 
     weights, torch_dtype = resolve_weights(weights, model, dtype, device)
@@ -199,8 +200,9 @@ def load_models(model: Any, draft: Any = None, speculative_algorithm: str | None
                          f"--model tiny") from error
     target = load_model(target_dir, dtype=torch_dtype, device=device)
     drafter = load_draft(model, draft, algorithm, target, quantization)
-    if tokenizer is None:
-        tokenizer = load_tokenizer(target_dir)
+    # a GGUF without tokenizer metadata converts to a directory without tokenizer.json: token ids only
+    if tokenizer is None and not (gguf_backed(model) and not (target_dir / "tokenizer.json").is_file()):
+        tokenizer = load_checkpoint_tokenizer(target_dir)
     return LoadedModels(str(model), target, drafter, tokenizer, None if algorithm == "NONE" else algorithm,
                         torch_dtype, str(device), weights)
 
