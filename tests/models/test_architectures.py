@@ -215,3 +215,24 @@ def test_gemma3_image_text_directory_loads_its_text_decoder(tmp_path):
     weights["model.vision_tower.vision_model.embeddings.patch_embedding.weight"] = torch.zeros(4, 3, 2, 2)
     save_file(weights, directory / "model.safetensors")
     _compare(load_model(directory, torch.float32), text)
+
+
+def test_native_weights_of_a_quantized_qwen2_file(tmp_path):
+    """Block weights stay blocks on bias-free linears; Qwen 2's biased q/k/v load dense; greedy output matches
+    the dequantized load of the same file."""
+    from specswap.models.quantized import QuantizedLinear, ggml_available
+
+    if not ggml_available():
+        pytest.skip('native weights need ggml: pip install "specswap[ggml]"')
+    hf_model, _ = make_hf_model("qwen2", tmp_path)
+    path = tmp_path / "q8.gguf"
+    write_gguf(hf_model, "qwen2", path, tensor_type="Q8_0")
+    native = load_model(resolve_gguf_file(path, "native", cache_dir=tmp_path / "cache", progress=False))
+    dense = load_model(resolve_gguf_file(path, "float32", cache_dir=tmp_path / "cache", progress=False))
+    attention = native.model.layers[0].self_attn
+    assert isinstance(attention.o_proj, QuantizedLinear) and isinstance(native.model.layers[0].mlp.up_proj,
+                                                                         QuantizedLinear)
+    assert isinstance(attention.q_proj, torch.nn.Linear) and attention.q_proj.bias is not None
+    _, logits = specswap_greedy(native, PROMPT, NEW_TOKENS)
+    _, want_logits = specswap_greedy(dense, PROMPT, NEW_TOKENS)
+    assert (logits - want_logits).abs().max() < 0.05  # ggml quantizes activations per block; no layout error

