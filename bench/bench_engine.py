@@ -309,7 +309,7 @@ def bench(target, drafts, tokenizer, args) -> list[dict]:
                 if isinstance(runner, EngineRunner) and runner.engine.speculative_algorithm is not None:
                     stats = runner.engine.stats()
                     row.update(final_tier=stats["current_steps"], rounds_per_tier=stats["rounds_per_tier"])
-                keyed = isinstance(runner, EngineRunner) and runner.engine.worker.keyed_sampling
+                keyed = isinstance(runner, EngineRunner) and runner.engine.keyed_sampling
                 if name != "no-spec" and (temperature == 0.0 or keyed):  # keyed sampling: the same seeded draws
                     row["agreement"] = agreement(runs[name][0][4], runs["no-spec"][0][4])
                 rows.append(row)

@@ -1,38 +1,87 @@
-"""Gemma 3 270M forward cost at batch 1: bf16 vs fp32, T = 1, 2, 4, 8, 16 new tokens, and the LM head's share.
+"""Gemma 3 270M forward cost at batch 1 per weight format, T = 1, 2, 4, 8, 16 new tokens, and the LM head's share.
 
-    PYTHONPATH=python python bench/bench_gemma_forward.py [--repeats 20] [--context 64] [--threads N]
+    PYTHONPATH=python python bench/bench_gemma_forward.py [--weights native,bf16,fp32] [--lengths 1,2,4,8,16]
+        [--repeats 20] [--context 64] [--threads N] [--json PATH]
 
-Also times start-up from the converted cache (resolve + load_model + load_tokenizer), which should be < 10 s.
-Figures are medians over ``--repeats`` runs after warm-up, measured side by side in one process; the ratios
-(bf16/fp32, head share, T=8 vs T=1) are what to compare across machines, not the absolute milliseconds.
+A verify over k drafts is one forward of T = k + 1 tokens, so the figure that decides whether speculation pays is
+each T's time relative to T = 1 ("x1"): the issue's bars are T=4 at most 1.6x and T=8 at most 2.5x. ``native``
+keeps the GGUF's blocks (``torch.ops.specswap.ggml_linear``); ``bf16`` / ``fp32`` are the dequantized weights.
+Also times start-up from the converted cache (resolve + load_model + load_tokenizer). Figures are medians over
+``--repeats`` runs after warm-up, side by side in one process: compare the ratios across machines, not the
+milliseconds.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import json
+import sys
 import time
+from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 
+from specswap.bench.provenance import stamp
+from specswap.bench.timing import median_ms
 
-def median_ms(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+WEIGHTS = ("native", "bf16", "fp32")
 
 
-def main() -> None:
+def _csv(text: str, parse=str) -> list:
+    return [parse(part) for part in text.split(",") if part.strip()]
+
+
+def measure(weights: str, lengths: list[int], context: int, repeats: int) -> list[dict[str, Any]]:
+    from specswap.models import load_model
+    from specswap.zoo.gemma import resolve
+
+    dtype = torch.float32 if weights == "fp32" else torch.bfloat16
+    directory = resolve("gemma-3-270m", "native" if weights == "native" else dtype)
+    model = load_model(directory, torch.float32 if weights == "native" else dtype)
+    activation = model.dtype
+    # resident bytes of the weights: every distinct parameter and buffer (the tied head counted once)
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}.values()
+    model_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    cache = model.make_cache(1, context + max(lengths))
+    slots = torch.tensor([0])
+    rows = []
+    with torch.inference_mode():
+        model(torch.full((1, context), 100), torch.arange(context)[None], cache, slots)
+        for length in lengths:
+            ids = torch.full((1, length), 100)
+            positions = torch.arange(context, context + length)[None]
+            hidden = torch.randn(1, length, model.config.hidden_size, dtype=activation)
+            forward = median_ms(lambda: model(ids, positions, cache, slots, context + length), repeats)
+            head = median_ms(lambda: model.lm_head(hidden), repeats)
+            rows.append({"weights": weights, "activation_dtype": str(activation).removeprefix("torch."),
+                         "model_bytes": model_bytes, "tokens": length, "forward_ms": round(forward, 3), "lm_head_ms": round(head, 3)})
+    one = rows[0]
+    for row in rows:
+        row["forward_ratio_to_one"] = round(row["forward_ms"] / one["forward_ms"], 3)
+        row["lm_head_ratio_to_one"] = round(row["lm_head_ms"] / one["lm_head_ms"], 3)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights", default="native,bf16,fp32", help=f"comma-separated, of {', '.join(WEIGHTS)}")
+    parser.add_argument("--lengths", default="1,2,4,8,16", help="new tokens per forward (1 is always measured)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--context", type=int, default=64, help="tokens already in the KV cache")
     parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = parser.parse_args(argv)
+    weights = _csv(args.weights)
+    unknown = [w for w in weights if w not in WEIGHTS]
+    if unknown or not weights:
+        parser.error(f"--weights {args.weights!r}: valid are {', '.join(WEIGHTS)}")
+    try:
+        lengths = sorted(set([1] + _csv(args.lengths, int)))
+    except ValueError:
+        parser.error(f"--lengths {args.lengths!r}: comma-separated positive integers")
+    if lengths[0] < 1:
+        parser.error(f"--lengths {args.lengths!r}: comma-separated positive integers")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -43,7 +92,7 @@ def main() -> None:
     start = time.perf_counter()
     directory = resolve("gemma-3-270m", torch.bfloat16)
     resolved = time.perf_counter()
-    model = load_model(directory, torch.bfloat16)
+    load_model(directory, torch.bfloat16)
     loaded = time.perf_counter()
     load_tokenizer(directory)
     ready = time.perf_counter()
@@ -51,29 +100,25 @@ def main() -> None:
           f"tokenizer {ready - loaded:.2f} s, total {ready - start:.2f} s")
 
     print(f"threads {torch.get_num_threads()}, context {args.context} tokens, median of {args.repeats}")
-    print(f"{'dtype':>8} {'T':>3} {'forward ms':>11} {'lm_head ms':>11} {'head share':>11}")
-    results = {}
-    for dtype in (torch.bfloat16, torch.float32):
-        model = load_model(resolve("gemma-3-270m", dtype), dtype)
-        cache = model.make_cache(1, args.context + 16)
-        slots = torch.tensor([0])
-        with torch.inference_mode():
-            model(torch.full((1, args.context), 100), torch.arange(args.context)[None], cache, slots)
-            for length in (1, 2, 4, 8, 16):
-                ids = torch.full((1, length), 100)
-                positions = torch.arange(args.context, args.context + length)[None]
-                hidden = torch.randn(1, length, model.config.hidden_size, dtype=dtype)
-                forward = median_ms(lambda: model(ids, positions, cache, slots, args.context + length), args.repeats)
-                head = median_ms(lambda: model.lm_head(hidden), args.repeats)
-                results[dtype, length] = forward
-                print(f"{str(dtype).removeprefix('torch.'):>8} {length:>3} {forward:>11.1f} {head:>11.1f} "
-                      f"{head / forward:>10.0%}")
-        del model, cache
-    for length in (1, 8):
-        print(f"fp32 / bf16 at T={length}: {results[torch.float32, length] / results[torch.bfloat16, length]:.2f}x")
-    print(f"bf16 T=8 / T=1: {results[torch.bfloat16, 8] / results[torch.bfloat16, 1]:.2f}x")
-    print(f"bf16 T=16 / T=1: {results[torch.bfloat16, 16] / results[torch.bfloat16, 1]:.2f}x")
+    print(f"{'weights':>8} {'T':>3} {'forward ms':>11} {'x1':>6} {'lm_head ms':>11} {'x1':>6} {'head share':>11}")
+    results = []
+    for name in weights:
+        for row in measure(name, lengths, args.context, args.repeats):
+            results.append(row)
+            print(f"{name:>8} {row['tokens']:>3} {row['forward_ms']:>11.2f} {row['forward_ratio_to_one']:>5.2f}x "
+                  f"{row['lm_head_ms']:>11.2f} {row['lm_head_ratio_to_one']:>5.2f}x "
+                  f"{row['lm_head_ms'] / row['forward_ms']:>10.0%}")
+    for name in weights:
+        size = next(r["model_bytes"] for r in results if r["weights"] == name)
+        print(f"{name}: weights resident {size / 2**20:.0f} MiB")
+    report = {**stamp(), "threads": torch.get_num_threads(), "context": args.context, "repeats": args.repeats,
+              "torch": torch.__version__, "results": results}
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return report
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

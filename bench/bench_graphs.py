@@ -7,7 +7,7 @@ machine) per decode round for each tier and batch, eager and graphed, and
 their ratio (and, where round graphs are on, the ratio with stage graphs
 only); plus the start-up capture time and the memory each tier's graphs
 add. Greedy, fp32 by default (--dtype bfloat16: the engine's default on
-CPUs with native bf16, specswap.capability). The engines run the same loaded weights; their rounds
+CPUs with native bf16, specswap.capability). The workers run the same loaded weights; their rounds
 alternate in short bursts.
 """
 
@@ -22,17 +22,21 @@ import torch
 
 def build(model, steps: int, batch: int, graphs: bool, dtype: torch.dtype, max_seq_len: int, device: str,
           draft=None, round_graphs: bool | None = None):
-    """An engine over a model name, or over an already loaded target and draft (``model``, ``draft``)."""
+    """A worker (specswap.worker.EAGLEWorker: what a decode round is) over a model name, loaded as the engine
+    loads it, or over an already loaded target and draft (``model``, ``draft``)."""
     from specswap.engine import Engine
+    from specswap.worker import EAGLEWorker
 
-    engine = Engine(model, draft, speculative_algorithm="EAGLE", speculative_num_steps=steps, dtype=dtype,
-                    max_batch_size=max(batch, 1), max_seq_len=max_seq_len, device=device,
-                    disable_graphs=not graphs, round_graphs=round_graphs if graphs else None)
-    return engine
+    if not isinstance(model, torch.nn.Module):
+        loaded = Engine(model, draft, speculative_algorithm="EAGLE", speculative_num_steps=steps, dtype=dtype,
+                        max_batch_size=1, max_seq_len=max_seq_len, device=device, disable_graphs=True)
+        model, draft = loaded.target, loaded.draft
+    return EAGLEWorker(model, draft, "EAGLE", steps, max_batch_size=max(batch, 1), max_seq_len=max_seq_len,
+                       graphs=graphs, round_graphs=round_graphs if graphs else None)
 
 
-def time_rounds(engine, batch: int, rounds: int, prompt_len: int = 24, prefill: bool = True):
-    worker = engine.worker
+def time_rounds(worker, batch: int, rounds: int, prompt_len: int = 24, prefill: bool = True):
+    """Median (wall, thread CPU) seconds of ``rounds`` greedy decode rounds of ``batch`` requests."""
     prompts = [[(7 * i + j) % 200 + 3 for j in range(prompt_len)] for i in range(batch)]
     from specswap.sampling import SamplingParams
 
@@ -42,7 +46,7 @@ def time_rounds(engine, batch: int, rounds: int, prompt_len: int = 24, prefill: 
         worker.prefill(slots, prompts, [params] * batch)
     wall, cpu = [], []
     for i in range(rounds):
-        if max(worker.host_seq_lens[slot] for slot in slots) > worker.max_seq_len - 16:  # restart before it fills
+        if max(worker.slots.host_seq_lens[slot] for slot in slots) > worker.max_seq_len - 16:  # restart before it fills
             worker.prefill(slots, prompts, [params] * batch)
         w, c = time.perf_counter(), time.thread_time()
         worker.decode_round(slots)
@@ -81,18 +85,18 @@ def main() -> None:
             graphed = build(eager.target, steps, batch, True, args.dtype, args.max_seq_len, args.device,
                             draft=eager.draft, round_graphs=round_graphs)
             capture_seconds, captures = time.perf_counter() - start, capture_count() - before
-            memory = graphed.worker.tier_memory_bytes()
+            memory = graphed.tier_memory_bytes()
             tier_mb = memory.get(steps, 0) / 2**20
             engines = [("eager", eager), ("graph", graphed)]
-            if graphed.worker.round_graphs_enabled:  # the stage graphs alone, for what the round graphs add
+            if graphed.round_graphs_enabled:  # the stage graphs alone, for what the round graphs add
                 engines.append(("stage", build(eager.target, steps, batch, True, args.dtype, args.max_seq_len,
                                                args.device, draft=eager.draft, round_graphs=False)))
             # alternate short bursts (each request carries on where its last burst stopped) so all see the
             # same machine load; a ratio is the median over bursts of eager / graph of adjacent bursts
             results = {name: [] for name, _ in engines}
             for burst in range(args.bursts):
-                for name, engine in engines:
-                    results[name].append(time_rounds(engine, batch, max(1, args.rounds // args.bursts),
+                for name, worker in engines:
+                    results[name].append(time_rounds(worker, batch, max(1, args.rounds // args.bursts),
                                                      prefill=burst == 0))
 
             def ratio(name, i):

@@ -8,7 +8,8 @@ row count's time relative to one row ("x1"). Backends, side by side in one proce
 (quantized with ggml's own quantizer):
 
 - ``ggml``: ``torch.ops.specswap.ggml_linear`` as the models run it (our multi-row kernels for Q8_0 / Q5_0 /
-  Q4_0 where the CPU has AVX2, ggml's vec_dot for every other type);
+  Q4_0 / Q4_K / Q6_K where the CPU has AVX2, with the AVX-512 VNNI integer dot for the first three where the
+  capability has it, ggml's vec_dot for every other type);
 - ``ggml vec_dot``: the same op with our kernels switched off (ggml's one-row vec_dot), only for the types our
   kernels cover;
 - ``torch fp32``, ``torch bf16``: ``F.linear`` over the dequantized weight. bf16 only where the CPU has native
@@ -23,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -33,6 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from specswap.bench.provenance import stamp
+from specswap.capability import cpu_capability
+from specswap.bench.timing import median_ms
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -44,19 +45,8 @@ GEMMA_SHAPES: dict[str, tuple[int, int, str]] = {
     "o": (640, 1024, "Q4_K"),
     "lm_head": (262144, 640, "Q8_0"),  # the tied embedding
 }
-QUICK_SHAPES = "64x256:Q8_0,32x256:Q4_K"
-FAST_TYPES = ("Q8_0", "Q5_0", "Q4_0")  # the types our multi-row kernels cover
-
-
-def median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+QUICK_SHAPES = "64x256:Q8_0,32x256:Q4_K,32x256:Q5_K"
+FAST_TYPES = ("Q8_0", "Q5_0", "Q4_0", "Q4_K", "Q6_K")  # the types our multi-row kernels cover
 
 
 def parse_shapes(text: str) -> list[tuple[str, int, int, str]]:
@@ -188,8 +178,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         bf16_note = "measured (--bf16 on); native bf16 " + {True: "yes", False: "no", None: "unknown"}[native]
     elif args.bf16 == "off":
         bf16_note = "not measured (--bf16 off)"
-    fast_note = ("our multi-row kernels for " + ", ".join(FAST_TYPES) if _C.ggml_fast_kernels_available()
-                 else "no AVX2/FMA/F16C: every type on ggml's vec_dot")
+    vnni = _C.ggml_vnni_available() and cpu_capability().avx512_vnni
+    fast_note = ("our multi-row kernels for " + ", ".join(FAST_TYPES) + (" (VNNI)" if vnni else " (AVX2)")
+                 if _C.ggml_fast_kernels_available() else "no AVX2/FMA/F16C: every type on ggml's vec_dot")
     print(f"threads {torch.get_num_threads()}, median of {args.repeats}; ggml: {fast_note}; torch bf16: {bf16_note}")
 
     results = []

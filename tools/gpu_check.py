@@ -288,7 +288,7 @@ def tier_memory(args: argparse.Namespace, problems: list[str]) -> dict[str, Any]
                     max_seq_len=args.memory_max_seq_len, max_batch_size=args.memory_batch, speculative_adaptive=True,
                     speculative_adaptive_config={"candidate_steps": [1, 2, 3, 4, 5, 6, 7]})
     after = reserved_bytes(device)
-    by_tier = sorted(engine.worker.tier_memory_bytes().items(), key=lambda item: (isinstance(item[0], str), item[0]))
+    by_tier = sorted(engine.tier_memory_bytes().items(), key=lambda item: (isinstance(item[0], str), item[0]))
     memory = {str(tier): int(nbytes) for tier, nbytes in by_tier}
     missing = [tier for tier in range(1, 8) if memory.get(str(tier), 0) <= 0]
     if missing:
@@ -303,8 +303,8 @@ def time_graphs_vs_eager(args: argparse.Namespace, problems: list[str]) -> dict[
     import torch
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from bench_graphs import time_rounds  # noqa: E402  (bench/ is no package)
-    from specswap.engine import Engine, resolve_dtype
+    from bench_graphs import build, time_rounds  # noqa: E402  (bench/ is no package)
+    from specswap.engine import resolve_dtype
     from specswap.graphs import capture_count
 
     device, dtype = torch.device(args.device), resolve_dtype(args.dtype, args.device)
@@ -313,11 +313,10 @@ def time_graphs_vs_eager(args: argparse.Namespace, problems: list[str]) -> dict[
     rows = []
     for steps in args.steps:
         for batch in args.batch:
-            common = dict(speculative_algorithm="EAGLE", speculative_num_steps=steps, max_batch_size=batch,
-                          max_seq_len=args.max_seq_len)
-            eager = Engine(target, head, disable_graphs=True, **common)
+            # the workers a decode round runs on (bench_graphs.build), over the same weights
+            eager = build(target, steps, batch, False, dtype, args.max_seq_len, args.device, draft=head)
             before_bytes, before_captures, start = reserved_bytes(device), capture_count(), time.perf_counter()
-            graphed = Engine(target, head, **common)
+            graphed = build(target, steps, batch, True, dtype, args.max_seq_len, args.device, draft=head)
             synchronize(device)
             capture_seconds = time.perf_counter() - start
             captures = capture_count() - before_captures
@@ -325,14 +324,14 @@ def time_graphs_vs_eager(args: argparse.Namespace, problems: list[str]) -> dict[
             results: dict[str, list[tuple[float, float]]] = {"eager": [], "graph": []}
             per_burst = max(1, args.rounds // args.bursts)
             for burst in range(args.bursts):
-                for name, engine in (("eager", eager), ("graph", graphed)):
-                    results[name].append(time_rounds(engine, batch, per_burst, prefill=burst == 0))
+                for name, worker in (("eager", eager), ("graph", graphed)):
+                    results[name].append(time_rounds(worker, batch, per_burst, prefill=burst == 0))
             late_captures = capture_count() - before_captures - captures
             if late_captures:
                 problems.append(f"tier {steps} batch {batch}: {late_captures} captures while decoding")
             eager_ms = statistics.median(r[0] for r in results["eager"]) * 1e3
             graph_ms = statistics.median(r[0] for r in results["graph"]) * 1e3
-            same = [eager.worker.host_tokens[s] == graphed.worker.host_tokens[s] for s in range(batch)]
+            same = [eager.slots.host_tokens[s] == graphed.slots.host_tokens[s] for s in range(batch)]
             rows.append({
                 "steps": steps, "batch": batch, "rounds": per_burst * args.bursts,
                 "eager_ms_per_round": round(eager_ms, 3), "graph_ms_per_round": round(graph_ms, 3),
@@ -340,7 +339,7 @@ def time_graphs_vs_eager(args: argparse.Namespace, problems: list[str]) -> dict[
                                  3),
                 "capture_seconds": round(capture_seconds, 3), "captures": captures,
                 "captures_while_decoding": late_captures,
-                "tier_bytes": int(graphed.worker.tier_memory_bytes().get(steps, 0)),
+                "tier_bytes": int(graphed.tier_memory_bytes().get(steps, 0)),
                 "engine_reserved_bytes": None if before_bytes is None else after_bytes - before_bytes,
                 # greedy on the same weights: the same tokens unless a key-length bucket's longer (masked) attention
                 # sum flips a near-tie in low precision; reported, not required
@@ -362,7 +361,7 @@ def measure(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     problems: list[str] = []
     out: dict[str, Any] = {"device": args.device}
-    # no inference_mode here: the engine's worker enters it where it runs the models, as in bench/bench_graphs.py
+    # no inference_mode here: the worker enters it where it runs the models, as in bench/bench_graphs.py
     if not args.no_memory:
         out["tier_memory"] = tier_memory(args, problems)
     out["decode_rounds"] = time_graphs_vs_eager(args, problems)

@@ -1,9 +1,11 @@
 // The adaptive policy: chooses the speculative step count among candidate
-// tiers once per verify. Two policies (see docs/policy.md):
-//  - sglang: an EMA of accepted draft tokens per verify against the fixed
-//    thresholds `tier - 0.5` (SGLang's semantics, kept bit for bit);
-//  - goodput: a per-token acceptance probability alpha and a measured cost
-//    per round and tier; picks argmax E(k) / cost(k) with a hysteresis.
+// tiers once per verify, by config.policy (see docs/policy.md):
+//  - sglang (sglang_policy.h): an EMA of accepted draft tokens per verify
+//    against the fixed thresholds `tier - 0.5` (SGLang's semantics, kept bit
+//    for bit);
+//  - goodput (goodput_policy.h): a per-token acceptance probability alpha and
+//    a measured cost per round and tier (acceptance_cost.h); picks argmax
+//    E(k) / cost(k) with a hysteresis.
 // Callable from a C++ serving loop without Python.
 #pragma once
 
@@ -12,72 +14,20 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/acceptance_cost.h"
+#include "core/adaptive_config.h"
+#include "core/goodput_policy.h"
+
 namespace specswap {
-
-enum class PolicyKind { kSglang, kGoodput };
-
-// "sglang" / "goodput"; policy_from_name throws std::invalid_argument naming
-// the key and the valid values.
-const char* policy_name(PolicyKind policy) noexcept;
-PolicyKind policy_from_name(const std::string& name);
-
-// goodput's acceptance model: one alpha for every draft position (geometric,
-// the default) or one acceptance rate per draft position (positional).
-enum class AcceptanceModel { kGeometric, kPositional };
-const char* acceptance_model_name(AcceptanceModel model) noexcept;
-AcceptanceModel acceptance_model_from_name(const std::string& name);
-
-struct AdaptiveConfig {
-  PolicyKind policy = PolicyKind::kSglang;
-  std::vector<int> candidate_steps{1, 3, 7};
-  double ema_alpha = 0.2;
-  int update_interval = 5;
-  int warmup_batches = 10;
-  // sglang only: the bands around `tier - 0.5`.
-  double down_hysteresis = -0.25;
-  double up_hysteresis = 0.0;
-  // false: the initial step count joins the candidates (no unused state is
-  // built for it later). true: it snaps to the nearest candidate, ties to the
-  // larger (SGLang's original behaviour).
-  bool snap_initial_steps = false;
-  // goodput only: switch when the predicted goodput of the best tier beats
-  // the current tier's by more than this fraction.
-  double min_gain = 0.03;
-  // goodput only: cost of one draft step relative to a round without
-  // speculation, used for tiers whose cost was never measured (and for every
-  // tier when update() gets no timing).
-  double cost_prior_slope = 0.1;
-  // goodput only: batches spent on each candidate at start-up so that every
-  // tier's cost is measured (0: no probing).
-  int probe_rounds = 2;
-  // goodput only: at tier 0 (where no acceptance is observed) the best
-  // speculative tier is tried for probe_rounds batches (at least one) after
-  // 2 * update_interval batches, then after twice as many each time the
-  // policy comes back to 0, up to probe_interval batches.
-  int probe_interval = 50;
-  // goodput only: geometric = E(k) from one alpha; positional = from the
-  // acceptance rate of each draft position up to the current tier, the
-  // deepest one standing in for the positions beyond (bursty drafters such
-  // as NGRAM: once a match runs, it runs on).
-  AcceptanceModel acceptance_model = AcceptanceModel::kGeometric;
-
-  static constexpr int kMaxSteps = 64;
-
-  // Throws std::invalid_argument naming the key, the bad value and the valid
-  // range.
-  void validate() const;
-};
 
 class AdaptiveSpeculativeParams {
  public:
   static constexpr double kNoTiming = std::numeric_limits<double>::quiet_NaN();
-  // Costs are kept per batch-size bucket (powers of two: 1, 2-3, 4-7, ...;
-  // the last bucket holds every larger batch) and per kind of round (greedy,
-  // sampled): tables 0..15 greedy, 16..31 sampled.
-  static constexpr int kNumBuckets = 16;
-  static constexpr int kNumTables = 2 * kNumBuckets;
+  static constexpr int kNumBuckets = CostModel::kNumBuckets;
+  static constexpr int kNumTables = CostModel::kNumTables;
 
   AdaptiveSpeculativeParams(int initial_steps, AdaptiveConfig config);
 
@@ -100,20 +50,23 @@ class AdaptiveSpeculativeParams {
   }
   const AdaptiveConfig& config() const noexcept { return config_; }
 
-  // goodput's acceptance model: alpha = EMA(successes) / EMA(trials) over
-  // batches (weighted by their size: ema_alpha is the weight of 4 requests),
-  // where a request that accepted a of k drafts gives a successes
-  // and a + 1 trials if a < k, else k trials. 0.5 before any trial.
-  double alpha() const noexcept { return slow_.alpha(); }
+  // goodput's acceptance model (sglang leaves it at its prior): alpha =
+  // EMA(successes) / EMA(trials) over batches (weighted by their size:
+  // ema_alpha is the weight of 4 requests), where a request that accepted a
+  // of k drafts gives a successes and a + 1 trials if a < k, else k trials.
+  // 0.5 before any trial.
+  double alpha() const noexcept { return goodput_.acceptance().alpha(); }
   // Expected tokens per round at tier k, bonus included:
   // sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha).
-  static double expected_tokens(double alpha, int steps) noexcept;
+  static double expected_tokens(double alpha, int steps) noexcept {
+    return specswap::expected_tokens(alpha, steps);
+  }
   // Expected tokens per round at `steps` under the configured acceptance
   // model (geometric: expected_tokens(alpha(), steps)).
-  double model_tokens(int steps) const noexcept { return model_tokens(slow_, steps); }
+  double model_tokens(int steps) const noexcept { return goodput_.model_tokens(steps, current_steps()); }
   // positional model: acceptance rate of draft position 1..kMaxSteps given
   // the earlier ones were accepted (EMA ratio, shrunk toward alpha()).
-  double position_acceptance(int position) const noexcept { return slow_.at(position); }
+  double position_acceptance(int position) const noexcept { return goodput_.acceptance().at(position); }
 
   // Seconds per round of every candidate (in candidate_steps() order) for a
   // batch of batch_size requests (0: the last batch's table): measured where
@@ -121,80 +74,21 @@ class AdaptiveSpeculativeParams {
   std::vector<double> cost_estimates(int batch_size = 0, bool sampled = false) const;
   // Measured EMA of seconds per round, per table and candidate (NaN where
   // never measured); rows are tables 0..kNumTables-1.
-  std::vector<std::vector<double>> measured_costs() const;
-  static int bucket_of(int batch_size) noexcept;
-  static int table_of(int batch_size, bool sampled) noexcept;
+  std::vector<std::vector<double>> measured_costs() const { return goodput_.costs().measured(); }
+  static int bucket_of(int batch_size) noexcept { return CostModel::bucket_of(batch_size); }
+  static int table_of(int batch_size, bool sampled) noexcept { return CostModel::table_of(batch_size, sampled); }
 
  private:
-  void recompute_sglang();
-  bool decide_goodput(double min_gain);
-  // Between decisions: the tier a phase change calls for (index_ if none).
-  std::size_t phase_change_target() const noexcept;
-  void update_goodput(std::span<const int> accept_lengths, double round_seconds,
-                      bool sampled, int steps);
-  void estimate_costs(int table, double* out) const noexcept;
-  bool fit_table(int table, double* intercept, double* slope) const noexcept;
-  // Whether this cost sample falls in a slow spell (and so is not learned).
-  bool slow_spell(std::size_t slot, double seconds) noexcept;
-  void move_to(std::size_t index, bool is_decision) noexcept;
-  std::uint64_t first_zero_wait() const noexcept;
+  AdaptiveSpeculativeParams(AdaptiveConfig config, std::pair<std::vector<int>, std::size_t> tiers);
 
   AdaptiveConfig config_;
   std::vector<int> candidates_;  // sorted, unique
   std::size_t index_ = 0;        // into candidates_
   double ema_ = 0.0;
   std::uint64_t num_batches_ = 0;  // non-empty batches seen
-
-  // goodput state
-  std::size_t initial_index_ = 0;
-  // An acceptance estimate: pooled successes / trials and, per draft
-  // position 1..kMaxSteps, the EMAs of reaching and accepting it.
-  struct Acceptance {
-    // EMA weight per batch; when per_request, per kRequestsPerWeight
-    // requests: a batch of n keeps (1 - weight)^(n/4) of the old counts and
-    // adds its own with weight `weight`, so every request weighs the same and
-    // the estimate remembers as many requests at batch 1 as at batch 8.
-    static constexpr double kRequestsPerWeight = 4.0;
-    double weight = 0.2;
-    bool per_request = false;
-    bool forget_unreached = false;  // unreached positions fade toward alpha
-    double successes = 0.0;
-    double trials = 0.0;
-    std::vector<double> position_successes;
-    std::vector<double> position_trials;
-    double alpha() const noexcept;
-    double at(int position) const noexcept;  // shrunk toward alpha()
-    void observe(std::size_t requests, long long batch_successes, long long batch_trials,
-                 const double* reached, const double* accepted_at, int steps) noexcept;
-  };
-  double model_tokens(const Acceptance& estimate, int steps) const noexcept;
-  Acceptance slow_;  // config.ema_alpha: what decisions use
-  Acceptance fast_;  // kFastEmaWeight: detects phase changes between decisions
-  std::size_t phase_change_tier_ = 0;        // where the last batches pointed
-  std::uint64_t phase_change_requests_ = 0;  // requests in those batches
-  // [table * candidates + index]: EMA of seconds per round; NaN = never.
-  std::vector<double> cost_ema_;
-  std::vector<std::uint64_t> cost_timed_at_;  // same layout: num_batches_ of the last sample
-  std::vector<std::uint64_t> cost_run_;       // samples since the slot last went stale
-  // slow spells: rounds in a row far above their tier's cost
-  double spell_level_ = 1.0;    // > 1 while in a spell: its rounds' ratio to the costs
-  int suspects_ = 0;            // such rounds in a row before a spell is called
-  double suspect_ratios_ = 0.0;  // the sum of their ratios
-  double cost_noise_ = 0.0;     // EMA of squared log(round time / its tier's cost)
-  mutable std::vector<double> scratch_;  // candidates_.size(): costs
-  int last_table_ = 0;
-  std::uint64_t probe_batches_ = 0;      // candidates * probe_rounds
-  std::uint64_t batches_on_tier_ = 0;    // since the last switch
-  std::uint64_t zero_wait_ = 0;          // batches at tier 0 before a probe
-  int zero_probe_left_ = 0;              // batches left in a probe out of 0
-  std::vector<double> position_scratch_;  // per-batch counts
-  // oscillation guard: an up move followed at once by a down move is a
-  // bounce; each bounce in a row doubles how many decisions refuse up moves.
-  std::uint64_t decisions_ = 0;
-  std::uint64_t last_switch_decision_ = 0;
-  bool last_switch_up_ = false;
-  int bounces_ = 0;
-  std::uint64_t up_blocked_until_ = 0;   // decision count
+  // Built for either policy: under sglang it only answers the statistics
+  // (alpha, costs) from its priors.
+  GoodputPolicy goodput_;
 };
 
 }  // namespace specswap

@@ -8,10 +8,38 @@ namespace specswap::graph {
 namespace {
 std::atomic<std::uint64_t> g_capture_count{0};
 
-[[maybe_unused]] [[noreturn]] void not_built(const char* backend, const char* option) {
-  throw std::runtime_error(std::string("specswap was built without ") + backend +
-                           " graph runners; rebuild with -D" + option +
-                           "=ON (see tools/build_wheel.sh) or run with disable_graphs=True");
+// Function-local, so a registration from any translation unit's static
+// initialisation finds it constructed.
+std::map<c10::DeviceType, GraphBackend>& registry() {
+  static std::map<c10::DeviceType, GraphBackend> backends;
+  return backends;
+}
+
+// Backends a build may leave out, and the CMake option that builds each:
+// asking for one that is not registered says how to get it.
+struct OptionalBackend {
+  c10::DeviceType type;
+  const char* what;
+  const char* option;
+};
+constexpr OptionalBackend kOptionalBackends[] = {
+    {c10::DeviceType::CUDA, "CUDA", "SPECSWAP_WITH_CUDA"},
+    {c10::DeviceType::PrivateUse1, "Ascend NPU", "SPECSWAP_WITH_NPU"},  // torch_npu registers as PrivateUse1
+};
+
+const GraphBackend& backend_for(c10::Device device) {
+  const auto it = registry().find(device.type());
+  if (it != registry().end()) return it->second;
+  for (const auto& optional : kOptionalBackends) {
+    if (optional.type == device.type()) {
+      throw std::runtime_error(std::string("specswap was built without ") + optional.what +
+                               " graph runners; rebuild with -D" + optional.option +
+                               "=ON (see tools/build_wheel.sh) or run with disable_graphs=True");
+    }
+  }
+  std::string built;
+  for (const auto& name : compiled_backends()) built += (built.empty() ? "" : ", ") + name;
+  throw std::invalid_argument("no graph runner for device " + device.str() + "; backends in this build: " + built);
 }
 }  // namespace
 
@@ -125,51 +153,24 @@ std::size_t GraphRunner::memory_bytes() const {
   return bytes;
 }
 
-std::shared_ptr<GraphPool> make_graph_pool(c10::Device device) {
-  switch (device.type()) {
-    case c10::DeviceType::CPU: return std::make_shared<GraphPool>(device);
-    case c10::DeviceType::CUDA: return make_cuda_pool(device);
-    case c10::DeviceType::PrivateUse1: return make_npu_pool(device);  // torch_npu registers as PrivateUse1
-    default: {
-      std::string built;
-      for (const auto& name : compiled_backends()) built += (built.empty() ? "" : ", ") + name;
-      throw std::invalid_argument("no graph runner for device " + device.str() + "; backends in this build: " + built);
-    }
+void register_graph_backend(c10::DeviceType type, GraphBackend backend) {
+  if (!registry().emplace(type, backend).second) {
+    throw std::logic_error(std::string("a graph backend for ") + c10::DeviceTypeName(type) +
+                           " is already registered (" + registry().at(type).name + ")");
   }
 }
+
+std::shared_ptr<GraphPool> make_graph_pool(c10::Device device) { return backend_for(device).make_pool(device); }
 
 std::shared_ptr<GraphRunner> make_graph_runner(Stage stage, int speculative_num_steps, int bucket,
                                                const std::shared_ptr<GraphPool>& pool) {
-  switch (pool->device().type()) {
-    case c10::DeviceType::CPU: return make_cpu_runner(stage, speculative_num_steps, bucket, pool);
-    case c10::DeviceType::CUDA: return make_cuda_runner(stage, speculative_num_steps, bucket, pool);
-    case c10::DeviceType::PrivateUse1: return make_npu_runner(stage, speculative_num_steps, bucket, pool);
-    default: throw std::invalid_argument("no graph runner for device " + pool->device().str());
-  }
+  return backend_for(pool->device()).make_runner(stage, speculative_num_steps, bucket, pool);
 }
 
 std::vector<std::string> compiled_backends() {
-  std::vector<std::string> out{"cpu"};
-#ifdef SPECSWAP_WITH_CUDA
-  out.push_back("cuda");
-#endif
-#ifdef SPECSWAP_WITH_NPU
-  out.push_back("npu");
-#endif
+  std::vector<std::string> out;
+  for (const auto& [type, backend] : registry()) out.emplace_back(backend.name);
   return out;
 }
-
-#ifndef SPECSWAP_WITH_CUDA
-std::shared_ptr<GraphPool> make_cuda_pool(c10::Device) { not_built("CUDA", "SPECSWAP_WITH_CUDA"); }
-std::shared_ptr<GraphRunner> make_cuda_runner(Stage, int, int, std::shared_ptr<GraphPool>) {
-  not_built("CUDA", "SPECSWAP_WITH_CUDA");
-}
-#endif
-#ifndef SPECSWAP_WITH_NPU
-std::shared_ptr<GraphPool> make_npu_pool(c10::Device) { not_built("Ascend NPU", "SPECSWAP_WITH_NPU"); }
-std::shared_ptr<GraphRunner> make_npu_runner(Stage, int, int, std::shared_ptr<GraphPool>) {
-  not_built("Ascend NPU", "SPECSWAP_WITH_NPU");
-}
-#endif
 
 }  // namespace specswap::graph

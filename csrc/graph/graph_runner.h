@@ -15,8 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "core/state_pool.h"
-
 namespace specswap::graph {
 
 // kRound: a whole greedy decode round (drafts, verify, acceptance, draft-extend) in one runner
@@ -58,10 +56,10 @@ class GraphPool {
   std::map<const void*, at::Tensor> derived_;
 };
 
-class GraphRunner : public StageResource {
+class GraphRunner {
  public:
   GraphRunner(Stage stage, int speculative_num_steps, int bucket, std::shared_ptr<GraphPool> pool);
-  ~GraphRunner() override = default;
+  virtual ~GraphRunner() = default;
 
   // Runs `body` once and records what it does. The body must read only the
   // persistent buffers (or shared tensors) and write its results into the
@@ -104,19 +102,31 @@ class GraphRunner : public StageResource {
   double capture_seconds_ = 0.0;
 };
 
-// The one place that chooses the runner family from the device.
+// The runner family comes from the pool's device: each backend's source
+// registers itself (SPECSWAP_REGISTER_GRAPH_BACKEND) and these look it up.
 std::shared_ptr<GraphPool> make_graph_pool(c10::Device device);
 std::shared_ptr<GraphRunner> make_graph_runner(Stage stage, int speculative_num_steps, int bucket,
                                                const std::shared_ptr<GraphPool>& pool);
-// Backends compiled into this build, e.g. {"cpu", "cuda"}.
+// Backends compiled into this build, e.g. {"cpu", "cuda"} (in device-type order).
 std::vector<std::string> compiled_backends();
 
-// Backend constructors, defined by each backend's source (absent ones throw).
-std::shared_ptr<GraphRunner> make_cpu_runner(Stage, int, int, std::shared_ptr<GraphPool>);
-std::shared_ptr<GraphPool> make_cuda_pool(c10::Device device);
-std::shared_ptr<GraphRunner> make_cuda_runner(Stage, int, int, std::shared_ptr<GraphPool>);
-std::shared_ptr<GraphPool> make_npu_pool(c10::Device device);
-std::shared_ptr<GraphRunner> make_npu_runner(Stage, int, int, std::shared_ptr<GraphPool>);
+// What a backend registers for its device type.
+struct GraphBackend {
+  const char* name;  // "cpu", "cuda", "npu"
+  std::shared_ptr<GraphPool> (*make_pool)(c10::Device device);
+  std::shared_ptr<GraphRunner> (*make_runner)(Stage stage, int speculative_num_steps, int bucket,
+                                             std::shared_ptr<GraphPool> pool);
+};
+// Throws std::logic_error if the device type already has a backend.
+void register_graph_backend(c10::DeviceType type, GraphBackend backend);
+struct GraphBackendRegistration {
+  GraphBackendRegistration(c10::DeviceType type, GraphBackend backend) { register_graph_backend(type, backend); }
+};
+// At namespace scope in the backend's source, which is linked straight into
+// the extension (not through a static library, whose unreferenced objects the
+// linker would drop with their registrations).
+#define SPECSWAP_REGISTER_GRAPH_BACKEND(device_type, ...) \
+  static const ::specswap::graph::GraphBackendRegistration specswap_graph_backend_registration{device_type, __VA_ARGS__}
 
 namespace detail {
 void note_capture() noexcept;

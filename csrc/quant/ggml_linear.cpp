@@ -30,6 +30,7 @@ namespace {
 
 GgmlApi g_api;
 bool g_fast_kernels = true;  // off: every type through ggml's vec_dot (tests compare the two)
+bool g_vnni = true;          // off: the Q8_0-family kernels use AVX2's integer dot even where VNNI exists
 std::mutex g_load_mutex;
 
 template <typename F>
@@ -102,6 +103,7 @@ ggml_to_float_t row_to_float(const GgmlApi& ggml, ggml_type type) {
 struct Scratch {
   std::vector<float> rows;         // activation rows converted to fp32 (bf16 input)
   std::vector<uint8_t> quantized;  // activation rows in the weight type's vec_dot type
+  std::vector<float> act_scales;   // their Q8_0 block scales as fp32 (the multi-row kernels)
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -109,15 +111,22 @@ Scratch& scratch() {
 }
 
 // The multi-row kernel for a weight type, when one exists and this CPU runs it.
-bool q8_kernel_for(ggml_type type, Q8Weight* kind) {
+bool q8_kernel_for(ggml_type type, QWeight* kind) {
   static const bool cpu_ok = q8_kernels_supported();
   if (!cpu_ok || !g_fast_kernels) return false;
   switch (type) {
-    case GGML_TYPE_Q8_0: *kind = Q8Weight::kQ8_0; return true;
-    case GGML_TYPE_Q5_0: *kind = Q8Weight::kQ5_0; return true;
-    case GGML_TYPE_Q4_0: *kind = Q8Weight::kQ4_0; return true;
+    case GGML_TYPE_Q8_0: *kind = QWeight::kQ8_0; return true;
+    case GGML_TYPE_Q5_0: *kind = QWeight::kQ5_0; return true;
+    case GGML_TYPE_Q4_0: *kind = QWeight::kQ4_0; return true;
+    case GGML_TYPE_Q4_K: *kind = QWeight::kQ4_K; return true;
+    case GGML_TYPE_Q6_K: *kind = QWeight::kQ6_K; return true;
     default: return false;
   }
+}
+
+bool use_vnni() {
+  static const bool cpu_ok = vnni_supported();
+  return cpu_ok && g_vnni;
 }
 
 template <typename Out>
@@ -125,8 +134,17 @@ void run_linear(const GgmlApi& ggml, ggml_type type, const uint8_t* weight, int6
                 const uint8_t* act, size_t act_row_bytes, int64_t m, Out* out) {
   const ggml_type_traits_cpu* traits = ggml.traits_cpu(type);
   const size_t w_row_bytes = ggml.row_size(type, k);
-  Q8Weight kind;
+  QWeight kind;
   const bool multi_row = q8_kernel_for(type, &kind);
+  const bool vnni = multi_row && use_vnni();
+  const int64_t blocks = multi_row ? k / block_values(kind) : 0;
+  const float* act_scales = nullptr;
+  if (multi_row && !is_k_quant(kind)) {  // once per call, shared by every weight row
+    std::vector<float>& scales = scratch().act_scales;
+    if (scales.size() < static_cast<size_t>(m * blocks)) scales.resize(m * blocks);
+    act_block_scales(reinterpret_cast<const BlockQ8_0*>(act), blocks, m, scales.data());
+    act_scales = scales.data();
+  }
   // Weight rows are read once: a tile of rows stays in L1 while every activation row is dotted with it.
   constexpr int64_t kTile = 16;
   const int64_t grain = std::max<int64_t>(kTile, 4096 / std::max<int64_t>(m, 1));
@@ -137,8 +155,8 @@ void run_linear(const GgmlApi& ggml, ggml_type type, const uint8_t* weight, int6
     for (int64_t n0 = begin; n0 < end; n0 += kTile) {
       const int64_t n1 = std::min(end, n0 + kTile);
       if (multi_row) {
-        q8_gemm_rows(kind, weight + n0 * w_row_bytes, w_row_bytes, 0, n1 - n0,
-                     reinterpret_cast<const BlockQ8_0*>(act), k / 32, m, tile, kTile);
+        q8_gemm_rows(kind, weight + n0 * w_row_bytes, w_row_bytes, 0, n1 - n0, act, act_scales, blocks, m, tile,
+                     kTile, vnni);
       } else {
         for (int64_t r = 0; r < m; ++r) {
           const uint8_t* a = act + r * act_row_bytes;
@@ -313,6 +331,14 @@ bool set_fast_kernels(bool enabled) {
 }
 
 bool fast_kernels_available() { return q8_kernels_supported(); }
+
+bool set_vnni(bool enabled) {
+  const bool previous = g_vnni;
+  g_vnni = enabled;
+  return previous;
+}
+
+bool vnni_available() { return vnni_supported(); }
 
 }  // namespace specswap::quant
 

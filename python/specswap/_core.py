@@ -18,6 +18,7 @@ SpecRuntimeState = _C.SpecRuntimeState
 AdaptiveConfig = _C.AdaptiveConfig
 AdaptiveSpeculativeParams = _C.AdaptiveSpeculativeParams
 MAX_STEPS: int = _C.MAX_STEPS
+adaptive_config_schema = _C.adaptive_config_schema
 
 __all__ = [
     "StatePool",
@@ -25,4 +26,5 @@ __all__ = [
     "AdaptiveConfig",
     "AdaptiveSpeculativeParams",
     "MAX_STEPS",
+    "adaptive_config_schema",
 ]

@@ -36,7 +36,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     worker = DemoWorker()
     controller = AdaptiveController(worker, args.config)
-    controller.init_states()
+    worker.apply_runtime_state(controller.init_states())
     rng = random.Random(args.seed)
     phases = [("low", 0.15), ("high", 0.92), ("low", 0.15), ("high", 0.92)]
     print(f"tiers {controller.candidate_steps}, start at {controller.current_steps}")
@@ -48,7 +48,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             accepts = _simulated_accepts(rng, acceptance, worker.speculative_num_steps, args.batch_size)
             start = time.perf_counter()
             switched = controller.on_verify_complete(accepts)
-            if switched:
+            if switched is not None:
+                worker.apply_runtime_state(switched)
                 switch_seconds.append(time.perf_counter() - start)
             if round_index % max(1, args.rounds // 40) == 0:
                 trace.append(str(worker.speculative_num_steps))

@@ -12,30 +12,20 @@ import math
 import os
 from typing import Any, Mapping, Union
 
-from specswap._core import MAX_STEPS, AdaptiveConfig
+from specswap._core import AdaptiveConfig, adaptive_config_schema
 
 ConfigSource = Union[None, str, "os.PathLike[str]", Mapping[str, Any], AdaptiveConfig]
 
-# key -> (kind, valid range in words)
-POLICIES = ("sglang", "goodput")
-ACCEPTANCE_MODELS = ("geometric", "positional")
-_CHOICES = {"policy": POLICIES, "acceptance_model": ACCEPTANCE_MODELS}
-
-_SCHEMA: dict[str, tuple[str, str]] = {
-    "policy": ("choice", "one of " + ", ".join(repr(name) for name in POLICIES)),
-    "candidate_steps": ("steps", f"a list of at least two distinct integers in [0, {MAX_STEPS}]"),
-    "ema_alpha": ("number", "a number in (0, 1]"),
-    "update_interval": ("integer", "an integer >= 1"),
-    "warmup_batches": ("integer", "an integer >= 0"),
-    "down_hysteresis": ("number", "a finite number"),
-    "up_hysteresis": ("number", "a finite number"),
-    "snap_initial_steps": ("bool", "true or false"),
-    "min_gain": ("number", "a finite number >= 0"),
-    "cost_prior_slope": ("number", "a finite number >= 0"),
-    "probe_rounds": ("integer", "an integer >= 0"),
-    "probe_interval": ("integer", "an integer >= 1"),
-    "acceptance_model": ("choice", "one of " + ", ".join(repr(name) for name in ACCEPTANCE_MODELS)),
+# key -> (kind, valid values in words), from the C++ field table (csrc/core/adaptive_config_fields.h): a field
+# is added there, and this loader, the C++ checks and AdaptiveConfig's keywords all follow. Python checks the
+# kind (JSON types: no bool for an integer, no string for a number); the C++ validator checks the range.
+FIELDS: tuple[dict[str, Any], ...] = tuple(adaptive_config_schema())
+_SCHEMA: dict[str, tuple[str, str]] = {field["name"]: (field["kind"], field["valid"]) for field in FIELDS}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    field["name"]: tuple(field["choices"]) for field in FIELDS if field["kind"] == "choice"
 }
+POLICIES = _CHOICES["policy"]
+ACCEPTANCE_MODELS = _CHOICES["acceptance_model"]
 VALID_KEYS = tuple(_SCHEMA)
 
 

@@ -1,5 +1,7 @@
 """The adaptive controller: prebuilds one runtime state per tier into the C++
-state pool and switches tiers between decode rounds when the policy decides."""
+state pool and, fed each round's measurements, returns the state of the tier
+the policy switches to. Whoever runs the rounds (the engine) applies it
+between rounds; the controller never calls into a worker mid-round."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from specswap.config import ConfigSource, load_adaptive_config
 
 @runtime_checkable
 class AdaptiveSpecWorker(Protocol):
-    """What a worker offers the controller."""
+    """What a worker offers the controller (building states) and its owner (applying them)."""
 
     speculative_num_steps: int  # the initial tier
 
@@ -25,14 +27,15 @@ class AdaptiveSpecWorker(Protocol):
 class AdaptiveController:
     """Owns the policy (C++) and the state pool (C++) for one worker.
 
-    The worker calls on_verify_complete() once per decode round, after
-    draft-extend; a switch therefore takes effect from the next round.
+    The worker's owner calls on_verify_complete() once a decode round has
+    returned and applies the state it returns (``worker.apply_runtime_state``);
+    a switch therefore takes effect from the next round.
     """
 
     def __init__(self, worker: AdaptiveSpecWorker, config: ConfigSource = None):
-        for method in ("build_adaptive_runtime_state", "apply_runtime_state"):
-            if not callable(getattr(worker, method, None)):
-                raise TypeError(f"{type(worker).__name__} does not implement AdaptiveSpecWorker.{method}")
+        if not callable(getattr(worker, "build_adaptive_runtime_state", None)):
+            raise TypeError(f"{type(worker).__name__} does not implement "
+                            f"AdaptiveSpecWorker.build_adaptive_runtime_state")
         self.worker = worker
         self.config = load_adaptive_config(config)
         self.params = AdaptiveSpeculativeParams(int(worker.speculative_num_steps), self.config)
@@ -55,29 +58,30 @@ class AdaptiveController:
         self._check_state(state, state.speculative_num_steps)
         self.pool.register(state)
 
-    def init_states(self) -> None:
-        """Build one state per candidate tier (skipping registered ones) and activate the current tier."""
+    def init_states(self) -> SpecRuntimeState:
+        """Build one state per candidate tier (skipping registered ones), activate the current tier and return
+        its state, for the owner to apply."""
         for steps in self.params.candidate_steps:
             if steps in self.pool:
                 continue
             state = self.worker.build_adaptive_runtime_state(steps, steps + 1)
             self._check_state(state, steps)
             self.pool.register(state)
-        self._activate(self.params.current_steps)
+        return self._activate(self.params.current_steps)
 
     @property
     def alpha(self) -> float:
         return self.params.alpha
 
     def on_verify_complete(self, accept_lengths: Sequence[int], round_seconds: float | None = None,
-                           sampled: bool = False) -> bool:
+                           sampled: bool = False) -> SpecRuntimeState | None:
         """Feed one verify's accepted draft counts (bonus excluded), the round's wall time in seconds (None:
         untimed; the goodput policy then falls back to its cost prior) and whether the round sampled (not
-        all-greedy: goodput keeps separate cost tables); switch tier if the policy says so."""
+        all-greedy: goodput keeps separate cost tables). Returns the state of the tier the policy switched to,
+        for the owner to apply before the next round, or None when it stays."""
         if not self.params.update(accept_lengths, round_seconds, sampled):
-            return False
-        self._activate(self.params.current_steps)
-        return True
+            return None
+        return self._activate(self.params.current_steps)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -93,9 +97,9 @@ class AdaptiveController:
             "tiers": self.pool.stats(),
         }
 
-    def _activate(self, steps: int) -> None:
+    def _activate(self, steps: int) -> SpecRuntimeState:
         self.pool.activate(steps)
-        self.worker.apply_runtime_state(self.pool.acquire())
+        return self.pool.acquire()
 
     @staticmethod
     def _check_state(state: Any, steps: int) -> None:

@@ -4,7 +4,9 @@ A request waits in a FIFO queue until a cache slot is free, joins the running
 batch with a prefill, takes part in one decode round per ``step()``, and leaves
 when it hits EOS, a stop string, its token budget or ``abort()``. Requests
 never share randomness: each has its own seeded generator. The engine owns the
-adaptive controller (when enabled) and never imports a server.
+adaptive controller (when enabled): each round returns what it measured, the
+engine feeds the controller and applies the tier it returns between rounds.
+It never imports a server.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from specswap.ngram import NumberTokens
 from specswap.sampling import SamplingParams
 from specswap.worker import SPECULATIVE_ALGORITHMS, EAGLEWorker
 
-__all__ = ["Engine", "RequestOutput", "resolve_dtype", "resolve_checkpoint", "encode_text"]
+__all__ = ["Engine", "RequestOutput", "StepOutput", "resolve_dtype", "resolve_checkpoint", "encode_text"]
 
 DEFAULT_MAX_SEQ_LEN = 2048
 # joining requests are prefilled together, right-padded, in groups of at most this many (padded) tokens
@@ -47,6 +49,20 @@ class RequestOutput:
 
 
 @dataclass
+class StepOutput:
+    """What one ``step()`` did: the outputs of every request that changed (running ones with their text so far;
+    each finished one exactly once) and the tier its decode round ran for (the active tier: a switch the
+    policy makes after the round applies from the next step)."""
+
+    outputs: list[RequestOutput]
+    tier: int
+
+    @property
+    def finished(self) -> list[RequestOutput]:
+        return [output for output in self.outputs if output.finished]
+
+
+@dataclass
 class _Request:
     request_id: int
     prompt_ids: list[int]
@@ -59,6 +75,46 @@ class _Request:
     finish_reason: str | None = None
     accept_lengths: list[int] = field(default_factory=list)
     stop_string_hit: bool = False         # text was cut at a stop string
+
+    def append(self, tokens: list[int], eos_token_ids: frozenset[int], tokenizer: Any) -> int:
+        """Add a round's tokens, stopping at EOS, the token budget or a stop string (sets finish_reason);
+        returns how many were taken before a stop."""
+        taken = 0
+        for token in tokens:
+            self.token_ids.append(token)
+            taken += 1
+            if token in eos_token_ids and not self.params.ignore_eos:
+                self.finish_reason = "stop"
+                break
+            if len(self.token_ids) >= self.max_tokens:
+                self.finish_reason = "length"
+                break
+        if self.params.stop and tokenizer is not None:
+            self._cut_at_stop_string(tokenizer, len(tokens))
+        return taken
+
+    def _cut_at_stop_string(self, tokenizer: Any, num_new: int) -> None:
+        text = tokenizer.decode(self.token_ids)
+        hits = [(text.find(s), s) for s in self.params.stop if s in text]
+        if not hits:
+            return
+        cut, _ = min(hits)
+        # keep the shortest token prefix whose text reaches the stop string
+        for keep in range(max(len(self.token_ids) - num_new, 0), len(self.token_ids) + 1):
+            prefix_text = tokenizer.decode(self.token_ids[:keep])
+            if any(s in prefix_text for s in self.params.stop):
+                del self.token_ids[keep:]
+                break
+        self.finish_reason = "stop"
+        self.stop_string_hit = True
+        self.text = text[:cut]
+
+    def output(self, tokenizer: Any) -> RequestOutput:
+        text = self.text
+        if self.finish_reason is None and tokenizer is not None:
+            text = tokenizer.decode(self.token_ids)
+        return RequestOutput(self.request_id, list(self.prompt_ids), list(self.token_ids), text,
+                             self.finish_reason, len(self.accept_lengths), list(self.accept_lengths))
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -147,8 +203,7 @@ class Engine:
         if speculative_adaptive:
             from specswap.controller import AdaptiveController
             self.controller = AdaptiveController(self.worker, adaptive_config)
-            self.worker.controller = self.controller
-            self.controller.init_states()
+            self.worker.apply_runtime_state(self.controller.init_states())
 
         eos = set(getattr(self.tokenizer, "eos_token_ids", None) or ()) or set(target.config.eos_token_id or ())
         self.eos_token_ids = frozenset(eos)
@@ -156,7 +211,8 @@ class Engine:
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._free_slots = list(range(max_batch_size - 1, -1, -1))
-        self.finished: dict[int, RequestOutput] = {}  # finished, not yet collected by generate()
+        # finished outputs no step() has returned yet: requests that finished inside generate() for another caller
+        self._finished: dict[int, RequestOutput] = {}
         self._rounds_per_tier: Counter[int] = Counter()
         self._accepted_total = 0
         self._verified_total = 0
@@ -190,7 +246,7 @@ class Engine:
     def _make_request(self, prompt, params: SamplingParams) -> _Request:
         """Validate everything up front so that a bad request never reaches the running batch."""
         prompt_ids = self.encode(prompt)
-        self.worker.check_prompt(prompt_ids)
+        self.check_prompt(prompt_ids)
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=self.worker.device)
@@ -212,31 +268,55 @@ class Engine:
         self._waiting.append(request)
         return request.request_id
 
-    def abort(self, request_id: int) -> bool:
-        """Stop a queued or running request (finish_reason "abort"); False if it is unknown or done."""
+    def abort(self, request_id: int) -> RequestOutput | None:
+        """Stop a queued or running request (finish_reason "abort"); returns its final output, or None if it is
+        unknown or done."""
         for request in self._waiting:
             if request.request_id == request_id:
                 self._waiting.remove(request)
                 self._finish(request, "abort")
-                return True
+                return self._finished.pop(request_id)
         for request in self._running:
             if request.request_id == request_id:
                 self._finish(request, "abort")
                 self._running.remove(request)
-                return True
-        return False
+                return self._finished.pop(request_id)
+        return None
+
+    def pop_finished(self, request_id: int) -> RequestOutput | None:
+        """The output of a request that finished where no step() returned it (inside another caller's
+        generate()), once; None if there is none."""
+        return self._finished.pop(request_id, None)
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """Raise ValueError naming the problem if a prompt (token ids) cannot be served."""
+        self.worker.check_prompt(prompt_ids)
+
+    # what callers read of the worker: the tier the next round runs, the largest tier, whether sampled tokens
+    # are keyed by (seed, output position) (NGRAM, target-only), each tier's graph and buffer bytes
+    current_steps = property(lambda self: self.worker.active_steps)
+    max_steps = property(lambda self: self.worker.max_steps)
+    keyed_sampling = property(lambda self: self.worker.keyed_sampling)
+
+    def tier_memory_bytes(self) -> dict[int | str, int]:
+        return self.worker.tier_memory_bytes()
 
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running)
 
     # ---- the loop --------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> StepOutput:
         """Admit waiting requests into free slots (prefill), run one decode round, retire finished ones.
 
-        Returns the outputs of every request that changed in this step (running ones with their text so far).
+        Returns the outputs of every request that changed in this step, each finished one exactly once (with
+        any that finished inside another caller's generate()), and the tier the round ran for.
         """
-        return [self._output(r) for r in self._step()]
+        tier = self.worker.active_steps
+        outputs = [self._finished.pop(r.request_id, None) or r.output(self.tokenizer) for r in self._step()]
+        outputs.extend(self._finished.values())
+        self._finished.clear()
+        return StepOutput(outputs, tier)
 
     def _step(self) -> list[_Request]:
         start = time.perf_counter()
@@ -257,6 +337,11 @@ class Engine:
         if decoding:
             result = self.worker.decode_round([r.slot for r in decoding])
             self._rounds_per_tier[result.speculative_num_steps] += 1
+            if self.controller is not None and result.measured_tier:
+                switched = self.controller.on_verify_complete(result.accept_lengths, result.round_seconds,
+                                                              result.sampled)
+                if switched is not None:
+                    self.worker.apply_runtime_state(switched)
             for request, tokens, accepted in zip(decoding, result.new_tokens, result.accept_lengths):
                 request.accept_lengths.append(accepted)
                 self._accepted_total += accepted
@@ -271,36 +356,9 @@ class Engine:
         return updated
 
     def _append(self, request: _Request, tokens: list[int]) -> None:
-        """Add a round's tokens, stopping at EOS, the token budget or a stop string."""
-        for token in tokens:
-            request.token_ids.append(token)
-            self._generated_tokens += 1
-            if token in self.eos_token_ids and not request.params.ignore_eos:
-                request.finish_reason = "stop"
-                break
-            if len(request.token_ids) >= request.max_tokens:
-                request.finish_reason = "length"
-                break
-        if request.params.stop and self.tokenizer is not None:
-            self._check_stop_strings(request, len(tokens))
+        self._generated_tokens += request.append(tokens, self.eos_token_ids, self.tokenizer)
         if request.finish_reason is not None:
             self._finish(request, request.finish_reason)
-
-    def _check_stop_strings(self, request: _Request, num_new: int) -> None:
-        text = self.tokenizer.decode(request.token_ids)
-        hits = [(text.find(s), s) for s in request.params.stop if s in text]
-        if not hits:
-            return
-        cut, _ = min(hits)
-        # keep the shortest token prefix whose text reaches the stop string
-        for keep in range(max(len(request.token_ids) - num_new, 0), len(request.token_ids) + 1):
-            prefix_text = self.tokenizer.decode(request.token_ids[:keep])
-            if any(s in prefix_text for s in request.params.stop):
-                del request.token_ids[keep:]
-                break
-        request.finish_reason = "stop"
-        request.stop_string_hit = True
-        request.text = text[:cut]
 
     def _finish(self, request: _Request, reason: str) -> None:
         request.finish_reason = reason
@@ -308,20 +366,13 @@ class Engine:
             request.text = self.tokenizer.decode(request.token_ids)
         if request.slot is not None and reason == "abort":
             self._free_slot(request)
-        self.finished[request.request_id] = self._output(request)
+        self._finished[request.request_id] = request.output(self.tokenizer)
 
     def _free_slot(self, request: _Request) -> None:
         if request.slot is not None:
             self.worker.release(request.slot)
             self._free_slots.append(request.slot)
             request.slot = None
-
-    def _output(self, request: _Request) -> RequestOutput:
-        text = request.text
-        if request.finish_reason is None and self.tokenizer is not None:
-            text = self.tokenizer.decode(request.token_ids)
-        return RequestOutput(request.request_id, list(request.prompt_ids), list(request.token_ids), text,
-                             request.finish_reason, len(request.accept_lengths), list(request.accept_lengths))
 
     # ---- convenience -----------------------------------------------------------------------------
 
@@ -343,16 +394,16 @@ class Engine:
             requests.append(self._make_request(prompt, params))
         self._waiting.extend(requests)
         wanted = [r.request_id for r in requests]
-        while any(rid not in self.finished for rid in wanted):
+        while any(rid not in self._finished for rid in wanted):
             self._step()  # no per-step outputs: running requests' text is not decoded every round
-        return [self.finished.pop(rid) for rid in wanted]
+        return [self._finished.pop(rid) for rid in wanted]
 
     def stats(self) -> dict[str, Any]:
         """Tier, EMA, switches, rounds per tier, acceptance and throughput since start."""
         stats: dict[str, Any] = {
             "speculative_algorithm": self.speculative_algorithm,
             "weights": self.weights,
-            "current_steps": self.worker.active_steps,
+            "current_steps": self.current_steps,
             "adaptive": self.controller is not None,
             "ema": None,
             "num_switches": 0,

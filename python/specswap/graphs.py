@@ -185,8 +185,9 @@ class StageGraphs(_BucketedGraphs):
 class RoundGraphs(_BucketedGraphs):
     """A whole greedy decode round of one tier, captured per (batch bucket, key-length bucket).
 
-    ``body(slot_index, key_length) -> (accept_lengths, next_tokens)`` is the worker's round on tensors with the
-    models called directly (drafts, verify, acceptance, draft-extend, commit); recorded once per bucket, it
+    ``body(slot_index, key_length) -> (accept_lengths, next_tokens)`` is the tier's greedy round on tensors with
+    the models called directly (``specswap.worker.round.Round`` over eager forwards: drafts, verify,
+    acceptance, draft-extend, commit); recorded once per bucket, it
     replays as one tape, so the Python and dispatch between the stages' kernels (a tenth of a round on the
     tiny pair) is gone too. Only the slot list changes between replays; everything else the round reads
     (tokens, lengths, the head's last output) lives in the worker's per-slot tensors, which the tape holds by
@@ -237,7 +238,3 @@ class RoundGraphs(_BucketedGraphs):
 def capture_count() -> int:
     """Graph captures so far in this process (all backends)."""
     return _C.graph_capture_count()
-
-
-def compiled_backends() -> list[str]:
-    return list(_C.compiled_backends())

@@ -10,7 +10,8 @@ functions never touch a global RNG and never sync with the host. Keyed draws
 (position_key / KeyedNoise / sample_keyed / accept_keyed, for deterministic
 drafts) take their noise from a counter-based hash of (request seed, output
 position, vocabulary entry), so a position's token does not depend on how many
-positions a round verified.
+positions a round verified. ``accept`` is the one entry point a decode round
+calls: greedy, keyed or full-law acceptance, by the ``Verifier`` it is given.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -31,6 +33,11 @@ __all__ = [
     "KeyedNoise",
     "sample_keyed",
     "accept_keyed",
+    "accept",
+    "Verifier",
+    "RoundSampling",
+    "KeyedDraws",
+    "KeyedRow",
 ]
 
 
@@ -284,7 +291,7 @@ def accept_from_logits(
     target_logits: torch.Tensor,
     temperature: torch.Tensor,
     draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
+    draft_probs: torch.Tensor,
     uniforms: torch.Tensor,
     residual_noise: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,11 +300,11 @@ def accept_from_logits(
     The same test and the same draws (u < p/q, then argmax(residual / E)), with p = softmax(logits / T) (one-hot
     at the argmax for T = 0), but the target's law is only built where it is read: p of each draft token through
     a log-sum-exp per position, and one full row at the position each request stops. On a 262k vocabulary this
-    replaces [B, k+1, V] float tensors (and, for one-hot drafts, a [B, k, V] draft law) by [B, V].
+    replaces [B, k+1, V] float tensors by [B, V].
 
     target_logits: [B, k+1, V]; temperature: [B] (<= 0: greedy row); draft_tokens: [B, k]; draft_probs:
-    [B, k, V] laws the drafts were drawn from, or None for deterministic drafts (one-hot: NGRAM);
-    uniforms: [B, k]; residual_noise: [B, V] Exp(1). Returns (accept_lengths [B], next_tokens [B]).
+    [B, k, V] laws the drafts were drawn from; uniforms: [B, k]; residual_noise: [B, V] Exp(1).
+    Returns (accept_lengths [B], next_tokens [B]).
     """
     batch_size, positions, vocab_size = target_logits.shape
     num_draft = positions - 1
@@ -311,7 +318,7 @@ def accept_from_logits(
         p_of_draft = (scaled[:, :num_draft].gather(-1, index).squeeze(-1) - log_norm[:, :num_draft]).exp()
         if top is not None:
             p_of_draft = torch.where(greedy, (draft_tokens == top[:, :num_draft]).float(), p_of_draft)
-        q_of_draft = 1.0 if draft_probs is None else draft_probs.gather(-1, index).squeeze(-1)  # [B, k]
+        q_of_draft = draft_probs.gather(-1, index).squeeze(-1)                                # [B, k]
         accepted = uniforms * q_of_draft < p_of_draft
         accept_lengths = accepted.long().cumprod(dim=-1).sum(dim=-1)                          # [B]
     else:
@@ -322,11 +329,7 @@ def accept_from_logits(
         p_at = torch.where(greedy, one_hot, p_at)
     if not num_draft:
         return accept_lengths, sample_from_probs(p_at, residual_noise)
-    stop = accept_lengths.clamp(max=num_draft - 1)
-    if draft_probs is None:
-        q_at = torch.zeros_like(p_at).scatter_(-1, draft_tokens[rows, stop].unsqueeze(-1), 1.0)
-    else:
-        q_at = draft_probs[rows, stop]                                                        # [B, V]
+    q_at = draft_probs[rows, accept_lengths.clamp(max=num_draft - 1)]                         # [B, V]
     return accept_lengths, _draw_after_stop(p_at, q_at, accept_lengths == num_draft, residual_noise)
 
 
@@ -341,3 +344,102 @@ def accept_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tu
     matches = draft_tokens == target_argmax[:, :num_draft]  # [B, k]
     accept_lengths = matches.long().cumprod(dim=-1).sum(dim=-1)  # [B]
     return accept_lengths, target_argmax.gather(1, accept_lengths.unsqueeze(-1)).squeeze(-1)
+
+
+# ---- the one acceptance entry point of a decode round ---------------------------------------------------
+
+
+class KeyedRow(NamedTuple):
+    """One request's keyed draws: greedy rows take the argmax; others draw output position start + i."""
+
+    greedy: bool
+    temperature: float
+    seed: int
+    start: int  # output tokens before this round's first verified position
+
+
+@dataclass
+class KeyedDraws:
+    """A round's keyed draws (deterministic drafts: NGRAM, target-only): a row per request, the noise scratch."""
+
+    rows: list[KeyedRow]
+    noise: KeyedNoise
+
+
+@dataclass
+class RoundSampling:
+    """What a sampled (not all-greedy) round's acceptance reads, per row [B]: the sampling settings, and either
+    the generator draws (draft laws, uniforms, residual noise) or keyed draws."""
+
+    temperature: torch.Tensor       # [B]
+    top_k: torch.Tensor             # [B]
+    top_p: torch.Tensor             # [B]
+    apply_filters: bool             # any row has top-k / top-p
+    draft_probs: torch.Tensor       # [B, k, V] the laws the drafts were drawn from (written while drafting)
+    uniforms: torch.Tensor          # [B, k]
+    residual_noise: torch.Tensor    # [B, V] Exp(1)
+    keyed: KeyedDraws | None = None
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """The acceptance rules a round verifies with; the defaults are the lossless ones. A test injects a biased
+    rule here to show the law tests catch it. ``from_logits``: ``full_law``'s shortcut for rounds without
+    top-k/top-p, straight from the logits (None: always build the target law and call ``full_law``)."""
+
+    full_law: Callable = accept_draft_tokens
+    from_logits: Callable | None = accept_from_logits
+    keyed: Callable = accept_keyed
+
+
+LOSSLESS = Verifier()
+
+
+def accept(verifier: Verifier, target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+           sampling: RoundSampling | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept a verified chain: greedy for an all-greedy round (``sampling`` None: argmax in, argmax out), keyed
+    draws for deterministic drafts, else the full law (from the logits where no row filters).
+
+    target_logits: [B, k+1, V]; draft_tokens: [B, k]. Returns (accept_lengths [B], next_tokens [B]).
+    """
+    if sampling is None:
+        return accept_greedy(target_logits, draft_tokens)
+    if sampling.keyed is not None:
+        return _accept_keyed_rows(verifier.keyed, target_logits, draft_tokens, sampling)
+    if not sampling.apply_filters and verifier.from_logits is not None:
+        return verifier.from_logits(target_logits, sampling.temperature, draft_tokens, sampling.draft_probs,
+                                    sampling.uniforms, sampling.residual_noise)
+    batch, positions, _ = target_logits.shape
+    target_probs = logits_to_probs(
+        target_logits.reshape(batch * positions, -1), sampling.temperature.repeat_interleave(positions),
+        sampling.top_k.repeat_interleave(positions), sampling.top_p.repeat_interleave(positions),
+        sampling.apply_filters,
+    ).view(batch, positions, -1)                                                      # [B, k+1, V]
+    return verifier.full_law(target_probs, sampling.draft_probs, draft_tokens, sampling.uniforms,
+                             sampling.residual_noise)
+
+
+def _accept_keyed_rows(accept_row: Callable, logits: torch.Tensor, draft_tokens: torch.Tensor,
+                       sampling: RoundSampling) -> tuple[torch.Tensor, torch.Tensor]:
+    """``accept_row`` (accept_keyed) per request on logits [B, k+1, V]: draws keyed by output position for
+    sampled rows, the argmax for greedy ones. Host-side per request (a sampled round syncs anyway)."""
+    temperature, top_k, top_p, apply_filters = sampling.temperature, sampling.top_k, sampling.top_p, \
+        sampling.apply_filters
+    noise = sampling.keyed.noise
+    drafts = draft_tokens.tolist()
+    accepted, tokens = [], []
+    for row, keyed in enumerate(sampling.keyed.rows):
+        if keyed.greedy:
+            draw = argmax(logits[row]).tolist().__getitem__
+        else:
+            def draw(i: int, row: int = row, keyed: KeyedRow = keyed) -> int:
+                if apply_filters:
+                    log_weights = logits_to_probs(logits[row, i:i + 1], temperature[row:row + 1],
+                                                  top_k[row:row + 1], top_p[row:row + 1], True)[0].log()
+                else:
+                    log_weights = logits[row, i].float() / keyed.temperature
+                return sample_keyed(log_weights, position_key(keyed.seed, keyed.start + i), noise)
+        row_accepted, token = accept_row(draw, drafts[row])
+        accepted.append(row_accepted)
+        tokens.append(token)
+    return torch.tensor(accepted, device=logits.device), torch.tensor(tokens, device=logits.device)

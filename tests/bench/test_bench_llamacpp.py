@@ -1,23 +1,17 @@
 """bench/bench_llamacpp.py without a model or llama_cpp: arguments, runners on fakes, ratios, tables, JSON."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "bench_llamacpp.py"
+from scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_llamacpp", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_llamacpp")
 
 
 def test_defaults_and_flags(bench):

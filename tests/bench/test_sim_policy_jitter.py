@@ -1,18 +1,10 @@
 """bench/sim_policy_jitter.py: the simulation behind docs/policy.md's note on noise at batch 1."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "sim_policy_jitter.py"
+from scripts import load_script
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("sim_policy_jitter", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("sim_policy_jitter")
 
 
 def mean_run(sim, name, jitter, seeds=8, correlation=0.0):

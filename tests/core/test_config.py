@@ -140,3 +140,25 @@ def test_policy_default_and_choice():
     assert load_adaptive_config({"policy": "goodput"}).policy == "goodput"
     with pytest.raises(ValueError, match="policy must be one of"):
         AdaptiveConfig(policy="goodput2")  # the C++ check, for callers that skip the loader
+
+
+def test_schema_is_the_config_table():
+    from specswap._core import adaptive_config_schema
+    from specswap.config import VALID_KEYS
+
+    schema = adaptive_config_schema()
+    defaults = AdaptiveConfig().to_dict()
+    assert [field["name"] for field in schema] == list(defaults) == list(VALID_KEYS)
+    for field in schema:
+        assert field["default"] == defaults[field["name"]] == getattr(AdaptiveConfig(), field["name"])
+        assert field["doc"] and field["valid"]
+    kinds = {field["name"]: field["kind"] for field in schema}
+    assert kinds["policy"] == "choice" and kinds["candidate_steps"] == "steps" and kinds["ema_alpha"] == "number"
+    by_name = {field["name"]: field for field in schema}
+    assert by_name["policy"]["choices"] == ["sglang", "goodput"]
+    assert (by_name["ema_alpha"]["low"], by_name["ema_alpha"]["low_open"], by_name["ema_alpha"]["high"]) == (0, True, 1)
+    # every keyword of the constructor is a field, and the C++ check says the schema's words
+    for field in schema:
+        if field["kind"] in ("integer", "number") and field["low"] > float("-inf"):
+            with pytest.raises(ValueError, match=__import__("re").escape(field["valid"])):
+                AdaptiveConfig(**{field["name"]: type(field["default"])(field["low"] - 1)})

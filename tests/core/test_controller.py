@@ -23,6 +23,8 @@ class RecordingWorker:
         )
 
     def apply_runtime_state(self, state):
+        if state is None:
+            return
         self.speculative_num_steps = state.speculative_num_steps
         self.speculative_num_draft_tokens = state.speculative_num_draft_tokens
         self.applied.append(state.speculative_num_steps)
@@ -38,10 +40,10 @@ def test_protocol_is_checkable():
 def test_init_states_builds_every_candidate_once():
     worker = RecordingWorker(3)
     controller = AdaptiveController(worker, None)
-    controller.init_states()
+    worker.apply_runtime_state(controller.init_states())
     assert worker.built == [(1, 2), (3, 4), (7, 8)]
     assert worker.applied == [3]
-    controller.init_states()  # idempotent: nothing rebuilt
+    assert controller.init_states().speculative_num_steps == 3  # idempotent: nothing rebuilt
     assert len(worker.built) == 3
 
 
@@ -56,12 +58,17 @@ def test_initial_tier_added_not_leaked():
 def test_switches_apply_the_prebuilt_state():
     worker = RecordingWorker(3)
     controller = AdaptiveController(worker, FAST)
-    controller.init_states()
-    assert controller.on_verify_complete([3, 3]) is True
+    worker.apply_runtime_state(controller.init_states())
+    switched = controller.on_verify_complete([3, 3])
+    assert switched is not None and switched.speculative_num_steps == 7
+    assert worker.speculative_num_steps == 3  # the controller never applies a state itself: its owner does
+    worker.apply_runtime_state(switched)
     assert worker.speculative_num_steps == 7 and worker.speculative_num_draft_tokens == 8
-    assert controller.on_verify_complete([0]) is True
+    switched = controller.on_verify_complete([0])
+    assert switched is not None
+    worker.apply_runtime_state(switched)
     assert worker.speculative_num_steps == 1
-    assert controller.on_verify_complete([]) is False
+    assert controller.on_verify_complete([]) is None
     assert worker.applied == [3, 7, 1]
     assert len(worker.built) == 3  # nothing built after start-up
     stats = controller.stats()
@@ -73,7 +80,7 @@ def test_thousands_of_switches_build_nothing_new():
     controller = AdaptiveController(worker, FAST)
     controller.init_states()
     for i in range(3000):
-        controller.on_verify_complete([6] if i % 2 else [0])
+        worker.apply_runtime_state(controller.on_verify_complete([6] if i % 2 else [0]))
     assert len(worker.built) == 3
     assert controller.stats()["num_switches"] == 3000
 

@@ -1,4 +1,6 @@
 // The policy from C++ alone (a serving loop without Python).
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "check.h"
@@ -87,5 +89,28 @@ int main() {
   CHECK(bursty.model_tokens(7) >
         AdaptiveSpeculativeParams::expected_tokens(bursty.alpha(), 7) + 0.5);
   CHECK(throws([] { acceptance_model_from_name("bursty"); }));
+
+  // the field table: every row is walked once, in order, and a check says the row's valid words
+  std::vector<std::string> names;
+  for_each_config_field([&](const auto& field) { names.emplace_back(field.name); });
+  CHECK(names.size() == 13 && names.front() == "policy" && names.back() == "acceptance_model");
+  const auto message = [](const AdaptiveConfig& config) -> std::string {
+    try {
+      config.validate();
+    } catch (const std::invalid_argument& error) {
+      return error.what();
+    }
+    return "";
+  };
+  AdaptiveConfig worded;
+  worded.ema_alpha = 1.5;
+  CHECK(message(worded) == "ema_alpha must be a number in (0, 1], got 1.5");
+  worded = AdaptiveConfig{};
+  worded.probe_interval = 0;
+  CHECK(message(worded) == "probe_interval must be an integer >= 1, got 0");
+  worded = AdaptiveConfig{};
+  worded.candidate_steps = {1, 65};
+  CHECK(message(worded).find("[0, 64]") != std::string::npos);
+  CHECK(message(AdaptiveConfig{}).empty());
   return 0;
 }

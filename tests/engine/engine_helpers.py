@@ -20,3 +20,15 @@ class CharTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(i + 30) for i in ids if i >= 2)
+
+
+def finish_all(engine, ids=(), finished=None):
+    """Step until nothing is unfinished; every finished output by request id: those the steps returned, and
+    those of ``ids`` that finished inside a generate() (Engine.pop_finished)."""
+    finished = {} if finished is None else finished
+    while engine.has_unfinished():
+        finished.update((output.request_id, output) for output in engine.step().finished)
+    for request_id in ids:
+        if request_id not in finished:
+            finished[request_id] = engine.pop_finished(request_id)
+    return finished

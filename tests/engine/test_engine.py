@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import torch
 
-from engine_helpers import CharTokenizer, attention_pair, random_eagle_head
+from engine_helpers import CharTokenizer, attention_pair, finish_all, random_eagle_head
 from specswap.capability import cpu_capability
 from specswap.engine import Engine, _Request, prefill_groups, resolve_dtype
 from specswap.sampling import SamplingParams
@@ -70,10 +70,9 @@ def test_greedy_requests_mixed_with_sampling_ones_stay_identical_while_switching
     for index, prompt in enumerate(PROMPTS):
         greedy_ids.append(eng.add_request(prompt, max_new_tokens=20))
         eng.add_request(prompt, max_new_tokens=7 + index, temperature=1.0, top_p=0.9, seed=index)
-    while eng.has_unfinished():
-        eng.step()
+    finished = finish_all(eng)
     reference = Engine(target, None, None, max_seq_len=48).generate(PROMPTS, 20)
-    assert [eng.finished[i].token_ids for i in greedy_ids] == [r.token_ids for r in reference]
+    assert [finished[i].token_ids for i in greedy_ids] == [r.token_ids for r in reference]
     assert eng.stats()["num_switches"] >= 2
 
 
@@ -129,15 +128,14 @@ def test_caches_cover_every_candidate_tier_not_just_the_active_one():
 def test_bad_input_is_rejected_by_name_without_disturbing_running_requests(bad, match):
     eng = engine("EAGLE", speculative_num_steps=3)
     running = eng.add_request([5, 6, 7], max_new_tokens=12)
-    eng.step()
+    finished = {o.request_id: o for o in eng.step().finished}
     kwargs = dict(prompts=[[2, 3]], max_new_tokens=5)
     kwargs.update(bad)
     with pytest.raises(ValueError, match=match):
         eng.generate(kwargs.pop("prompts"), **kwargs)
     assert eng.stats()["waiting"] == 0  # nothing of the bad call was queued
-    while eng.has_unfinished():
-        eng.step()
-    assert eng.finished[running].token_ids == target_only_tokens([[5, 6, 7]], 12)[0]
+    finished = finish_all(eng, finished=finished)
+    assert finished[running].token_ids == target_only_tokens([[5, 6, 7]], 12)[0]
 
 
 def test_bad_engine_sizes_are_named():
@@ -193,13 +191,13 @@ def test_abort_frees_the_slot_and_leaves_others_alone():
     keep = eng.add_request([5, 6, 7], max_new_tokens=15)
     drop = eng.add_request([2, 3], max_new_tokens=15)
     queued = eng.add_request([33, 17], max_new_tokens=15)
-    eng.step()
-    assert eng.abort(drop) and not eng.abort(drop) and not eng.abort(12345)
-    while eng.has_unfinished():
-        eng.step()
-    assert eng.finished[drop].finish_reason == "abort"
+    finished = {o.request_id: o for o in eng.step().finished}
+    dropped = eng.abort(drop)
+    assert dropped and eng.abort(drop) is None and eng.abort(12345) is None
+    finished = finish_all(eng, finished=finished)
+    assert dropped.finish_reason == "abort" and drop not in finished  # handed out once, by abort()
     expected = target_only_tokens([[5, 6, 7], [33, 17]], 15)
-    assert [eng.finished[keep].token_ids, eng.finished[queued].token_ids] == expected
+    assert [finished[keep].token_ids, finished[queued].token_ids] == expected
 
 
 @pytest.mark.parametrize("filters", [{}, {"top_k": 12, "top_p": 0.9}])
@@ -235,20 +233,20 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batch_companions():
     assert alone == again == crowded
     assert other != alone
     # a greedy request in a mixed batch (one-hot path) decodes exactly as target-only (argmax path)
-    while eng.has_unfinished():
-        eng.step()
-    assert eng.finished[greedy].token_ids == target_only_tokens([[2, 3, 4]], 20)[0]
+    finished = finish_all(eng, ids=[greedy])
+    assert finished[greedy].token_ids == target_only_tokens([[2, 3, 4]], 20)[0]
 
 
 def test_step_reports_progress_and_stats():
     eng = engine("EAGLE", speculative_num_steps=2)
     request_id = eng.add_request([5, 6, 7], SamplingParams(max_new_tokens=6))
-    outputs = eng.step()
+    step = eng.step()
+    outputs = step.outputs
     assert outputs[0].request_id == request_id and outputs[0].finish_reason is None
-    while eng.has_unfinished():
-        eng.step()
+    assert step.tier == 2 and step.finished == []
+    finished = finish_all(eng)
     stats = eng.stats()
-    assert stats["current_steps"] == 2 and stats["rounds_per_tier"] == {2: eng.finished[request_id].num_verify_rounds}
+    assert stats["current_steps"] == 2 and stats["rounds_per_tier"] == {2: finished[request_id].num_verify_rounds}
     assert stats["generated_tokens"] == 6 and stats["tokens_per_second"] > 0
     assert 0 <= stats["mean_accept_length"] <= 2
 
@@ -296,7 +294,7 @@ def test_continuous_batching_with_arrivals_aborts_and_switching(arrivals, max_ba
     draft = {"EAGLE": head, "STANDALONE": target}.get(algorithm)
     eng = Engine(target, draft, algorithm, speculative_adaptive=True, speculative_adaptive_config=FORCED,
                  max_batch_size=max_batch_size, max_seq_len=48)
-    ids, aborts, step = {}, {}, 0
+    ids, aborts, step, finished = {}, {}, 0, {}
     pending = sorted(enumerate(arrivals), key=lambda item: item[1][0])
     while pending or eng.has_unfinished():
         while pending and pending[0][1][0] <= step:
@@ -307,11 +305,13 @@ def test_continuous_batching_with_arrivals_aborts_and_switching(arrivals, max_ba
                 aborts[index] = step + abort_after
         for index, when in list(aborts.items()):
             if when == step:
-                eng.abort(ids[index])
-        eng.step()
+                aborted = eng.abort(ids[index])
+                if aborted is not None:
+                    finished[ids[index]] = aborted
+        finished.update((o.request_id, o) for o in eng.step().finished)
         step += 1
     for index, (_, prompt, max_new, greedy, abort_after) in enumerate(arrivals):
-        output = eng.finished[ids[index]]
+        output = finished[ids[index]]
         assert output.finish_reason in ("length", "stop", "abort")
         if greedy and output.finish_reason != "abort":
             expected = Engine(target, None, None, max_seq_len=48).generate([prompt], max_new)[0]

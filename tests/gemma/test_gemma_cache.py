@@ -42,6 +42,10 @@ def test_build_writes_loadable_checkpoints(built, tiny_gguf):
         assert model.lm_head.weight is model.embed_tokens.weight
     tokenizer = load_tokenizer(built / "float32")
     assert tokenizer.encode("ab abc\n<start_of_turn>  a") == [267, 269, 264, 271, 272, 261, 265]
+    # tokenizer_config.json carries what tokenizer.json cannot: the BOS rule and special-token strings
+    assert "float32/tokenizer_config.json" in manifest["files"]
+    assert tokenizer.bos_token_id == 2 and tokenizer.special_tokens["bos_token"] == "<bos>"
+    assert tokenizer.chat_template is None  # the tiny file has none
 
 
 def test_norms_lose_llama_cpp_offset(built, tiny_gguf):

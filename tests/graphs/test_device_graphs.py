@@ -144,12 +144,12 @@ def tiny_reference(device):
 def _generate_switching_every_round(engine, cycle):
     """Every prompt at once, the worker put on the next tier of ``cycle`` before every round."""
     ids = [engine.add_request(text, max_new_tokens=MAX_NEW_TOKENS) for text in TEXTS]
-    round_index = 0
+    round_index, finished = 0, {}
     while engine.has_unfinished():
         engine.worker.apply_runtime_state(engine.worker._tier(cycle[round_index % len(cycle)]))
-        engine.step()
+        finished.update((output.request_id, output) for output in engine.step().finished)
         round_index += 1
-    return [engine.finished.pop(i).token_ids for i in ids]
+    return [finished[i].token_ids for i in ids]
 
 
 @pytest.mark.parametrize("algorithm", ["EAGLE", "STANDALONE", "NGRAM"])

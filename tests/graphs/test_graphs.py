@@ -314,3 +314,25 @@ def test_scratch_allocated_inside_capture_is_rewritten_each_replay():
     x.copy_(torch.randn(4))
     runner.replay()
     assert torch.equal(out, x * 3.0 + 1)
+
+
+def test_recording_is_confined_to_the_capturing_thread():
+    # The recording key is switched on thread-locally (op_tape.cpp): an operator another thread runs during
+    # the capture is not on the tape, so replay repeats only the capturing thread's work.
+    import threading
+
+    pool = _C.GraphPool(torch.device("cpu"))
+    runner = _C.GraphRunner("verify", 1, 1, pool)
+    mine, theirs = torch.zeros(3), torch.zeros(3)
+
+    def body():
+        other = threading.Thread(target=lambda: theirs.add_(1))
+        other.start()
+        other.join()
+        mine.add_(1)
+
+    runner.capture(body)
+    runner.replay()
+    runner.replay()
+    assert mine.tolist() == [3.0, 3.0, 3.0]
+    assert theirs.tolist() == [1.0, 1.0, 1.0]

@@ -16,6 +16,7 @@ from specswap.controller import AdaptiveController  # noqa: E402
 from specswap.graphs import capture_count  # noqa: E402
 from specswap.sampling import SamplingParams  # noqa: E402
 from specswap.worker import EAGLEWorker  # noqa: E402
+from specswap.worker.tiers import Forwards  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 2], [3, 3, 3, 3, 3, 3, 7], [11, 4]]
 
@@ -41,12 +42,11 @@ def _worker(device, algorithm, steps, graphs, tiers=(), round_graphs=None, pair=
 
 
 def _switching_every_round(worker):
-    """Attach a controller that may switch tier every round (alpha 1, no warm-up) and build every tier."""
+    """A controller that may switch tier every round (alpha 1, no warm-up), every tier built, its tier applied."""
     controller = AdaptiveController(worker, {"candidate_steps": [1, 3, 7], "ema_alpha": 1.0,
                                              "warmup_batches": 0, "update_interval": 1})
-    worker.controller = controller
-    controller.init_states()
-    return worker
+    worker.apply_runtime_state(controller.init_states())
+    return controller
 
 
 def _assert_switched(tiers):
@@ -76,11 +76,13 @@ def test_graph_mode_matches_eager_mode_tokens(device):
 
 
 def test_adaptive_switching_in_graph_mode_captures_nothing_new(device):
-    worker = _switching_every_round(_worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7), pair="attention"))
+    worker = _worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7), pair="attention")
+    controller = _switching_every_round(worker)
     captured = capture_count()
     reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=True, pair="attention"), PROMPTS, 40)
     captured_reference = capture_count() - captured
-    tokens, _, tiers = run_to_completion(worker, PROMPTS, 40)  # 40 tokens: the tier moves 3 -> 7 -> 3 -> 7
+    # 40 tokens: the tier moves 3 -> 7 -> 3 -> 7
+    tokens, _, tiers = run_to_completion(worker, PROMPTS, 40, controller=controller)
     assert tokens == reference
     assert capture_count() == captured + captured_reference  # only the reference worker captured
     _assert_switched(tiers)
@@ -112,25 +114,24 @@ def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(device, a
     stage_only, _, _ = run_to_completion(_worker(device, algorithm, steps, graphs=True, round_graphs=False,
                                                  pair=pair), PROMPTS, 20)
     worker = _worker(device, algorithm, steps, graphs=True, round_graphs=True, pair=pair)
-    assert set(worker._round_graphs) >= {steps}
+    tier_states = worker._tiers.values()
+    assert all(tier.round_graph is not None for tier in tier_states) and steps in worker._tiers
     replays = []
-    for tier, graphs in list(worker._round_graphs.items()):
-        def counted(slots, key_length, graphs=graphs):
+    for tier in tier_states:
+        def counted(slots, key_length, graphs=tier.round_graph):
             replays.append(len(slots))
             return graphs(slots, key_length)
 
-        worker._round_graphs[tier] = counted
+        tier.round_graph = counted
 
     def no_stage_replay(*args, **kwargs):
         raise AssertionError("a greedy round replayed a stage graph instead of its round graph")
 
-    for tier in worker._tiers.values():  # greedy rounds must not touch the stage graphs at all
-        tier.verify.graphs = no_stage_replay
-        tier.draft_extend.graphs = no_stage_replay if tier.draft_extend.graphs is not None else None
-    if worker._draft_step_graphs:
-        worker._draft_step_graphs = {width: no_stage_replay for width in worker._draft_step_graphs}
-        for tier in worker._tiers.values():
-            tier.draft.graphs = worker._draft_step_graphs
+    for tier in tier_states:  # greedy rounds must not touch the stage graphs at all
+        stages = tier.round.forwards
+        tier.round.forwards = Forwards(
+            verify=no_stage_replay, draft_steps={width: no_stage_replay for width in stages.draft_steps},
+            draft_extend=no_stage_replay if stages.draft_extend is not None else None)
     tokens, _, _ = run_to_completion(worker, PROMPTS, 20)
     reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=False, pair=pair), PROMPTS, 20)
     assert tokens == stage_only == reference
@@ -138,11 +139,11 @@ def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(device, a
 
 
 def test_round_graphs_follow_tier_switches_and_report_memory(device):
-    worker = _switching_every_round(_worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=True,
-                                            pair="attention"))
-    assert set(worker._round_graphs) == {1, 3, 7}
+    worker = _worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=True, pair="attention")
+    controller = _switching_every_round(worker)
+    assert {t for t, tier in worker._tiers.items() if tier.round_graph is not None} == {1, 3, 7}
     captured = capture_count()
-    tokens, _, tiers = run_to_completion(worker, PROMPTS, 40)
+    tokens, _, tiers = run_to_completion(worker, PROMPTS, 40, controller=controller)
     assert capture_count() == captured
     _assert_switched(tiers)
     reference, _, _ = run_to_completion(_worker(device, None, 0, graphs=False, pair="attention"), PROMPTS, 40)
@@ -151,9 +152,10 @@ def test_round_graphs_follow_tier_switches_and_report_memory(device):
     # CUDA a runner's share of the graph pool depends on what was captured before it, so two workers differ)
     memory = worker.tier_memory_bytes()
     for t in (1, 3, 7):
-        tier, rounds = worker._tiers[t], worker._round_graphs[t].memory_bytes()
+        tier = worker._tiers[t]
+        rounds, stages = tier.round_graph.memory_bytes(), tier.round.forwards
         assert rounds > 0
-        assert memory[t] >= rounds + tier.verify.graphs.memory_bytes() + tier.draft_extend.graphs.memory_bytes()
+        assert memory[t] >= rounds + stages.verify.memory_bytes() + stages.draft_extend.memory_bytes()
 
 
 def test_round_graphs_need_graph_mode_and_default_to_small_targets():

@@ -24,6 +24,7 @@ gguf = pytest.importorskip("gguf", reason="the gguf package is the independent r
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 
 from specswap._core import _C  # noqa: E402
+from specswap.capability import cpu_capability  # noqa: E402
 
 q.load_ggml()
 ggml_linear = torch.ops.specswap.ggml_linear
@@ -34,7 +35,8 @@ Q8_1_ACT = ("Q4_1", "Q5_1")
 K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # 256-value super-blocks, activations as Q8_K (d fp32)
 FLOAT_TYPES = ("F32", "F16", "BF16")                # the activation is rounded to the weight's float type
 ALL_TYPES = FLOAT_TYPES + Q8_0_ACT + Q8_1_ACT + K_TYPES
-FAST_TYPES = ("Q8_0", "Q5_0", "Q4_0")               # the types our multi-row kernels cover
+FAST_TYPES = ("Q8_0", "Q5_0", "Q4_0")               # our multi-row kernels with ggml's own bits
+FAST_K_TYPES = ("Q4_K", "Q6_K")                     # our multi-row kernels with their own float order
 
 U32 = 2.0 ** -24   # fp32 unit roundoff
 U16 = 2.0 ** -11   # fp16 unit roundoff (10 stored mantissa bits)
@@ -282,12 +284,20 @@ def test_thread_count_does_not_change_the_bits(kind):
 
 @pytest.fixture
 def fast_kernels_restored():
-    previous = _C.ggml_set_fast_kernels(True)  # the switch only answers by being set: read, then put back
+    previous = _C.ggml_set_fast_kernels(True)  # the switches only answer by being set: read, then put back
     _C.ggml_set_fast_kernels(previous)
+    previous_vnni = _C.ggml_set_vnni(True)
+    _C.ggml_set_vnni(previous_vnni)
     try:
         yield
     finally:
         _C.ggml_set_fast_kernels(previous)
+        _C.ggml_set_vnni(previous_vnni)
+
+
+def _vnni_settings():
+    """VNNI off (the AVX2 integer dot), and on where this CPU and its capability have it."""
+    return (False, True) if _C.ggml_vnni_available() and cpu_capability().avx512_vnni else (False,)
 
 
 @pytest.mark.skipif(not _C.ggml_fast_kernels_available(), reason="our multi-row kernels need AVX2, FMA and F16C")
@@ -295,13 +305,40 @@ def fast_kernels_restored():
 def test_fast_kernels_equal_ggml_vec_dot_bit_for_bit(kind, fast_kernels_restored):
     for n, k in ((37, 96), (300, 512)):
         blocks = q.quantize(random_weight(n, k, seed=13), kind)
-        x = random_input((16,), k, seed=14)
-        for m in (*range(1, 10), 16):  # every remainder of the four-row groups
-            _C.ggml_set_fast_kernels(True)
-            fast = ggml_linear(x[:m], blocks, q.ggml_type(kind))
+        x = random_input((17,), k, seed=14)
+        for m in range(1, 18):  # every remainder of the eight-row groups, and two groups
             _C.ggml_set_fast_kernels(False)
             plain = ggml_linear(x[:m], blocks, q.ggml_type(kind))
-            assert torch.equal(fast, plain), (kind, n, k, m, (fast - plain).abs().max().item())
+            _C.ggml_set_fast_kernels(True)
+            for vnni in _vnni_settings():
+                _C.ggml_set_vnni(vnni)
+                fast = ggml_linear(x[:m], blocks, q.ggml_type(kind))
+                assert torch.equal(fast, plain), (kind, n, k, m, vnni, (fast - plain).abs().max().item())
+
+
+@pytest.mark.skipif(not _C.ggml_fast_kernels_available(), reason="our multi-row kernels need AVX2, FMA and F16C")
+@pytest.mark.parametrize("kind", FAST_K_TYPES)
+def test_fast_k_quant_kernels_agree_with_ggml_vec_dot_to_float_rounding(kind, fast_kernels_restored):
+    # both compute each sub-block's integer dot exactly and differ only in the order of the float scaling and
+    # sums: a few units of fp32 rounding of the sum of |w| |x| (a wrong unpacking is off by whole terms)
+    for n, k in ((37, 256), (300, 1024)):
+        blocks = q.quantize(random_weight(n, k, seed=13), kind)
+        magnitude_w = q.dequantize(blocks, kind, k).abs()
+        x = random_input((17,), k, seed=14)
+        for m in range(1, 18):
+            _C.ggml_set_fast_kernels(False)
+            plain = ggml_linear(x[:m], blocks, q.ggml_type(kind))
+            _C.ggml_set_fast_kernels(True)
+            fast = ggml_linear(x[:m], blocks, q.ggml_type(kind))
+            bound = 16 * 2.0 ** -24 * (x[:m].abs() @ magnitude_w.T) + 1e-30
+            excess = ((fast - plain).abs() / bound).max().item()
+            assert excess <= 1.0, (kind, n, k, m, excess)
+
+
+def test_vnni_switch_returns_the_previous_setting(fast_kernels_restored):
+    _C.ggml_set_vnni(True)
+    assert _C.ggml_set_vnni(False) is True
+    assert _C.ggml_set_vnni(True) is False
 
 
 def test_fast_kernel_switch_returns_the_previous_setting(fast_kernels_restored):

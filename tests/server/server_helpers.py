@@ -15,11 +15,15 @@ FORCED_SWITCHING = {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1}
 
 
 class CharTokenizer:
-    """Printable ASCII as tokens (id = code - 30, ids 2..96); 0 = BOS. No EOS, so lengths are predictable."""
+    """Printable ASCII as tokens (id = code - 30, ids 2..96); 0 = BOS. No EOS, so lengths are predictable.
+    Its chat template writes turns as "role: content" lines and ends with "assistant:"."""
 
     bos_token_id = 0
     eos_token_ids: set[int] = set()
     vocab_size = 100
+    special_tokens = {"bos_token": "^"}
+    chat_template = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}assistant:{% endif %}")
 
     def encode(self, text, add_bos=False):
         ids = [min(max(ord(c) - 30, 2), 96) for c in text]

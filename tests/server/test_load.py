@@ -49,9 +49,15 @@ MALFORMED = [  # (path, body: raw bytes or JSON) -> must be a 4xx, never a 5xx
 ]
 
 
+# the tiny zoo model is a base model with no chat template; chat requests need one (else they are 400s)
+TINY_CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+
+
 @pytest.fixture(scope="module")
 def tiny():
-    return load_models("tiny", speculative_algorithm="EAGLE", dtype="float32")
+    models = load_models("tiny", speculative_algorithm="EAGLE", dtype="float32")
+    models.tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return models
 
 
 @pytest.fixture(scope="module")

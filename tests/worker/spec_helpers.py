@@ -30,10 +30,11 @@ def random_eagle_head(target: LlamaForCausalLM, seed=1, token_map=None) -> Eagle
     return head.eval()
 
 
-def run_to_completion(worker: EAGLEWorker, prompts, max_new_tokens, params=None, switch=None):
+def run_to_completion(worker: EAGLEWorker, prompts, max_new_tokens, params=None, switch=None, controller=None):
     """Prefill every prompt into its own slot, then run rounds until each has max_new_tokens tokens.
 
     ``switch``: optional callable(round_index) -> tier applied before that round (static switch patterns).
+    ``controller``: an AdaptiveController fed after every round, whose switches are applied (as the engine does).
     Returns (tokens per prompt, accept lengths per prompt, tiers used per round).
     """
     params = params or SamplingParams(max_new_tokens=max_new_tokens)
@@ -47,12 +48,22 @@ def run_to_completion(worker: EAGLEWorker, prompts, max_new_tokens, params=None,
             worker.apply_runtime_state(worker._tier(switch(round_index)))
         result = worker.decode_round(running)
         tiers.append(result.speculative_num_steps)
+        if controller is not None:
+            feed_controller(controller, worker, result)
         for slot, new, accepted in zip(running, result.new_tokens, result.accept_lengths):
             outputs[slot].extend(new)
             accepts[slot].append(accepted)
         running = [s for s in running if len(outputs[s]) < max_new_tokens]
         round_index += 1
     return [out[:max_new_tokens] for out in outputs], accepts, tiers
+
+
+def feed_controller(controller, worker, result):
+    """What the engine does after a round: feed the controller what the round measured, apply its switch."""
+    if result.measured_tier:
+        switched = controller.on_verify_complete(result.accept_lengths, result.round_seconds, result.sampled)
+        if switched is not None:
+            worker.apply_runtime_state(switched)
 
 
 def reference_greedy(target: LlamaForCausalLM, prompt, max_new_tokens):

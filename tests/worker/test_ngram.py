@@ -102,7 +102,7 @@ COUNTER_PROMPTS = [[20, 54, 1, 20, 54, 2, 20, 54, 3, 20], [20, 54, 8, 9, 20, 54,
 
 @pytest.mark.parametrize("steps", [1, 3, 7])
 def test_counter_drafts_leave_the_greedy_output_target_only(steps, monkeypatch):
-    import specswap.worker
+    import specswap.worker.ngram
     from spec_helpers import bigram_pair, run_to_completion
     from specswap.worker import EAGLEWorker
 
@@ -115,7 +115,7 @@ def test_counter_drafts_leave_the_greedy_output_target_only(steps, monkeypatch):
         extrapolated.append(drafts != propose_ngram(tokens, steps))
         return drafts
 
-    monkeypatch.setattr(specswap.worker, "propose_ngram", spy)
+    monkeypatch.setattr(specswap.worker.ngram, "propose_ngram", spy)
     worker = EAGLEWorker(target, None, "NGRAM", steps, max_batch_size=3, max_seq_len=48, ngram_numbers=numbers)
     tokens, _, _ = run_to_completion(worker, COUNTER_PROMPTS, 12)
     reference, _, _ = run_to_completion(EAGLEWorker(target, None, None, max_batch_size=3, max_seq_len=48),

@@ -164,7 +164,7 @@ def test_accept_from_logits_takes_the_same_decisions_as_the_full_law(one_hot_dra
     full = logits_to_probs(logits.reshape(n, vocab), temperature.repeat_interleave(steps + 1),
                            torch.zeros(n, dtype=torch.long), torch.ones(n), apply_filters=False)
     expected = accept_draft_tokens(full.view(batch, steps + 1, vocab), draft_probs, drafts, uniforms, noise)
-    got = accept_from_logits(logits, temperature, drafts, None if one_hot_drafts else draft_probs, uniforms, noise)
+    got = accept_from_logits(logits, temperature, drafts, draft_probs, uniforms, noise)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     if steps:
         assert 0 < int((expected[0] > 0).sum()) and int((expected[0] == 0).sum()) > 0  # both paths exercised

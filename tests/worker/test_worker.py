@@ -8,8 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spec_helpers import (attention_pair, bigram_pair, random_eagle_head, random_target, reference_eagle_drafts,
-                          reference_greedy, run_to_completion)
-from specswap.sampling import SamplingParams, accept_draft_tokens, logits_to_probs, sample_from_probs
+                          feed_controller, reference_greedy, run_to_completion)
+from specswap.sampling import (LOSSLESS, SamplingParams, Verifier, accept_draft_tokens, logits_to_probs,
+                               sample_from_probs)
 from specswap.ngram import NumberTokens
 from specswap.worker import EAGLEWorker
 
@@ -205,7 +206,7 @@ def test_caches_are_sized_for_the_largest_tier():
     state7 = worker.build_adaptive_runtime_state(7, 8)
     worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=4)])
     worker.apply_runtime_state(state7)
-    while worker.host_seq_lens[0] < 24:
+    while worker.slots.host_seq_lens[0] < 24:
         worker.decode_round([0])
 
 
@@ -215,13 +216,13 @@ def test_worker_satisfies_the_controller_protocol():
     worker = EAGLEWorker(target, draft, "STANDALONE", speculative_num_steps=2, max_seq_len=24, tiers=(1, 3, 7))
     assert isinstance(worker, AdaptiveSpecWorker)
     controller = AdaptiveController(worker, {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1})
-    controller.init_states()
+    worker.apply_runtime_state(controller.init_states())
     assert controller.candidate_steps == [1, 2, 3, 7] and worker.active_steps == 2
-    worker.controller = controller
     worker.prefill([0], [[1, 2, 3]], [SamplingParams(max_new_tokens=8)])
-    worker.decode_round([0])  # the self-draft accepts both drafts: ema 2 > 2 - 0.5, the policy moves up
+    # the self-draft accepts both drafts: ema 2 > 2 - 0.5, the policy moves up
+    feed_controller(controller, worker, worker.decode_round([0]))
     assert worker.active_steps == 3
-    worker.decode_round([0])  # ema 3 > 3 - 0.5: up again
+    feed_controller(controller, worker, worker.decode_round([0]))  # ema 3 > 3 - 0.5: up again
     assert worker.active_steps == 7
 
 
@@ -250,12 +251,15 @@ def test_ngram_round_with_nothing_to_look_up_is_a_plain_decode_the_controller_do
 
     worker = EAGLEWorker(target, None, "NGRAM", speculative_num_steps=3, max_batch_size=2, max_seq_len=96,
                          graphs=graphs)
-    worker.controller = Recorder()
+    recorder = Recorder()
     worker.prefill([0, 1], [lonely_prompt, every_token], [SamplingParams()] * 2)
     lonely = worker.decode_round([0])
+    feed_controller(recorder, worker, lonely)
     assert lonely.speculative_num_steps == 0 and lonely.accept_lengths == [0] and len(lonely.new_tokens[0]) == 1
+    assert lonely.tier == 3 and not lonely.measured_tier
     assert seen == []  # it tested no tier: the controller does not see it
     mixed = worker.decode_round([0, 1])
+    feed_controller(recorder, worker, mixed)
     assert mixed.speculative_num_steps == 3 and len(seen) == 1  # one row has a match: the tier runs for both
     tokens, _, _ = run_to_completion(EAGLEWorker(target, None, "NGRAM", 3, max_batch_size=2, max_seq_len=96,
                                                  graphs=graphs), [lonely_prompt, every_token], 12)
@@ -350,8 +354,10 @@ def _accept_always_keyed(draw, draft_tokens):
     return len(draft_tokens), draw(len(draft_tokens))
 
 
-BIASED_VERIFIERS = {"accept_always": _accept_always, "resample_from_p": _resample_from_p}
-BIASED_KEYED_VERIFIERS = {"accept_always": _accept_always_keyed}
+# full_law verifiers always build the target law (no from_logits shortcut, which is accept_draft_tokens' own)
+BIASED_VERIFIERS = {"accept_always": Verifier(full_law=_accept_always, from_logits=None),
+                    "resample_from_p": Verifier(full_law=_resample_from_p, from_logits=None)}
+BIASED_KEYED_VERIFIERS = {"accept_always": Verifier(keyed=_accept_always_keyed)}
 
 
 # k = 1 puts the bonus token (all drafts accepted) into the 3-token window; k = 2 the mid-chain rejection
@@ -379,11 +385,14 @@ def test_sampled_continuations_follow_the_target_law(device, algorithm, steps, p
         draft = None
     else:  # built after the target moved: the head shares its embedding and LM head
         draft = random_eagle_head(target, seed=4, token_map=[0, 2, 3, 5]).to(device)
-    worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=steps, max_batch_size=8, max_seq_len=16)
-    if biased and worker.keyed_sampling:  # NGRAM: draws keyed by output position (sampling.accept_keyed)
-        worker.accept_keyed_fn = BIASED_KEYED_VERIFIERS[biased]
+    verifier = LOSSLESS
+    if biased and algorithm == "NGRAM":  # NGRAM: draws keyed by output position (sampling.accept_keyed)
+        verifier = BIASED_KEYED_VERIFIERS[biased]
     elif biased:
-        worker.accept_fn = BIASED_VERIFIERS[biased]
+        verifier = BIASED_VERIFIERS[biased]
+    worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=steps, max_batch_size=8, max_seq_len=16,
+                         verifier=verifier)
+    assert worker.keyed_sampling == (algorithm == "NGRAM")
     # a biased verifier is far off; the unbiased runs need the samples to have power
     counts = sample_continuations(worker, params, num_samples=1200 if biased else 4000, seed=11)
     pvalue = chi_square_pvalue(counts, law)

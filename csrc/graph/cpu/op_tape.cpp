@@ -15,6 +15,28 @@
 namespace specswap::graph {
 namespace {
 
+// The recording hook sits on TESTING_ONLY_GenericMode, a mode key (switched
+// on per thread through the local dispatch key set, not carried by tensors).
+// Why this key (docs/graphs.md, "Why a testing dispatch key"):
+//  - It is the highest-priority key the C++ dispatcher visits (only PreDispatch
+//    and PythonDispatcher rank above it), so the fallback sees each operator as
+//    the caller called it, before Python modes, functorch, autocast, autograd
+//    and BackendSelect, and a CompositeImplicitAutograd operator before it is
+//    decomposed: the tape itself decides to decompose it or record it whole.
+//  - Torch registers no kernel or fallback for it and never switches it on
+//    (only its own dispatcher unit test does, which the wheel does not ship).
+//    Every other key at that height belongs to torch: PythonDispatcher,
+//    PreDispatch, Python, PythonTLSSnapshot, FuncTorchDynamicLayerFrontMode,
+//    BackendSelect and the Autocast keys all carry torch's fallbacks, and a
+//    second fallback on a key is refused at registration.
+// What guarantees it: the key is on only inside OpTape::record, on the
+// recording thread (IncludeDispatchKeyGuard, thread-local); replay
+// redispatches with the keys captured below it, so it never passes the hook;
+// if anything else switches the key on, the fallback runs the operator with
+// the key excluded, so it is transparent there; if another library registers a
+// fallback on it, loading the extension fails (torch refuses a second one)
+// instead of recording wrongly; and a torch that renames the key fails to
+// compile this file (torch is pinned, pyproject.toml).
 constexpr auto kRecordKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 thread_local OpTape* tls_recording_tape = nullptr;
 
@@ -78,8 +100,7 @@ std::optional<at::Tensor> gathered_rows(const c10::OperatorHandle& op, const tor
 
 }  // namespace
 
-// The recording hook: a boxed fallback on a mode key that is switched on only
-// while a tape records, on the recording thread.
+// The recording hook: a boxed fallback on kRecordKey (why that key: above).
 TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&record_fallback>());
 }
@@ -198,8 +219,8 @@ void OpTape::on_operator(const c10::OperatorHandle& op, c10::DispatchKeySet keys
   record_entry(Entry{op, keys, std::move(args), {}, {}, {}}, *stack);
 }
 
-// index_select copies the same rows 2-4x faster than the general index kernel. Recorded in its
-// place only where it returns the very same tensor (sizes, strides, values: a copy either way).
+// index_select copies the same rows faster than the general index kernel (docs/graphs.md). Recorded in
+// its place only where it returns the very same tensor (sizes, strides, values: a copy either way).
 void OpTape::record_row_gather(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const at::Tensor& rows,
                                torch::jit::Stack* stack) {
   static const auto index_select = c10::Dispatcher::singleton().findSchemaOrThrow("aten::index_select", "");
@@ -223,8 +244,8 @@ void OpTape::record_row_gather(const c10::OperatorHandle& op, c10::DispatchKeySe
 
 // aten::mm(x, weight.t()) in bf16 on the CPU, weight a contiguous [N, K] tensor that existed before capture:
 // recorded as mkldnn::_linear_pointwise over the weight repacked once for oneDNN (shared by every runner of
-// the pool), which skips the per-call weight handling of a plain matmul: 15-40% faster at the 1-16 rows a
-// decode step has. Only where it returns the very same bits as mm at capture; otherwise mm is recorded.
+// the pool), which skips the per-call weight handling of a plain matmul, the part that dominates at the few
+// rows a decode step has (docs/graphs.md). Only where it returns the very same bits as mm at capture; otherwise mm is recorded.
 bool OpTape::record_packed_linear(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& name = op.schema().operator_name();
   if (name.name != "aten::mm" || !name.overload_name.empty()) return false;
@@ -479,8 +500,14 @@ class CpuGraphRunner final : public GraphRunner {
 
 }  // namespace
 
-std::shared_ptr<GraphRunner> make_cpu_runner(Stage stage, int steps, int bucket, std::shared_ptr<GraphPool> pool) {
-  return std::make_shared<CpuGraphRunner>(stage, steps, bucket, std::move(pool));
-}
+// The CPU needs no pool of its own: GraphPool carries the device (and the repacked weights).
+SPECSWAP_REGISTER_GRAPH_BACKEND(c10::DeviceType::CPU,
+                                GraphBackend{"cpu",
+                                             [](c10::Device device) { return std::make_shared<GraphPool>(device); },
+                                             [](Stage stage, int steps, int bucket, std::shared_ptr<GraphPool> pool)
+                                                 -> std::shared_ptr<GraphRunner> {
+                                               return std::make_shared<CpuGraphRunner>(stage, steps, bucket,
+                                                                                       std::move(pool));
+                                             }});
 
 }  // namespace specswap::graph

@@ -126,13 +126,15 @@ class CudaGraphRunner final : public GraphRunner {
   std::size_t captured_bytes_ = 0;
 };
 
-}  // namespace
+std::shared_ptr<GraphPool> make_pool(c10::Device device) { return std::make_shared<CudaGraphPool>(device); }
 
-std::shared_ptr<GraphPool> make_cuda_pool(c10::Device device) { return std::make_shared<CudaGraphPool>(device); }
-
-std::shared_ptr<GraphRunner> make_cuda_runner(Stage stage, int steps, int bucket, std::shared_ptr<GraphPool> pool) {
+std::shared_ptr<GraphRunner> make_runner(Stage stage, int steps, int bucket, std::shared_ptr<GraphPool> pool) {
   if (!dynamic_cast<CudaGraphPool*>(pool.get())) throw std::invalid_argument("a CUDA runner needs a CUDA GraphPool");
   return std::make_shared<CudaGraphRunner>(stage, steps, bucket, std::move(pool));
 }
+
+}  // namespace
+
+SPECSWAP_REGISTER_GRAPH_BACKEND(c10::DeviceType::CUDA, GraphBackend{"cuda", &make_pool, &make_runner});
 
 }  // namespace specswap::graph

@@ -83,13 +83,15 @@ class NpuGraphRunner final : public GraphRunner {
   c10_npu::NPUGraph graph_;
 };
 
-}  // namespace
+std::shared_ptr<GraphPool> make_pool(c10::Device device) { return std::make_shared<NpuGraphPool>(device); }
 
-std::shared_ptr<GraphPool> make_npu_pool(c10::Device device) { return std::make_shared<NpuGraphPool>(device); }
-
-std::shared_ptr<GraphRunner> make_npu_runner(Stage stage, int steps, int bucket, std::shared_ptr<GraphPool> pool) {
+std::shared_ptr<GraphRunner> make_runner(Stage stage, int steps, int bucket, std::shared_ptr<GraphPool> pool) {
   if (!dynamic_cast<NpuGraphPool*>(pool.get())) throw std::invalid_argument("an NPU runner needs an NPU GraphPool");
   return std::make_shared<NpuGraphRunner>(stage, steps, bucket, std::move(pool));
 }
+
+}  // namespace
+
+SPECSWAP_REGISTER_GRAPH_BACKEND(c10::DeviceType::PrivateUse1, GraphBackend{"npu", &make_pool, &make_runner});
 
 }  // namespace specswap::graph

@@ -51,11 +51,11 @@ class EngineRunner:
                 self.request_index += 1
                 started[request_id] = time.perf_counter()
                 seen_tokens[request_id] = 0
-            tier = engine.worker.active_steps if speculative else 0
-            outputs = engine.step()
+            step = engine.step()
+            tier = step.tier if speculative else 0
             now = time.perf_counter()
             step_tokens = 0
-            for output in outputs:
+            for output in step.outputs:
                 step_tokens += len(output.token_ids) - seen_tokens.get(output.request_id, 0)
                 seen_tokens[output.request_id] = len(output.token_ids)
                 if output.finished:
@@ -66,7 +66,6 @@ class EngineRunner:
                     if self.on_request_done is not None:
                         self.on_request_done()
             self.run["trace"].append([self.clock + now - t0, tier, step_tokens, phase_index])
-        engine.finished.clear()
         elapsed = time.perf_counter() - t0
         self.run["phases"].append({"name": phase.name, "temperature": phase.temperature, "start_s": self.clock,
                                    "end_s": self.clock + elapsed, "requests": records})

@@ -5,10 +5,10 @@ metadata keys and the tokenizer's vocabulary. ``build_gguf_cache`` turns one int
 directories that ``load_model`` / ``load_tokenizer`` read:
 
     <cache_dir>/manifest.json             what the cache was built from (GGUF sha256 and size, cache version)
-    <cache_dir>/bfloat16/                 config.json, model.safetensors (bf16), tokenizer.json
-    <cache_dir>/float32/                  config.json, model.safetensors (fp32), tokenizer.json
+    <cache_dir>/bfloat16/                 config.json, model.safetensors (bf16), tokenizer.json, tokenizer_config.json
+    <cache_dir>/float32/                  config.json, model.safetensors (fp32), tokenizer.json, tokenizer_config.json
     <cache_dir>/native/                   config.json, model.safetensors (the file's blocks as uint8, the rest
-                                          fp32; metadata "ggml_types"), tokenizer.json
+                                          fp32; metadata "ggml_types"), tokenizer.json, tokenizer_config.json
 
 ``ensure_gguf_cache`` reuses a cache only when its manifest matches the GGUF and every file it lists is
 whole (size and safetensors header checked, no full read); otherwise it says why and rebuilds.
@@ -17,7 +17,7 @@ Conventions followed (transformers' GGUF loader is the reference, tests/gemma ch
 - llama.cpp stores Gemma norm weights as (1 + w); they are converted back to w in fp32, because the
   model applies (1 + w) itself (``RMSNorm(weight_offset=1.0)``);
 - Gemma uses NEOX-style rotary, so q/k weights are not permuted (unlike llama.cpp's Llama files);
-- the tokenizer is rebuilt from the vocabulary exactly as transformers' ``gemma_tokenizer`` does.
+- the tokenizer is rebuilt from the metadata as transformers' GGUF conversion does (``gguf_tokenizer``).
 
 Needs the ``gguf`` package (``pip install "specswap[gemma]"``); only cache building imports it.
 """
@@ -37,6 +37,7 @@ from typing import Any, Callable
 import torch
 
 from .config import CheckpointError
+from .gguf_tokenizer import build_gguf_tokenizer, sentencepiece_merges, tokenizer_config_from_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,6 @@ CACHE_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": t
 NATIVE_DIR = "native"  # the cache's block-format weights (uint8 blocks + ggml types in the safetensors metadata)
 # GGML types this converter accepts; the names are gguf.GGMLQuantizationType members
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
-TOKEN_TYPE_CONTROL = 3       # llama.cpp token types
-TOKEN_TYPE_USER_DEFINED = 4
 
 
 def _import_gguf():
@@ -207,57 +206,6 @@ def gemma3_tensor_transform(name: str, tensor: torch.Tensor, config: dict[str, A
     return tensor - 1 if name.endswith("norm.weight") else tensor
 
 
-def sentencepiece_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
-    """BPE merges implied by a vocabulary, best first: every split of a token into two vocabulary pieces,
-    ordered by the token's score (then by piece lengths). Same order as transformers' ``generate_merges``."""
-    merges = []
-    for merged, score in scores.items():
-        local = [(merged[:cut], merged[cut:], score) for cut in range(1, len(merged))
-                 if merged[:cut] in vocab and merged[cut:] in vocab]
-        local.sort(key=lambda merge: (vocab[merge[0]], vocab[merge[1]]))
-        merges.extend(local)
-    merges.sort(key=lambda merge: (merge[2], len(merge[0]), len(merge[1])), reverse=True)
-    return [(left, right) for left, right, _ in merges]
-
-
-def gemma_tokenizer_from_gguf(reader):
-    """The Gemma sentencepiece-BPE tokenizer described by the file's metadata, as a ``tokenizers.Tokenizer``.
-
-    Mirrors transformers' GGUF conversion (``gemma_tokenizer`` + ``GemmaTokenizer``) so both encode alike:
-    whitespace-only tokens stored with real spaces are respelled with U+2581; the file has no merges, so they
-    are rebuilt from the vocabulary ordered by file position (Gemma's scores do not follow merge order);
-    control tokens become special added tokens and user-defined ones (newline runs, tabs, HTML tags) plain
-    added tokens, matched whole.
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors  # noqa: PLC0415
-    from tokenizers.models import BPE  # noqa: PLC0415
-
-    model = gguf_field(reader, "tokenizer.ggml.model")
-    if model != "llama":
-        raise CheckpointError(f"{reader.data.filename}: tokenizer.ggml.model {model!r} is not supported for Gemma; "
-                              "valid: 'llama' (sentencepiece)")
-    tokens: list[str] = gguf_field(reader, "tokenizer.ggml.tokens")
-    token_types: list[int] = gguf_field(reader, "tokenizer.ggml.token_type")
-    respelled = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
-    vocab = {token: index for index, token in enumerate(respelled)}
-    positions = {token: -index for index, token in enumerate(respelled)}
-    special = {name: tokens[int(gguf_field(reader, f"tokenizer.ggml.{key}", default))]
-               for name, key, default in (("unk", "unknown_token_id", 3), ("bos", "bos_token_id", 2))}
-    tokenizer = Tokenizer(BPE(vocab=vocab, merges=sentencepiece_merges(vocab, positions), fuse_unk=True,
-                              unk_token=special["unk"], dropout=None, byte_fallback=True))
-    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
-    tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    tokenizer.add_special_tokens([AddedToken(token, normalized=False, special=True)
-                                  for token, kind in zip(tokens, token_types) if kind == TOKEN_TYPE_CONTROL])
-    tokenizer.add_tokens([AddedToken(token, normalized=False, special=False)
-                          for token, kind in zip(tokens, token_types) if kind == TOKEN_TYPE_USER_DEFINED and token in vocab])
-    bos = special["bos"]
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, vocab[bos])])
-    return tokenizer
-
-
 # ------------------------------------------------------------------------------- Llama, Qwen 2, Qwen 3
 
 
@@ -361,29 +309,17 @@ def neox_tensor_transform(name: str, tensor: torch.Tensor, config: dict[str, Any
     return tensor
 
 
-def transformers_tokenizer_from_gguf(reader):
-    """A GPT-2 style BPE tokenizer from the file's metadata, through transformers' GGUF converter (the
-    reference the runtime's own builder is checked against), as a ``tokenizers.Tokenizer``. None when the file
-    carries no tokenizer."""
+def gguf_tokenizer(reader):
+    """The tokenizer reader of every GGUF row (``gguf_tokenizer.build_gguf_tokenizer``: SentencePiece-style or
+    GPT-2 BPE from the metadata); None for a file without tokenizer metadata (token ids only)."""
     if "tokenizer.ggml.model" not in reader.fields:
         return None
-    try:
-        from transformers import AutoTokenizer  # noqa: PLC0415
-    except ImportError as error:
-        raise ImportError(f"{reader.data.filename}: building its {gguf_field(reader, 'tokenizer.ggml.model')!r} "
-                          "tokenizer needs transformers (pip install transformers)") from error
-    path = Path(str(reader.data.filename))
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).backend_tokenizer
-
-
-def gguf_tokenizer(reader):
-    """The tokenizer reader of every non-Gemma row: the one place a GGUF tokenizer builder plugs in."""
-    return transformers_tokenizer_from_gguf(reader)
+    return build_gguf_tokenizer(reader)
 
 
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "gemma3": GGUFArchitecture(gemma3_config_from_gguf, gemma3_parameter_name, gemma3_tensor_transform,
-                               gemma_tokenizer_from_gguf),
+                               gguf_tokenizer),
     # llama.cpp writes Mistral files as "llama"
     "llama": GGUFArchitecture(llama_family_config_from_gguf("llama", "llama"), llama_parameter_name,
                               llama_tensor_transform, gguf_tokenizer),
@@ -547,6 +483,7 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
     gguf_sha256 = gguf_sha256 or file_sha256(gguf_path)
     config = architecture.config_from_gguf(reader, source)
     tokenizer = architecture.tokenizer_from_gguf(reader)
+    tokenizer_config = tokenizer_config_from_gguf(reader) if tokenizer is not None else None
     state = read_gguf_state_dict(reader, architecture, source, config, progress)
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
@@ -556,8 +493,13 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     tokenizer_file = staging / "tokenizer.json"
+    tokenizer_config_file = staging / "tokenizer_config.json"
     if tokenizer is not None:
         tokenizer.save(str(tokenizer_file))
+        # special-token strings, add_bos_token and the chat template, as load_tokenizer and AutoTokenizer read them
+        tokenizer_config_file.write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **{
+            key: value for key, value in tokenizer_config.items() if value is not None}}, indent=2,
+            ensure_ascii=False) + "\n")
     from tqdm.auto import tqdm  # noqa: PLC0415
     for dtype_name in tqdm(dtypes, desc="writing safetensors", disable=not progress):
         directory = staging / dtype_name
@@ -568,6 +510,7 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
         save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt", "source": gguf_path.name})
         if tokenizer is not None:
             _link_or_copy(tokenizer_file, directory / "tokenizer.json")
+            _link_or_copy(tokenizer_config_file, directory / "tokenizer_config.json")
     native_state, kinds = read_gguf_native_state(reader, architecture, _linear_names(config, source), config,
                                                   progress)
     if config.get("tie_word_embeddings"):
@@ -579,7 +522,9 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
               metadata={"format": "pt", "source": gguf_path.name, "ggml_types": json.dumps(kinds)})
     if tokenizer is not None:
         _link_or_copy(tokenizer_file, directory / "tokenizer.json")
+        _link_or_copy(tokenizer_config_file, directory / "tokenizer_config.json")
         tokenizer_file.unlink()
+        tokenizer_config_file.unlink()
     files = {str(p.relative_to(staging)): p.stat().st_size for p in sorted(staging.rglob("*")) if p.is_file()}
     manifest = {
         "cache_version": GGUF_CACHE_VERSION,
@@ -643,6 +588,6 @@ def ensure_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256:
 __all__ = [
     "CACHE_DTYPES", "GGUF_ARCHITECTURES", "GGUF_CACHE_VERSION", "GGUFArchitecture", "build_gguf_cache",
     "cache_problem", "dequantize_tensor", "ensure_gguf_cache", "file_sha256", "gemma3_config_from_gguf",
-    "gemma3_parameter_name", "gemma_tokenizer_from_gguf", "gguf_architecture", "gguf_field", "read_gguf_native_state", "open_gguf",
+    "gemma3_parameter_name", "gguf_architecture", "gguf_field", "read_gguf_native_state", "open_gguf",
     "read_gguf_state_dict", "sentencepiece_merges",
 ]

@@ -46,9 +46,12 @@ def load_ggml() -> None:
         raise RuntimeError(f"quantized (GGUF) weights need ggml's CPU library: {GGML_EXTRA_HINT}, "
                            "or load the model with weights='bf16' or 'fp32'")
     _C.ggml_load(str(Path(spec.origin).parent / "lib64"))
-    # the multi-row Q8_0/Q5_0/Q4_0 kernels are AVX2 code (the C++ also checks cpuid): they run only where the
-    # capability says AVX2, so SPECSWAP_CPU_CAPS=-avx2 sends every row through ggml's vec_dot as such a CPU would
-    _C.ggml_set_fast_kernels(cpu_capability().avx2)
+    # the multi-row kernels are AVX2 code, their Q8_0-family integer dot AVX-512 VNNI where it exists (the C++
+    # also checks cpuid): they run only where the capability says so, so SPECSWAP_CPU_CAPS=-avx512 runs the AVX2
+    # kernels and -avx2 sends every row through ggml's vec_dot, as such CPUs would
+    capability = cpu_capability()
+    _C.ggml_set_fast_kernels(capability.avx2)
+    _C.ggml_set_vnni(capability.avx512_vnni)
 
 
 def ggml_type(name_or_id: str | int) -> int:

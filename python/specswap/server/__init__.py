@@ -1,7 +1,8 @@
 """``specswap serve``: an HTTP server over the engine (OpenAI's API and SGLang's native one), with live adaptive
 metrics.
 
-    protocol.py   request validation, chat template, OpenAI error bodies (pure)
+    protocol.py   request validation, OpenAI error bodies (pure)
+    chat.py       the model's own chat template, rendered in transformers' jinja2 sandbox
     native.py     SGLang's /generate: request bodies in, its output objects out (pure)
     scheduler.py  the one thread that owns the engine (continuous batching through add_request/step)
     metrics.py    Prometheus registry: tier, draft tokens, accept-length histogram, switches, tokens, queues

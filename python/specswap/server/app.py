@@ -128,7 +128,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
             raise APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server takes "
                                 f"1..{limit - 1} (max_seq_len {limit})", param, "context_length_exceeded")
         try:
-            engine.worker.check_prompt(prompt_ids)  # pure (vocabulary, length): a batch is whole before it queues
+            engine.check_prompt(prompt_ids)  # pure (vocabulary, length): a batch is whole before it queues
         except ValueError as error:
             raise APIError(400, str(error), param) from error
         wanted = parsed.params.max_new_tokens
@@ -265,7 +265,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
 
     decode = engine.tokenizer.decode if engine.tokenizer is not None else None
     speculative = engine.speculative_algorithm is not None
-    max_steps = engine.worker.max_steps  # the largest tier: the acceptance histogram's last bin
+    max_steps = engine.max_steps  # the largest tier: the acceptance histogram's last bin
 
     def _native_output(update: Update, item: ParsedRequest, rid: str, started: float, text: str | None = None):
         reason = native.finish_reason(update.finish_reason, update.token_ids, update.text, item.params,

@@ -1,8 +1,7 @@
-"""OpenAI request validation, the chat template and error bodies (pure functions, no I/O)."""
+"""OpenAI request validation and error bodies (pure functions, no I/O); chat prompts are rendered by ``chat``."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import uuid
@@ -31,7 +30,7 @@ class APIError(Exception):
 
 @dataclass
 class ParsedRequest:
-    prompt: str | list[int]               # text (the engine adds BOS) or token ids as given
+    prompt: str | list[int]               # text (the engine adds BOS) or token ids as given (chat: rendered)
     params: SamplingParams
     stream: bool
     include_usage: bool                   # stream_options.include_usage
@@ -179,44 +178,28 @@ def parse_messages(body: dict) -> list[tuple[str, str]]:
     return parsed
 
 
-def apply_chat_template(messages: list[tuple[str, str]], tokenizer: Any = None) -> str:
-    """The prompt a chat becomes. Gemma tokenizers (with ``<start_of_turn>``) get Gemma's turn markup (system
-    text is folded into the first user turn, as Gemma does); any other tokenizer gets the plain template
-
-        System: {system}\\n\\nUser: {user}\\n\\nAssistant: {assistant}\\n\\n ... Assistant:
-
-    and generation stops at the next "\\nUser:" (added as a stop string by the server)."""
-    token_to_id = getattr(tokenizer, "token_to_id", None)
-    if token_to_id is not None and token_to_id("<start_of_turn>") is not None:
-        turns, system = [], ""
-        for role, text in messages:
-            if role == "system":
-                system += text + "\n\n"
-                continue
-            speaker = "model" if role == "assistant" else "user"
-            turns.append(f"<start_of_turn>{speaker}\n{system if speaker == 'user' else ''}{text}<end_of_turn>\n")
-            if speaker == "user":
-                system = ""
-        return "".join(turns) + "<start_of_turn>model\n"
-    names = {"system": "System", "user": "User", "assistant": "Assistant"}
-    return "".join(f"{names[role]}: {text}\n\n" for role, text in messages) + "Assistant:"
-
-
-CHAT_STOP = "\nUser:"
-
-
 def parse_chat(body: Any, tokenizer: Any, max_prompt_chars: int) -> ParsedRequest:
-    """POST /v1/chat/completions; ``max_completion_tokens`` is accepted as OpenAI's newer name for max_tokens."""
+    """POST /v1/chat/completions; ``max_completion_tokens`` is accepted as OpenAI's newer name for max_tokens.
+
+    The conversation is rendered with the model's own chat template (``chat.chat_prompt_ids``) and sent as token
+    ids; a model without a template, or a template that refuses the conversation, is a 400."""
+    from .chat import ChatTemplateError, chat_prompt_ids  # noqa: PLC0415
+
     params, stream, include_usage, max_tokens_param = _common(body, DEFAULT_CHAT_MAX_TOKENS,
                                                               ("max_completion_tokens", "max_tokens"))
-    prompt = apply_chat_template(parse_messages(body), tokenizer)
-    if len(prompt) > max_prompt_chars:
-        raise _bad(f"the conversation has {len(prompt)} characters; at most {max_prompt_chars} are accepted",
+    messages = [{"role": role, "content": text} for role, text in parse_messages(body)]
+    if tokenizer is None:
+        raise _bad("chat needs a tokenizer with a chat template; this server has no tokenizer", "messages",
+                   "no_chat_template")
+    try:
+        text, prompt_ids = chat_prompt_ids(tokenizer, messages)
+    except ChatTemplateError as error:
+        code = "no_chat_template" if getattr(tokenizer, "chat_template", None) is None else "chat_template_error"
+        raise _bad(str(error), "messages", code) from error
+    if len(text) > max_prompt_chars:
+        raise _bad(f"the conversation has {len(text)} characters; at most {max_prompt_chars} are accepted",
                    "messages", "context_length_exceeded")
-    if not prompt.endswith("<start_of_turn>model\n") and CHAT_STOP not in params.stop:
-        stops = params.stop + (CHAT_STOP,)
-        params = dataclasses.replace(params, stop=stops)
-    return ParsedRequest(prompt, params, stream, include_usage, max_tokens_param)
+    return ParsedRequest(prompt_ids, params, stream, include_usage, max_tokens_param)
 
 
 def new_id(prefix: str) -> str:

@@ -122,15 +122,17 @@ class Scheduler:
             self.counters.prompt_tokens += prompt_tokens
             self._send(submission, Update(request_id, prompt_tokens=prompt_tokens))
         elif command == "abort":
-            if payload in self._live and engine.abort(payload):
-                self._deliver(engine.finished.pop(payload))
+            if payload in self._live:
+                output = engine.abort(payload)
+                if output is not None:
+                    self._deliver(output)
 
     def _deliver(self, output, tier: int | None = None) -> None:
         """Pass a request's new state to its handler; ``tier`` is the tier its new rounds ran at."""
         submission = self._live.get(output.request_id)
         if submission is None:
             return
-        tier = self.engine.worker.active_steps if tier is None else tier
+        tier = self.engine.current_steps if tier is None else tier
         new_rounds = output.accept_lengths[submission.seen_rounds:]
         if self.on_round is not None:
             for accepted in new_rounds:
@@ -162,16 +164,13 @@ class Scheduler:
                     block = False
                 finishing = False
                 if engine.has_unfinished():
-                    tier_before = engine.worker.active_steps
-                    outputs = engine.step()
-                    engine.finished.clear()  # step() already returned every request it finished
-                    finishing = any(output.finish_reason is not None for output in outputs)
+                    step = engine.step()
+                    finishing = bool(step.finished)
                     if finishing:  # a client that reads /server_info after its answer sees this step's tier
                         self.snapshot = engine.stats()
                         last_snapshot = time.monotonic()
-                    for output in outputs:
-                        # the round ran at tier_before; the controller may have switched after it
-                        self._deliver(output, tier_before)
+                    for output in step.outputs:
+                        self._deliver(output, step.tier)
                 now = time.monotonic()
                 if not finishing and (now - last_snapshot > 0.05 or not engine.has_unfinished()):
                     self.snapshot = engine.stats()

@@ -325,7 +325,7 @@ def write_tokenizer_files(tokenizer, directory: Path) -> None:
     """tokenizer.json, plus the tokenizer_config.json that lets transformers' AutoTokenizer load it too."""
     tokenizer.save(str(directory / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
-              "add_bos_token": False, "model_max_length": 512}
+              "add_bos_token": True, "model_max_length": 512}
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 

@@ -1,0 +1,98 @@
+// The estimates both policies can report and the goodput policy decides on
+// (docs/policy.md): how many drafts are accepted (AcceptanceEstimate, the
+// expected tokens per round) and what a round costs per tier, batch size and
+// kind of round (CostModel). Allocation-free after construction.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/adaptive_config.h"
+
+namespace specswap {
+
+// Expected tokens per round at `steps` drafts, bonus included, when each
+// draft is accepted with probability alpha given the earlier ones were:
+// sum_{i=0..k} alpha^i.
+double expected_tokens(double alpha, int steps) noexcept;
+
+// Acceptance as EMAs: pooled successes / trials and, per draft position
+// 1..kMaxSteps, the EMAs of reaching and accepting it.
+struct AcceptanceEstimate {
+  // EMA weight per batch; when per_request, per kRequestsPerWeight requests:
+  // a batch of n keeps (1 - weight)^(n/4) of the old counts and adds its own
+  // with weight `weight`, so every request weighs the same and the estimate
+  // remembers as many requests at batch 1 as at batch 8.
+  static constexpr double kRequestsPerWeight = 4.0;
+
+  AcceptanceEstimate(double weight, bool per_request, bool forget_unreached);
+
+  double weight;
+  bool per_request;
+  bool forget_unreached;  // unreached positions fade toward alpha
+  double successes = 0.0;
+  double trials = 0.0;
+  std::vector<double> position_successes;
+  std::vector<double> position_trials;
+
+  // successes / trials; 0.5 before any trial.
+  double alpha() const noexcept;
+  // Acceptance rate of a draft position, shrunk toward alpha().
+  double at(int position) const noexcept;
+  // One batch: `reached` / `accepted_at` are per-position counts of the
+  // deepest position each request reached / accepted (suffix-summed here).
+  void observe(std::size_t requests, long long batch_successes, long long batch_trials,
+               const double* reached, const double* accepted_at, int steps) noexcept;
+  // Expected tokens per round at `steps` under `model`; the positional model
+  // uses the observed rates of positions up to `depth` (the tier the
+  // observations came from), the deepest of them beyond it.
+  double tokens(AcceptanceModel model, int depth, int steps) const noexcept;
+};
+
+// Seconds per round: an EMA per table (batch-size bucket x kind of round) and
+// candidate tier, slow spells kept out of it, and estimates for tiers never
+// timed.
+class CostModel {
+ public:
+  // Costs are kept per batch-size bucket (powers of two: 1, 2-3, 4-7, ...;
+  // the last bucket holds every larger batch) and per kind of round (greedy,
+  // sampled): tables 0..15 greedy, 16..31 sampled.
+  static constexpr int kNumBuckets = 16;
+  static constexpr int kNumTables = 2 * kNumBuckets;
+  static int bucket_of(int batch_size) noexcept;
+  static int table_of(int batch_size, bool sampled) noexcept;
+
+  CostModel(const std::vector<int>& candidates, const AdaptiveConfig& config);
+
+  // One timed round at candidate `index` in `table`; `batch` counts the
+  // policy's batches (staleness), `probing` marks the start-up probes.
+  void learn(int table, std::size_t index, double seconds, std::uint64_t batch, bool probing) noexcept;
+  // Seconds per round of every candidate in `table` (candidates order):
+  // measured where measured, else estimated.
+  void estimate(int table, double* out) const noexcept;
+  // The measured EMAs, [table][candidate], NaN where never measured.
+  std::vector<std::vector<double>> measured() const;
+
+ private:
+  bool fit(int table, double* intercept, double* slope) const noexcept;
+  int measured_in(int table) const noexcept;
+  // Whether this sample falls in a slow spell (and so is not learned).
+  bool slow_spell(std::size_t slot, double seconds) noexcept;
+
+  std::vector<int> candidates_;
+  double ema_alpha_;
+  std::uint64_t stale_after_;  // batches untimed before a slot starts a new run
+  double prior_slope_;
+  // [table * candidates + index]: EMA of seconds per round; NaN = never.
+  std::vector<double> cost_ema_;
+  std::vector<std::uint64_t> timed_at_;  // same layout: batch of the last sample
+  std::vector<std::uint64_t> run_;       // samples since the slot last went stale
+  // slow spells: rounds in a row far above their tier's cost
+  double spell_level_ = 1.0;     // > 1 while in a spell: its rounds' ratio to the costs
+  int suspects_ = 0;             // such rounds in a row before a spell is called
+  double suspect_ratios_ = 0.0;  // the sum of their ratios
+  double noise_ = 0.0;           // EMA of squared log(round time / its tier's cost)
+};
+
+}  // namespace specswap

@@ -1,0 +1,198 @@
+#include "core/goodput_policy.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace specswap {
+namespace {
+
+// Predicted goodput ratio that still moves up while bounces block up moves,
+// and that is acted on at once between two decisions: a gain this large is a
+// new phase (acceptance jumped or collapsed), not noise for the interval to
+// smooth, and waiting out the interval would spend a short high phase at the
+// old tier.
+constexpr double kPhaseChangeGain = 1.5;
+// EMA weight of the short-memory acceptance estimate that detects a phase
+// change between two decisions (the decisions use config.ema_alpha).
+constexpr double kFastEmaWeight = 0.5;
+// At batch size 1, requests (one per batch) that must all point at the same
+// tier before a phase change is acted on: two lucky requests in a row are not
+// a phase. A batch of 2 or more shows a phase change in every request and is
+// acted on at once: waiting there keeps each high phase longer at the old tier.
+constexpr std::uint64_t kPhaseChangeRequests = 6;
+
+}  // namespace
+
+GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> candidates, std::size_t initial_index)
+    : config_(config),
+      candidates_(std::move(candidates)),
+      index_(initial_index),
+      initial_index_(initial_index),
+      slow_(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false),
+      fast_(std::max(config.ema_alpha, kFastEmaWeight), /*per_request=*/false, /*forget_unreached=*/true),
+      costs_(candidates_, config),
+      phase_change_tier_(initial_index),
+      scratch_(candidates_.size(), 0.0),
+      probe_batches_(static_cast<std::uint64_t>(config.probe_rounds) * candidates_.size()),
+      zero_wait_(first_zero_wait()),
+      position_scratch_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0) {}
+
+std::uint64_t GoodputPolicy::first_zero_wait() const noexcept {
+  return static_cast<std::uint64_t>(std::min(2 * config_.update_interval, config_.probe_interval));
+}
+
+std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
+  ++num_batches_;
+  const auto warmup = static_cast<std::uint64_t>(config_.warmup_batches);
+  const auto interval = static_cast<std::uint64_t>(config_.update_interval);
+  const std::size_t before = index_;
+
+  observe(accept_lengths, round_seconds, sampled);
+  ++batches_on_tier_;
+  if (num_batches_ <= probe_batches_) {
+    // Start-up probing: the initial tier first, then the others ascending,
+    // probe_rounds batches each; decide as soon as every tier was timed.
+    if (num_batches_ < probe_batches_) {
+      const std::size_t slot = static_cast<std::size_t>(num_batches_ / config_.probe_rounds);
+      const std::size_t next = slot == 0 ? initial_index_ : (slot - 1 < initial_index_ ? slot - 1 : slot);
+      move_to(next, /*is_decision=*/false);
+    } else {
+      decide(/*min_gain=*/0.0);
+    }
+    return index_;
+  }
+  if (zero_probe_left_ > 0) {
+    // The end of a probe out of tier 0: decide at once. Back to 0 again
+    // doubles the wait before the next probe (up to probe_interval).
+    if (--zero_probe_left_ > 0) return index_;
+    decide(config_.min_gain);
+    zero_wait_ = current_steps() == 0 ? std::min<std::uint64_t>(2 * zero_wait_, config_.probe_interval)
+                                      : first_zero_wait();
+    return index_;
+  }
+  if (current_steps() == 0 && batches_on_tier_ >= zero_wait_) {
+    // Tier 0 verifies no drafts, so alpha is frozen there: try the best
+    // speculative tier for probe_rounds batches (at least one).
+    costs_.estimate(last_table_, scratch_.data());
+    std::size_t best = index_;
+    double best_goodput = -1.0;
+    for (std::size_t j = 0; j < candidates_.size(); ++j) {
+      if (candidates_[j] == 0) continue;
+      const double goodput = tokens(slow_, candidates_[j]) / scratch_[j];
+      if (goodput > best_goodput) best_goodput = goodput, best = j;
+    }
+    move_to(best, /*is_decision=*/false);
+    zero_probe_left_ = std::max(1, config_.probe_rounds);
+    return index_;
+  }
+  if (num_batches_ <= warmup) return index_;
+  if ((num_batches_ - warmup) % interval != 0) {
+    // Between decisions only a phase change moves the tier (tier 0 observes
+    // no acceptance: its probes above handle it).
+    if (current_steps() == 0) return index_;
+    const std::size_t target = phase_change_target();
+    if (target != phase_change_tier_) phase_change_tier_ = target, phase_change_requests_ = 0;
+    if (target == index_) return index_;
+    phase_change_requests_ += accept_lengths.size();
+    if (accept_lengths.size() < 2 && phase_change_requests_ < kPhaseChangeRequests) return index_;
+    ++decisions_;
+    move_to(target, /*is_decision=*/true);
+  } else {
+    decide(config_.min_gain);
+  }
+  if (index_ != before && current_steps() == 0) zero_wait_ = first_zero_wait();
+  return index_;
+}
+
+void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
+  const int steps = current_steps();
+  // Truncated geometric observations: a of k drafts accepted is a successes,
+  // plus one failure when the run stopped before k.
+  long long successes = 0;
+  long long trials = 0;
+  for (int accepted : accept_lengths) {
+    const int a = std::clamp(accepted, 0, steps);
+    successes += a;
+    trials += a + (a < steps ? 1 : 0);
+  }
+  // Per draft position i: reached (a trial) by requests with a >= i - 1 that
+  // drafted i, accepted by those with a >= i.
+  std::fill(position_scratch_.begin(), position_scratch_.begin() + 2 * (steps + 1), 0.0);
+  double* reached = position_scratch_.data();
+  double* accepted_at = reached + (steps + 1);
+  if (steps > 0) {
+    for (int accepted : accept_lengths) {
+      const int a = std::clamp(accepted, 0, steps);
+      reached[std::min(a + 1, steps)] += 1.0;  // reached 1..min(a+1,k): counted as a suffix later
+      accepted_at[a] += 1.0;                   // accepted 1..a
+    }
+  }
+  slow_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
+  fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
+  last_table_ = CostModel::table_of(static_cast<int>(accept_lengths.size()), sampled);
+  if (std::isfinite(round_seconds) && round_seconds > 0.0) {
+    costs_.learn(last_table_, index_, round_seconds, num_batches_, /*probing=*/num_batches_ <= probe_batches_);
+  }
+}
+
+std::size_t GoodputPolicy::phase_change_target() const noexcept {
+  // The short-memory estimate must predict kPhaseChangeGain over the current
+  // tier. (It forgets positions the recent batches did not reach, so after a
+  // phase change their old rates do not hold a move back.)
+  costs_.estimate(last_table_, scratch_.data());
+  const double fast_current = tokens(fast_, current_steps()) / scratch_[index_];
+  std::size_t best = index_;
+  double best_goodput = fast_current * kPhaseChangeGain;
+  for (std::size_t j = 0; j < candidates_.size(); ++j) {
+    const double goodput = tokens(fast_, candidates_[j]) / scratch_[j];
+    if (goodput >= best_goodput) best_goodput = goodput, best = j;
+  }
+  return best;
+}
+
+bool GoodputPolicy::decide(double min_gain) {
+  ++decisions_;
+  const bool allow_up = decisions_ >= up_blocked_until_;
+  costs_.estimate(last_table_, scratch_.data());
+  const double current = tokens(slow_, current_steps()) / scratch_[index_];
+  std::size_t best = index_;
+  double best_goodput = current;
+  for (std::size_t j = 0; j < candidates_.size(); ++j) {
+    const double goodput = tokens(slow_, candidates_[j]) / scratch_[j];
+    // While up moves are blocked after bounces, only a large predicted gain
+    // lifts the block: the guard is for a model that over-promised by a
+    // little, not for a workload whose acceptance has changed (a new phase).
+    if (!allow_up && j > index_ && !(goodput > current * kPhaseChangeGain)) continue;
+    if (goodput > best_goodput) best_goodput = goodput, best = j;
+  }
+  if (best == index_ || !(best_goodput > current * (1.0 + min_gain))) {
+    if (allow_up && bounces_ > 0 && decisions_ > last_switch_decision_ + 2) --bounces_;
+    return false;
+  }
+  move_to(best, /*is_decision=*/true);
+  return true;
+}
+
+void GoodputPolicy::move_to(std::size_t index, bool is_decision) noexcept {
+  if (index == index_) return;
+  const bool up = index > index_;
+  if (is_decision) {
+    if (!up && last_switch_up_ && decisions_ <= last_switch_decision_ + 2) {
+      // Up, then straight back down: the model over-promised the higher tier
+      // (say acceptance falls along the draft). Refuse up moves for 2, 4, 8,
+      // ... decisions while it keeps happening.
+      bounces_ = std::min(bounces_ + 1, 6);
+      up_blocked_until_ = decisions_ + 1 + (std::uint64_t{1} << bounces_);
+    }
+    last_switch_up_ = up;
+    last_switch_decision_ = decisions_;
+  } else {
+    last_switch_up_ = false;  // a probe is not an up move to bounce from
+  }
+  index_ = index;
+  batches_on_tier_ = 0;
+  phase_change_tier_ = index;
+  phase_change_requests_ = 0;
+}
+
+}  // namespace specswap

@@ -1,0 +1,76 @@
+// The cost-aware goodput policy (docs/policy.md): picks argmax E(k) / cost(k)
+// over the candidate tiers from the acceptance and cost estimates, with
+// start-up probes, probes out of tier 0, a bounce guard and moves on phase
+// changes between decisions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/acceptance_cost.h"
+#include "core/adaptive_config.h"
+
+namespace specswap {
+
+class GoodputPolicy {
+ public:
+  // candidates: sorted, unique; initial_index into them.
+  GoodputPolicy(const AdaptiveConfig& config, std::vector<int> candidates, std::size_t initial_index);
+
+  // One non-empty verify made at the current tier (accepted drafts per
+  // request; round_seconds NaN or <= 0: untimed). Returns the candidate
+  // index to run next. No allocation.
+  std::size_t update(std::span<const int> accept_lengths, double round_seconds, bool sampled);
+
+  std::size_t index() const noexcept { return index_; }
+  // The estimate decisions use (EMA weight config.ema_alpha).
+  const AcceptanceEstimate& acceptance() const noexcept { return slow_; }
+  // Expected tokens per round at `steps` under the configured model, with
+  // positions observed up to `depth`.
+  double model_tokens(int steps, int depth) const noexcept {
+    return slow_.tokens(config_.acceptance_model, depth, steps);
+  }
+  const CostModel& costs() const noexcept { return costs_; }
+  int last_table() const noexcept { return last_table_; }
+
+ private:
+  int current_steps() const noexcept { return candidates_[index_]; }
+  double tokens(const AcceptanceEstimate& estimate, int steps) const noexcept {
+    return estimate.tokens(config_.acceptance_model, current_steps(), steps);
+  }
+  void observe(std::span<const int> accept_lengths, double round_seconds, bool sampled);
+  bool decide(double min_gain);
+  // Between decisions: the tier a phase change calls for (index_ if none).
+  std::size_t phase_change_target() const noexcept;
+  void move_to(std::size_t index, bool is_decision) noexcept;
+  std::uint64_t first_zero_wait() const noexcept;
+
+  AdaptiveConfig config_;
+  std::vector<int> candidates_;
+  std::size_t index_;
+  std::size_t initial_index_;
+  std::uint64_t num_batches_ = 0;  // batches seen (all non-empty)
+  AcceptanceEstimate slow_;  // config.ema_alpha: what decisions use
+  AcceptanceEstimate fast_;  // kFastEmaWeight: detects phase changes between decisions
+  CostModel costs_;
+  std::size_t phase_change_tier_;            // where the last batches pointed
+  std::uint64_t phase_change_requests_ = 0;  // requests in those batches
+  mutable std::vector<double> scratch_;      // candidates_.size(): costs
+  int last_table_ = 0;
+  std::uint64_t probe_batches_;          // candidates * probe_rounds
+  std::uint64_t batches_on_tier_ = 0;    // since the last switch
+  std::uint64_t zero_wait_;              // batches at tier 0 before a probe
+  int zero_probe_left_ = 0;              // batches left in a probe out of 0
+  std::vector<double> position_scratch_;  // per-batch counts
+  // oscillation guard: an up move followed at once by a down move is a
+  // bounce; each bounce in a row doubles how many decisions refuse up moves.
+  std::uint64_t decisions_ = 0;
+  std::uint64_t last_switch_decision_ = 0;
+  bool last_switch_up_ = false;
+  int bounces_ = 0;
+  std::uint64_t up_blocked_until_ = 0;  // decision count
+};
+
+}  // namespace specswap

@@ -1,0 +1,282 @@
+// The C++ core for Python: runtime states and the state pool, AdaptiveConfig
+// (every member, default and check from the table in
+// core/adaptive_config_fields.h) and the adaptive policy.
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/adaptive_params.h"
+#include "core/state_pool.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace specswap::python {
+namespace {
+
+// A stage resource is a Python object (the worker's per-tier buffers, a
+// StageGraphs, a dict): the state holds it, Python reads it back unchanged.
+class PyObjectResource final : public StageResource {
+ public:
+  explicit PyObjectResource(py::object object) : object_(std::move(object)) {}
+  ~PyObjectResource() override {
+    if (!Py_IsInitialized()) {
+      object_.release();  // interpreter gone: leak rather than crash
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    object_ = py::object();
+  }
+  const py::object& object() const { return object_; }
+
+ private:
+  py::object object_;
+};
+
+std::shared_ptr<const StageResource> wrap_stage(py::object object) {
+  if (object.is_none()) return nullptr;
+  return std::make_shared<PyObjectResource>(std::move(object));
+}
+
+py::object unwrap_stage(const std::shared_ptr<const StageResource>& resource) {
+  if (!resource) return py::none();
+  if (auto* py_resource = dynamic_cast<const PyObjectResource*>(resource.get())) {
+    return py_resource->object();
+  }
+  // A resource a C++ caller built (not through these bindings): opaque to Python.
+  return py::str("<C++ stage resource>");
+}
+
+using StatePtr = std::shared_ptr<RuntimeState>;
+
+StatePtr to_mutable(std::shared_ptr<const RuntimeState> state) {
+  // pybind11 holders are non-const; the object itself is still immutable
+  // (every field is const).
+  return std::const_pointer_cast<RuntimeState>(std::move(state));
+}
+
+// ---- AdaptiveConfig from its field table ----------------------------------------
+// A choice is a string in Python, every other field its own type.
+template <class T> using PyValue = std::conditional_t<std::is_enum_v<T>, std::string, T>;
+
+template <class T> PyValue<T> to_python(const T& value) {
+  if constexpr (std::is_enum_v<T>) {
+    return enum_name(value);
+  } else {
+    return value;
+  }
+}
+
+template <class T> T from_python(PyValue<T> value) {
+  if constexpr (std::is_enum_v<T>) {
+    return enum_from_name<T>(value);
+  } else {
+    return value;
+  }
+}
+
+template <std::size_t I>
+using FieldType = typename std::tuple_element_t<I, std::remove_const_t<decltype(kAdaptiveConfigFields)>>::type;
+
+py::dict config_to_dict(const AdaptiveConfig& config) {
+  py::dict out;
+  for_each_config_field([&](const auto& field) { out[field.name] = to_python(config.*field.member); });
+  return out;
+}
+
+// AdaptiveConfig(*, policy=..., candidate_steps=..., ...): one keyword per
+// field, typed, with the struct's default; validated before it is returned.
+template <std::size_t... I>
+void def_config_init(py::class_<AdaptiveConfig>& cls, std::index_sequence<I...>) {
+  const AdaptiveConfig defaults;
+  cls.def(py::init([](PyValue<FieldType<I>>... values) {
+            AdaptiveConfig config;
+            // a comma fold runs left to right: a bad choice is reported in table order
+            ((config.*(std::get<I>(kAdaptiveConfigFields).member) = from_python<FieldType<I>>(std::move(values))),
+             ...);
+            config.validate();
+            return config;
+          }),
+          py::kw_only(),
+          py::arg_v(std::get<I>(kAdaptiveConfigFields).name,
+                    to_python(defaults.*(std::get<I>(kAdaptiveConfigFields).member)))...);
+}
+
+py::list config_schema() {
+  const AdaptiveConfig defaults;
+  py::list out;
+  for_each_config_field([&](const auto& field) {
+    using T = typename std::decay_t<decltype(field)>::type;
+    py::dict row;
+    row["name"] = field.name;
+    row["kind"] = field_kind<T>();
+    row["default"] = to_python(defaults.*field.member);
+    row["valid"] = valid_words(field);
+    row["doc"] = field.doc;
+    row["low"] = field.bounds.low;
+    row["high"] = field.bounds.high;
+    row["low_open"] = field.bounds.low_open;
+    row["high_open"] = field.bounds.high_open;
+    if constexpr (std::is_enum_v<T>) {
+      py::list choices;
+      for (const char* name : EnumNames<T>::names) choices.append(name);
+      row["choices"] = choices;
+    }
+    out.append(row);
+  });
+  return out;
+}
+
+void bind_config(py::module_& m) {
+  py::class_<AdaptiveConfig> cls(m, "AdaptiveConfig",
+      "Adaptive policy settings; validated when a policy is built or validate() is called.");
+  def_config_init(cls, std::make_index_sequence<std::tuple_size_v<decltype(kAdaptiveConfigFields)>>{});
+  for_each_config_field([&](const auto& field) {
+    cls.def_property_readonly(field.name, [member = field.member](const AdaptiveConfig& c) {
+      return to_python(c.*member);
+    }, field.doc);
+  });
+  cls.def("validate", &AdaptiveConfig::validate)
+      .def("to_dict", &config_to_dict)
+      .def("__repr__", [](const AdaptiveConfig& c) {
+        return "AdaptiveConfig(" + py::repr(config_to_dict(c)).cast<std::string>() + ")";
+      });
+  m.def("adaptive_config_schema", &config_schema,
+        "One dict per AdaptiveConfig field, in order: name, kind (choice, steps, integer, number, bool), "
+        "default, valid (the rule in words), doc, low/high/low_open/high_open (bounds; steps: of each "
+        "entry) and, for a choice, choices.");
+}
+
+}  // namespace
+
+void bind_core(py::module_& m) {
+  py::class_<RuntimeState, StatePtr>(m, "SpecRuntimeState",
+      "Everything one decode round needs for one tier. Immutable.")
+      .def(py::init([](int speculative_num_steps, int speculative_num_draft_tokens,
+                       py::object draft, py::object verify, py::object draft_extend) {
+             return std::make_shared<RuntimeState>(
+                 speculative_num_steps, speculative_num_draft_tokens,
+                 wrap_stage(std::move(draft)), wrap_stage(std::move(verify)),
+                 wrap_stage(std::move(draft_extend)));
+           }),
+           py::arg("speculative_num_steps"), py::arg("speculative_num_draft_tokens"),
+           py::arg("draft") = py::none(), py::arg("verify") = py::none(),
+           py::arg("draft_extend") = py::none())
+      .def_readonly("speculative_num_steps", &RuntimeState::speculative_num_steps)
+      .def_readonly("speculative_num_draft_tokens",
+                    &RuntimeState::speculative_num_draft_tokens)
+      .def_property_readonly("draft", [](const RuntimeState& s) { return unwrap_stage(s.draft); })
+      .def_property_readonly("verify", [](const RuntimeState& s) { return unwrap_stage(s.verify); })
+      .def_property_readonly("draft_extend",
+                             [](const RuntimeState& s) { return unwrap_stage(s.draft_extend); })
+      .def("__repr__", [](const RuntimeState& s) {
+        return "SpecRuntimeState(speculative_num_steps=" +
+               std::to_string(s.speculative_num_steps) +
+               ", speculative_num_draft_tokens=" +
+               std::to_string(s.speculative_num_draft_tokens) + ")";
+      });
+
+  py::class_<StatePool>(m, "StatePool",
+      "One prebuilt runtime state per tier; acquire() is one atomic load and "
+      "activate() one atomic store.")
+      .def(py::init<>())
+      .def("register", [](StatePool& pool, StatePtr state) { pool.register_state(std::move(state)); },
+           py::arg("state"), "Add a prebuilt state; each tier once.")
+      .def("activate", &StatePool::activate, py::arg("speculative_num_steps"),
+           "Publish a registered tier; True if the active tier changed.")
+      .def("acquire", [](const StatePool& pool) -> py::object {
+             auto state = pool.acquire_shared();
+             if (!state) return py::none();
+             return py::cast(to_mutable(std::move(state)));
+           },
+           "The active state (None before the first activate).")
+      .def_property_readonly("active_steps", [](const StatePool& pool) -> py::object {
+        const int steps = pool.active_steps();
+        if (steps < 0) return py::none();
+        return py::int_(steps);
+      })
+      .def_property_readonly("num_switches", &StatePool::num_switches)
+      .def("tiers", &StatePool::tiers)
+      .def("__contains__", &StatePool::contains)
+      .def("__len__", &StatePool::size)
+      .def("stats", [](const StatePool& pool) {
+        py::list out;
+        for (const TierStats& tier : pool.stats()) {
+          py::dict row;
+          row["speculative_num_steps"] = tier.speculative_num_steps;
+          row["active"] = tier.active;
+          row["activations"] = tier.activations;
+          row["seconds_active"] = tier.seconds_active;
+          out.append(row);
+        }
+        return out;
+      }, "Per tier: steps, active, activations, seconds_active.");
+
+  bind_config(m);
+
+  py::class_<AdaptiveSpeculativeParams>(m, "AdaptiveSpeculativeParams",
+      "The adaptive policy (config.policy): sglang's EMA thresholds or goodput's "
+      "argmax E(k)/cost(k).")
+      .def(py::init([](int initial_steps, py::object config) {
+             AdaptiveConfig cfg = config.is_none() ? AdaptiveConfig{} : config.cast<AdaptiveConfig>();
+             return AdaptiveSpeculativeParams(initial_steps, std::move(cfg));
+           }),
+           py::arg("initial_steps"), py::arg("config") = py::none())
+      .def("update", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths,
+                        std::optional<double> round_seconds, bool sampled) {
+             return params.update(accept_lengths,
+                                  round_seconds.value_or(AdaptiveSpeculativeParams::kNoTiming), sampled);
+           },
+           py::arg("accept_lengths"), py::arg("round_seconds") = py::none(), py::arg("sampled") = false,
+           "Feed one verify (accepted draft tokens per request, bonus excluded) made at "
+           "current_steps, the round's wall time in seconds (None: untimed) and whether it "
+           "sampled (not all-greedy); True only if the step count changed.")
+      .def_property_readonly("current_steps", &AdaptiveSpeculativeParams::current_steps)
+      .def_property_readonly("ema", &AdaptiveSpeculativeParams::ema)
+      .def_property_readonly("alpha", &AdaptiveSpeculativeParams::alpha,
+                             "Per-token acceptance estimate (goodput's model; 0.5 before any draft).")
+      .def_property_readonly("num_batches", &AdaptiveSpeculativeParams::num_batches)
+      .def_property_readonly("candidate_steps", &AdaptiveSpeculativeParams::candidate_steps)
+      .def_property_readonly("config", &AdaptiveSpeculativeParams::config)
+      .def_static("expected_tokens", &AdaptiveSpeculativeParams::expected_tokens,
+                  py::arg("alpha"), py::arg("steps"),
+                  "Expected tokens per round at `steps` drafts, bonus included.")
+      .def("model_tokens", py::overload_cast<int>(&AdaptiveSpeculativeParams::model_tokens, py::const_), py::arg("steps"),
+           "Expected tokens per round at `steps` under the configured acceptance model.")
+      .def("position_acceptance", &AdaptiveSpeculativeParams::position_acceptance, py::arg("position"),
+           "Positional model: acceptance rate of draft position 1..64 given the earlier ones were accepted.")
+      .def("cost_estimates", [](const AdaptiveSpeculativeParams& params, int batch_size, bool sampled) {
+             const auto costs = params.cost_estimates(batch_size, sampled);
+             py::dict out;
+             for (std::size_t j = 0; j < costs.size(); ++j) out[py::int_(params.candidate_steps()[j])] = costs[j];
+             return out;
+           },
+           py::arg("batch_size") = 0, py::arg("sampled") = false,
+           "Tier -> seconds per round for this batch size and kind of round (batch_size 0: the last "
+           "round's table), measured or estimated.")
+      .def("measured_costs", [](const AdaptiveSpeculativeParams& params) {
+             const auto table = params.measured_costs();
+             py::dict out;
+             for (const char* kind : {"greedy", "sampled"}) out[kind] = py::dict();
+             for (std::size_t t = 0; t < table.size(); ++t) {
+               py::dict row;
+               for (std::size_t j = 0; j < table[t].size(); ++j) {
+                 if (!std::isnan(table[t][j])) row[py::int_(params.candidate_steps()[j])] = table[t][j];
+               }
+               const int bucket = static_cast<int>(t) % AdaptiveSpeculativeParams::kNumBuckets;
+               const char* kind = static_cast<int>(t) < AdaptiveSpeculativeParams::kNumBuckets ? "greedy" : "sampled";
+               if (py::len(row)) out[kind].cast<py::dict>()[py::int_(1 << bucket)] = row;
+             }
+             return out;
+           },
+           "{'greedy'|'sampled': {smallest batch size of a bucket: {tier: EMA of measured seconds per round}}}.");
+
+  m.attr("MAX_STEPS") = AdaptiveConfig::kMaxSteps;
+}
+
+}  // namespace specswap::python

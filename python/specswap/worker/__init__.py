@@ -1,0 +1,22 @@
+"""The speculative worker: one decode round (draft, verify, accept, extend, commit) for the whole running batch.
+
+Topk = 1 chains. Alignment for a request whose committed tokens are
+x_0..x_{m-1} (x_{m-1} sampled but not yet fed to the target): target KV is
+valid through position m-2; verify feeds [x_{m-1}, d_1..d_k] at positions
+m-1..m+k-1 (T = k+1) and accepts a drafts plus one correction/bonus token b,
+so m grows by a+1; rollback is forgetting lengths. Tier k = 0 verifies
+[x_{m-1}] alone (plain decoding) and runs no draft: the draft falls behind and
+the first round of a tier k >= 1 catches each lagging request up.
+
+Rooms: ``worker`` (EAGLEWorker: caches, tiers, prefill, the host side of a
+round), ``round`` (the round driver on tensors), ``drafter`` (the Drafter
+interface, no-draft, shared model-drafter parts), ``eagle``, ``standalone``,
+``ngram`` (one drafter per algorithm), ``slots`` (the per-request slot table),
+``tiers`` (per-tier buffers and the execution mode, ``Forwards``).
+"""
+
+from specswap.worker.tiers import DraftExtendStage, DraftStage, TierState, VerifyStage
+from specswap.worker.worker import ROUND_GRAPH_MAX_PARAMS, SPECULATIVE_ALGORITHMS, EAGLEWorker, RoundResult
+
+__all__ = ["EAGLEWorker", "RoundResult", "TierState", "DraftStage", "VerifyStage", "DraftExtendStage",
+           "SPECULATIVE_ALGORITHMS", "ROUND_GRAPH_MAX_PARAMS"]

@@ -1,0 +1,190 @@
+"""The drafter interface, the no-draft drafter, and what the model drafters share.
+
+A drafter is the per-algorithm part of a round: it prefills its own state,
+proposes d_1..d_k (``draft``, on tensors, inside the round), brings itself up
+to the accepted tokens (``extend``), and catches up requests it fell behind on
+(tier-0 rounds run no draft). ``begin_round`` / ``end_round`` are its host-side
+parts, outside any graph. One implementation per algorithm: ``EagleDrafter``
+(``worker.eagle``), ``StandaloneDrafter`` (``worker.standalone``),
+``NgramDrafter`` (``worker.ngram``) and ``Drafter`` itself (no speculation).
+A tree drafter is meant to be one more: its nodes as the drafts, their depths
+as ``VerifyStage.offsets``, its mask carried by the VerifyStage and passed on
+by ``Forwards.verify`` (the target forward takes no mask yet); the round
+driver's steps stay as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specswap.sampling import RoundSampling, argmax, logits_to_probs, sample_from_probs
+from specswap.worker.slots import SlotTable
+from specswap.worker.tiers import DraftStage, EagerForward, Forwards, TierState
+
+
+@dataclass
+class PrefillBatch:
+    """What the target's prefill saw, for a drafter to prefill from (right-padded to P tokens)."""
+
+    slots: Sequence[int]
+    prompts: Sequence[Sequence[int]]
+    slot_index: torch.Tensor     # [B]
+    input_ids: torch.Tensor      # [B, P]
+    positions: torch.Tensor      # [B, P]
+    prompt_lens: torch.Tensor    # [B]
+    rows: torch.Tensor           # [B] 0..B-1
+    target_hidden: torch.Tensor  # [B, P, H]
+    first_tokens: torch.Tensor   # [B]
+    key_length: int
+
+
+class Drafter:
+    """No speculation: draft nothing (a tier-0 round verifies [x_{m-1}] alone). The base of every drafter."""
+
+    model = None
+    cache = None
+    token_map = None
+    vocab_size: int | None = None  # the draft vocabulary's size (None: no draft model)
+    # deterministic drafts (no law): sampled rounds accept them against keyed draws (sampling.accept_keyed)
+    keyed_sampling = True
+
+    def supports(self, steps: int) -> bool:
+        """Whether this drafter can run tier ``steps`` (its state was sized for it)."""
+        return True
+
+    def prefill(self, batch: PrefillBatch) -> None:
+        pass
+
+    def begin_round(self, tier: TierState, slots: Sequence[int]) -> bool:
+        """Host-side work before the round; False: nothing is worth verifying, run a plain decode instead."""
+        return True
+
+    def draft(self, tier: TierState, forwards: Forwards, slot_index: torch.Tensor, seq_lens: torch.Tensor,
+              key_length: int, sampling: RoundSampling | None) -> None:
+        """Fill tier.draft.draft_tokens [B, k] (and their laws for sampled rounds); no host sync."""
+
+    def extend(self, tier: TierState, forwards: Forwards, slot_index: torch.Tensor, seq_lens: torch.Tensor,
+               positions: torch.Tensor, target_hidden: torch.Tensor, accept_lengths: torch.Tensor,
+               next_tokens: torch.Tensor, key_length: int) -> None:
+        """Bring the draft's state up to the accepted tokens; no host sync."""
+
+    def end_round(self, tier: TierState, slots: Sequence[int]) -> None:
+        """Host-side bookkeeping after the round's tokens are committed."""
+
+    def release(self, slot: int) -> None:
+        pass
+
+    def shared_memory_bytes(self) -> int:
+        """Bytes of graphs every tier shares (the draft steps)."""
+        return 0
+
+    def eager_forwards(self) -> Forwards:
+        """The draft's entries of an eager tier's Forwards (verify filled in by the worker)."""
+        return Forwards(verify=None)
+
+    def stage_graphs(self, context, steps: int) -> Forwards:
+        """Capture the draft's stages of tier ``steps`` (graph mode); verify filled in by the worker."""
+        return Forwards(verify=None)
+
+
+class ModelDrafter(Drafter):
+    """A drafter with its own model and KV cache, which falls behind in tier-0 rounds and catches up.
+
+    ``lag``: its cache is valid through position m - 1 - lag when in step (EAGLE 1, standalone 2).
+    """
+
+    keyed_sampling = False
+    lag = 1
+    with_features = False
+    draft_widths: tuple[int, ...] = (1,)
+
+    def __init__(self, model: torch.nn.Module, cache, slots: SlotTable):
+        self.model, self.cache, self.slots = model, cache, slots
+        # positions 0..draft_len-1 of the draft cache are valid
+        self.draft_len = [0] * len(slots.host_seq_lens)
+        self._step_graphs: dict[int, object] | None = None  # draft-step StageGraphs, shared by every tier
+
+    def begin_round(self, tier: TierState, slots: Sequence[int]) -> bool:
+        if tier.speculative_num_steps:
+            self.catch_up(slots)
+        return True
+
+    def end_round(self, tier: TierState, slots: Sequence[int]) -> None:
+        if tier.speculative_num_steps:  # the draft is in step again (tier 0 leaves it behind)
+            for slot in slots:
+                self.draft_len[slot] = self.slots.host_seq_lens[slot] - self.lag
+
+    def prefill(self, batch: PrefillBatch) -> None:
+        for slot, prompt in zip(batch.slots, batch.prompts):
+            self.draft_len[slot] = len(prompt)
+
+    def release(self, slot: int) -> None:
+        self.draft_len[slot] = 0
+
+    def catch_up(self, slots: Sequence[int]) -> None:
+        """Bring the draft of requests that ran tier-0 rounds back in step, one request at a time (this only
+        happens on the first round after a switch up from tier 0)."""
+        device = self.slots.device
+        for slot in slots:
+            start, end = self.draft_len[slot], self.slots.host_seq_lens[slot] - self.lag  # start..end-1 missing
+            if start >= end:
+                continue
+            slot_index = torch.tensor([slot], device=device)
+            positions = torch.arange(start, end, device=device).unsqueeze(0)           # [1, T]
+            self._catch_up_one(slot, slot_index, positions, start, end)
+            self.draft_len[slot] = end
+
+    def _catch_up_one(self, slot: int, slot_index: torch.Tensor, positions: torch.Tensor, start: int,
+                      end: int) -> None:
+        raise NotImplementedError
+
+    def eager_forwards(self) -> Forwards:
+        step = EagerForward(self.model, self.cache, self.with_features)
+        return Forwards(verify=None, draft_steps={width: step for width in self.draft_widths})
+
+    def stage_graphs(self, context, steps: int) -> Forwards:
+        if not steps:
+            return Forwards(verify=None)
+        if self._step_graphs is None:
+            from specswap.graphs import StageGraphs
+
+            self._step_graphs = {}
+            for width in self.draft_widths:
+                graphs = StageGraphs(context, "draft", steps, self.model, self.cache, width,
+                                     with_features=self.with_features)
+                graphs.capture()
+                self._step_graphs[width] = graphs
+        return Forwards(verify=None, draft_steps=self._step_graphs)
+
+    def shared_memory_bytes(self) -> int:
+        return sum(g.memory_bytes() for g in (self._step_graphs or {}).values())
+
+
+def sample_draft(draft: DraftStage, step: int, logits: torch.Tensor, sampling: RoundSampling | None,
+                 token_map: torch.Tensor | None) -> torch.Tensor:
+    """Draw draft token ``step`` from draft logits [B, Vd]; record it and its law in target vocabulary.
+
+    ``sampling`` None: an all-greedy batch (argmax; the law is not needed by greedy acceptance and not built).
+    Returns the tokens [B] in target ids.
+    """
+    batch = logits.shape[0]
+    if sampling is None:
+        draft_ids = argmax(logits)  # [B]
+        tokens = draft_ids if token_map is None else token_map[draft_ids]
+        draft.draft_tokens[:batch, step] = tokens
+        return tokens
+    draft_law = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                                sampling.apply_filters)                                 # [B, Vd]
+    draft_ids = sample_from_probs(draft_law, draft.draft_noise[:batch, step])           # [B] draft vocab
+    if token_map is None:
+        draft.draft_probs[:batch, step] = draft_law
+        tokens = draft_ids
+    else:
+        # columns outside the map stay 0 forever (zeroed at set-up)
+        draft.draft_probs[:batch, step].index_copy_(-1, token_map, draft_law)
+        tokens = token_map[draft_ids]
+    draft.draft_tokens[:batch, step] = tokens
+    return tokens

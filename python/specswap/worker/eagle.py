@@ -1,0 +1,109 @@
+"""EAGLE drafting: an EAGLE head over the target's hidden states (topk = 1 chains).
+
+Head position j consumes (embed(x_{j+1}), f_j), f_j the target hidden at j. Its
+KV is valid through m-2, and the head output at m-2 (the logits for d_1 and the
+hidden that feeds step 2) is kept per request. Draft step i >= 2 feeds
+(d_{i-1}, previous head hidden) at position m+i-3. Draft-extend feeds
+[d_1..d_a, b] with the verify hidden f_{m-1}..f_{m+a-1} at positions
+m-1..m+a-1, padded to T = k+1 with the rejected drafts; the output at index a
+is next round's step 1. Entries past a are stale and are overwritten before
+they can be read (attention reads positions <= query). Tier-0 rounds keep
+f_{m-1} so that the first round of a tier k >= 1 can catch the head up.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specswap.worker.drafter import ModelDrafter, PrefillBatch, sample_draft
+from specswap.worker.slots import SlotTable
+from specswap.worker.tiers import EagerForward, Forwards, TierState
+
+
+class EagleDrafter(ModelDrafter):
+    lag = 1
+    with_features = True
+
+    def __init__(self, head: torch.nn.Module, target: torch.nn.Module, slots: SlotTable, cache_rows: int,
+                 cache_capacity: int, keep_tier0_features: bool):
+        super().__init__(head, head.make_cache(cache_rows, cache_capacity), slots)
+        self.token_map = getattr(head, "token_map", None)
+        self.vocab_size = target.config.vocab_size if self.token_map is None else self.token_map.numel()
+        hidden_size, dtype, device = target.config.hidden_size, target.dtype, target.device
+        self.next_draft_logits = torch.zeros(cache_rows, self.vocab_size, dtype=dtype,
+                                             device=device)  # [S, Vd] head output at m-2
+        self.next_draft_hidden = torch.zeros(cache_rows, hidden_size, dtype=dtype, device=device)  # [S, H]
+        # f_{m-1} of tier-0 rounds, for the catch-up: [S, capacity, H] (only when tier 0 is a candidate)
+        self.tier0_features = torch.zeros(cache_rows, cache_capacity, hidden_size, dtype=dtype,
+                                          device=device) if keep_tier0_features else None
+        self._rows = torch.arange(len(slots.host_seq_lens), device=device)  # 0..max_batch-1
+
+    def supports(self, steps: int) -> bool:
+        return steps > 0 or self.tier0_features is not None
+
+    def prefill(self, batch: PrefillBatch) -> None:
+        super().prefill(batch)
+        # head position j consumes (x_{j+1}, f_j): tokens x_1..x_P with features f_0..f_{P-1}
+        input_ids, last = batch.input_ids, (batch.prompt_lens - 1)
+        head_ids = torch.cat((input_ids[:, 1:], input_ids[:, :1]), dim=1)                # [B, P]
+        head_ids.scatter_(1, last.unsqueeze(-1), batch.first_tokens.unsqueeze(-1))
+        out = self.model(head_ids, batch.target_hidden, batch.positions, self.cache, batch.slot_index,
+                         key_length=batch.key_length)
+        self.next_draft_logits[batch.slot_index] = out.logits[batch.rows, last]
+        self.next_draft_hidden[batch.slot_index] = out.hidden[batch.rows, last]
+
+    def draft(self, tier: TierState, forwards: Forwards, slot_index, seq_lens, key_length, sampling) -> None:
+        steps = tier.speculative_num_steps
+        if not steps:
+            return
+        logits = self.next_draft_logits[slot_index]  # [B, Vd] head output at m-2: the law of d_1
+        hidden = self.next_draft_hidden[slot_index]  # [B, H]
+        for step in range(steps):
+            tokens = sample_draft(tier.draft, step, logits, sampling, self.token_map)
+            if step + 1 < steps:
+                # head position m-1+step consumes (d_{step+1}, its own previous hidden)
+                positions = (seq_lens - 1 + step).unsqueeze(-1)  # [B, 1]
+                out = forwards.draft_steps[1](tokens.unsqueeze(-1), positions, slot_index, key_length,
+                                              hidden.unsqueeze(1))
+                logits, hidden = out.logits[:, 0], out.hidden[:, 0]
+
+    def extend(self, tier: TierState, forwards: Forwards, slot_index, seq_lens, positions, target_hidden,
+               accept_lengths, next_tokens, key_length) -> None:
+        """Head over [d_1..d_a, b] with target features f_{m-1}..f_{m+a-1}; keep its output at index a."""
+        steps = tier.speculative_num_steps
+        if not steps:  # keep f_{m-1} for the catch-up
+            self.tier0_features[slot_index, seq_lens - 1] = target_hidden[:, 0]
+            return
+        batch = positions.shape[0]
+        input_ids = tier.draft_extend.input_ids[:batch]  # [B, k+1]
+        input_ids[:, :steps] = tier.draft.draft_tokens[:batch]
+        input_ids.scatter_(1, accept_lengths.unsqueeze(-1), next_tokens.unsqueeze(-1))
+        out = forwards.draft_extend(input_ids, positions, slot_index, key_length, target_hidden)
+        rows = self._rows[:batch]
+        self.next_draft_logits[slot_index] = out.logits[rows, accept_lengths]
+        self.next_draft_hidden[slot_index] = out.hidden[rows, accept_lengths]
+
+    def _catch_up_one(self, slot, slot_index, positions, start, end) -> None:
+        # head position j consumes (x_{j+1}, f_j)
+        tokens = self.slots.host_tokens[slot]
+        input_ids = torch.tensor([tokens[start + 1:end + 1]], device=self.slots.device)  # [1, T]
+        features = self.tier0_features[slot, start:end].unsqueeze(0)                        # [1, T, H]
+        out = self.model(input_ids, features, positions, self.cache, slot_index, key_length=end)
+        self.next_draft_logits[slot] = out.logits[0, -1]
+        self.next_draft_hidden[slot] = out.hidden[0, -1]
+
+    def eager_forwards(self) -> Forwards:
+        forwards = super().eager_forwards()
+        forwards.draft_extend = EagerForward(self.model, self.cache, with_features=True)
+        return forwards
+
+    def stage_graphs(self, context, steps: int) -> Forwards:
+        if not steps:
+            return Forwards(verify=None)
+        from specswap.graphs import StageGraphs
+
+        extend = StageGraphs(context, "draft_extend", steps, self.model, self.cache, steps + 1, with_features=True)
+        extend.capture()
+        forwards = super().stage_graphs(context, steps)
+        forwards.draft_extend = extend
+        return forwards

@@ -1,0 +1,54 @@
+"""The round driver: one decode round of one tier on tensors, the reference algorithm in one screen.
+
+Draft k tokens per request, verify [x_{m-1}, d_1..d_k] in one target forward,
+accept the longest lossless prefix a and a correction/bonus token b, extend the
+draft over what was accepted, commit m += a + 1. Nothing here syncs with the
+host and nothing depends on the algorithm or the execution mode: the drafter
+(``worker.drafter.Drafter``) does its part through the tier's ``Forwards``
+(eager models or stage graphs), so the same ``Round`` is what a round graph
+records and what eager mode runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specswap.sampling import RoundSampling, Verifier, accept
+from specswap.worker.slots import SlotTable
+from specswap.worker.tiers import Forwards, TierState
+
+
+class Round:
+    """``round(slot_index [B], key_length, sampling) -> (accept_lengths [B], next_tokens [B])`` for one tier.
+
+    ``sampling``: None for an all-greedy batch, else the round's settings and draws (sampling.RoundSampling).
+    ``key_length`` exceeds every position the round writes.
+    """
+
+    def __init__(self, tier: TierState, slots: SlotTable, drafter, forwards: Forwards, verifier: Verifier):
+        self.tier, self.slots, self.drafter, self.forwards, self.verifier = tier, slots, drafter, forwards, verifier
+
+    def __call__(self, slot_index: torch.Tensor, key_length: int,
+                 sampling: RoundSampling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        tier, slots, forwards = self.tier, self.slots, self.forwards
+        batch = slot_index.shape[0]
+        seq_lens = slots.seq_lens[slot_index]                               # [B] m
+        draft_tokens = tier.draft.draft_tokens[:batch]                      # [B, k]
+        self.drafter.draft(tier, forwards, slot_index, seq_lens, key_length, sampling)
+
+        # verify: [x_{m-1}, d_1..d_k] at positions m-1 + offsets
+        verify_ids = tier.verify.input_ids[:batch]                          # [B, k+1]
+        verify_ids[:, 0] = slots.last_tokens[slot_index]
+        verify_ids[:, 1:] = draft_tokens
+        positions = (seq_lens - 1).unsqueeze(-1) + tier.verify.offsets      # [B, k+1]
+        out = forwards.verify(verify_ids, positions, slot_index, key_length)
+
+        accept_lengths, next_tokens = accept(self.verifier, out.logits, draft_tokens, sampling)  # [B], [B]
+        self.drafter.extend(tier, forwards, slot_index, seq_lens, positions, out.hidden, accept_lengths,
+                            next_tokens, key_length)
+
+        # commit: m += a + 1; the rejected tail is forgotten, not erased
+        slots.seq_lens[slot_index] = seq_lens + accept_lengths + 1
+        slots.prev_tokens[slot_index] = verify_ids.gather(1, accept_lengths.unsqueeze(-1)).squeeze(-1)
+        slots.last_tokens[slot_index] = next_tokens
+        return accept_lengths, next_tokens

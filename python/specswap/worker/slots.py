@@ -1,0 +1,106 @@
+"""The slot table: per-request state indexed by cache row, as device tensors a round reads and host mirrors.
+
+A request holds one cache row (its slot) from prefill to release. The device
+tensors (committed length m, x_{m-1}, x_{m-2}, sampling settings) are what a
+round, eager or replayed from a graph, reads by slot index; the host lists
+(lengths, tokens, params, generators, keyed seeds) are what the host-side
+parts of a round read without a sync. In graph mode the device tensors have
+one more row, the scratch slot that padded batch rows read and write.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specswap.sampling import KeyedDraws, KeyedNoise, KeyedRow, RoundSampling, SamplingParams, exponential_
+
+
+class SlotTable:
+    """Per-slot request state: ``rows`` device rows (the cache rows), ``max_batch_size`` requests."""
+
+    def __init__(self, rows: int, max_batch_size: int, device: torch.device):
+        long = dict(dtype=torch.long, device=device)
+        self.device = device
+        self.seq_lens = torch.zeros(rows, **long)     # [S] m: committed tokens
+        self.last_tokens = torch.zeros(rows, **long)  # [S] x_{m-1}
+        self.prev_tokens = torch.zeros(rows, **long)  # [S] x_{m-2} (standalone step 1)
+        self.temperature = torch.zeros(rows, device=device)
+        self.top_p = torch.ones(rows, device=device)
+        self.top_k = torch.zeros(rows, **long)
+        self.host_seq_lens = [0] * max_batch_size
+        self.host_tokens: list[list[int]] = [[] for _ in range(max_batch_size)]  # prompt + output: x_0..x_{m-1}
+        self.params: list[SamplingParams | None] = [None] * max_batch_size
+        self.generators: list[torch.Generator | None] = [None] * max_batch_size
+        self.keyed_seeds = [0] * max_batch_size  # a sampled request's seed for keyed draws (sampling.position_key)
+        self.prompt_lens = [0] * max_batch_size
+
+    def admit(self, slots: Sequence[int], params: Sequence[SamplingParams],
+              generators: Sequence[torch.Generator | None]) -> None:
+        """Take each request's sampling settings into its slot (before its prefill)."""
+        for slot, request_params, generator in zip(slots, params, generators):
+            self.params[slot] = request_params
+            self.generators[slot] = generator
+            self.temperature[slot] = request_params.temperature
+            self.top_p[slot] = request_params.top_p
+            self.top_k[slot] = request_params.top_k
+
+    def commit_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], slot_index: torch.Tensor,
+                       prompt_lens: torch.Tensor, last_prompt_tokens: torch.Tensor, first_tokens: torch.Tensor) -> None:
+        """After a prefill: m = prompt length + 1, x_{m-1} the first new token, x_{m-2} the prompt's last."""
+        self.seq_lens[slot_index] = prompt_lens + 1
+        self.last_tokens[slot_index] = first_tokens
+        self.prev_tokens[slot_index] = last_prompt_tokens
+        for slot, prompt, token in zip(slots, prompts, first_tokens.tolist()):
+            self.host_seq_lens[slot] = len(prompt) + 1
+            self.host_tokens[slot] = [*prompt, token]
+            self.prompt_lens[slot] = len(prompt)
+
+    def commit_round(self, slots: Sequence[int], new_tokens: Sequence[list[int]]) -> None:
+        """The host mirror of a round's commit (the device side committed inside the round)."""
+        for slot, tokens in zip(slots, new_tokens):
+            self.host_seq_lens[slot] += len(tokens)
+            self.host_tokens[slot].extend(tokens)
+
+    def release(self, slot: int) -> None:
+        self.params[slot] = None
+        self.generators[slot] = None
+        self.host_seq_lens[slot] = 0
+        self.host_tokens[slot] = []
+
+    def all_greedy(self, slots: Sequence[int]) -> bool:
+        return all(self.params[s].greedy for s in slots)
+
+    def sampling(self, tier, slots: Sequence[int], slot_index: torch.Tensor,
+                 keyed_noise: KeyedNoise | None) -> RoundSampling:
+        """A sampled round's settings and draws [B] (``keyed_noise``: draws keyed by output position instead of
+        generator noise, for deterministic drafts). Fills the generator noise the round reads first."""
+        batch = len(slots)
+        keyed = None
+        if keyed_noise is not None:
+            keyed = KeyedDraws([KeyedRow(self.params[s].greedy, self.params[s].temperature, self.keyed_seeds[s],
+                                         self.host_seq_lens[s] - self.prompt_lens[s]) for s in slots], keyed_noise)
+        else:
+            self._draw_noise(tier, slots)
+        return RoundSampling(self.temperature[slot_index], self.top_k[slot_index], self.top_p[slot_index],
+                             any(self.params[s].needs_filter for s in slots),
+                             draft_probs=tier.draft.draft_probs[:batch], uniforms=tier.verify.uniforms[:batch],
+                             residual_noise=tier.verify.residual_noise[:batch], keyed=keyed)
+
+    def _draw_noise(self, tier, slots: Sequence[int]) -> None:
+        """Fill this round's random draws from each sampling request's own generator (ones for greedy rows):
+        exactly the region the round reads, in this order from each request's generator."""
+        steps, batch = tier.speculative_num_steps, len(slots)
+        draft, verify = tier.draft, tier.verify
+        if steps:
+            draft.draft_noise[:batch].fill_(1.0)
+        verify.residual_noise[:batch].fill_(1.0)
+        for row, slot in enumerate(slots):
+            if self.params[slot].greedy:
+                continue
+            generator = self.generators[slot]
+            if steps:
+                exponential_(draft.draft_noise[row], generator)
+                verify.uniforms[row].uniform_(generator=generator)
+            exponential_(verify.residual_noise[row], generator)
