@@ -41,7 +41,7 @@ from .gguf_tokenizer import build_gguf_tokenizer, sentencepiece_merges, tokenize
 
 logger = logging.getLogger(__name__)
 
-GGUF_CACHE_VERSION = 2
+GGUF_CACHE_VERSION = 3  # 3: tokenizer_config.json (chat template) beside tokenizer.json; Llama/Qwen rows
 MANIFEST_FILE = "manifest.json"
 CACHE_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 NATIVE_DIR = "native"  # the cache's block-format weights (uint8 blocks + ggml types in the safetensors metadata)
