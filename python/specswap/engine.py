@@ -15,19 +15,17 @@ import itertools
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from specswap.capability import cpu_capability
+from specswap.loading import resolve_checkpoint, resolve_dtype  # re-exported: callers import them from here
 from specswap.ngram import NumberTokens
 from specswap.sampling import SamplingParams
 from specswap.worker import SPECULATIVE_ALGORITHMS, EAGLEWorker
 
 __all__ = ["Engine", "RequestOutput", "StepOutput", "resolve_dtype", "resolve_checkpoint", "encode_text"]
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DEFAULT_MAX_SEQ_LEN = 2048
 # joining requests are prefilled together, right-padded, in groups of at most this many (padded) tokens
 PREFILL_TOKEN_BUDGET = 8192
@@ -117,81 +115,6 @@ class _Request:
             text = tokenizer.decode(self.token_ids)
         return RequestOutput(self.request_id, list(self.prompt_ids), list(self.token_ids), text,
                              self.finish_reason, len(self.accept_lengths), list(self.accept_lengths))
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
-    """"auto": bf16 on accelerators and on CPUs with native bf16 (``cpu_capability().native_bf16``: avx512_bf16 or
-    AMX; elsewhere bf16 matmuls are emulated by converting to fp32), else fp32."""
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ValueError(f"dtype {dtype} is not supported; valid: 'auto', {', '.join(map(repr, DTYPES))}")
-        return dtype
-    if dtype == "auto":
-        if torch.device(device).type != "cpu":
-            return torch.bfloat16
-        return torch.bfloat16 if cpu_capability().native_bf16 else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported; valid: 'auto', {', '.join(map(repr, DTYPES))}")
-    return DTYPES[dtype]
-
-
-GEMMA_NAMES = ("gemma-3-270m",)
-WEIGHTS = ("auto", "native", "bf16", "fp32")
-
-
-def resolve_weights(weights: str, model: Any, dtype: str | torch.dtype,
-                    device: str | torch.device) -> tuple[str, torch.dtype]:
-    """(weights, activation dtype) for a model name. "native" keeps a GGUF model's weights in the file's block
-    formats (ggml kernels, CPU; activations fp32 unless ``dtype`` says otherwise); "bf16" / "fp32" load them
-    dequantized. "auto": native for GGUF models on CPU when ggml is installed, else the weights follow ``dtype``."""
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights {weights!r} is not supported; valid: {WEIGHTS}")
-    gguf_backed = str(model) in GEMMA_NAMES
-    on_cpu = torch.device(device).type == "cpu"
-    if weights == "auto":
-        from specswap.models.quantized import ggml_available
-        if gguf_backed and on_cpu and ggml_available():
-            weights = "native"
-        else:
-            torch_dtype = resolve_dtype(dtype, device)
-            return ("bf16" if torch_dtype == torch.bfloat16 else "fp32"), torch_dtype
-    if weights == "native":
-        if not gguf_backed:
-            raise ValueError(f"weights='native' needs a GGUF model ({', '.join(GEMMA_NAMES)}); {str(model)!r} has "
-                             "dense weights: use weights='auto', 'bf16' or 'fp32'")
-        if not on_cpu:
-            raise ValueError(f"weights='native' runs on the CPU only; on {device} use weights='bf16' or 'fp32'")
-        return "native", torch.float32 if dtype == "auto" else resolve_dtype(dtype, device)
-    torch_dtype = DTYPES["bfloat16" if weights == "bf16" else "float32"]
-    if dtype != "auto" and resolve_dtype(dtype, device) != torch_dtype:
-        raise ValueError(f"weights={weights!r} conflicts with dtype={dtype!r}; give one of them")
-    return weights, torch_dtype
-
-
-def resolve_checkpoint(name: str | Path, dtype: torch.dtype | str = torch.bfloat16) -> Path:
-    """A checkpoint directory, the Gemma 3 270M weight cache (converted from the registry's GGUF on first
-    use, in ``dtype``), or the shipped model a zoo name refers to."""
-    path = Path(name)
-    if path.is_dir():
-        return path
-    if str(name) in GEMMA_NAMES:
-        from specswap.zoo import gemma
-        return gemma.resolve(str(name), dtype)  # ImportError naming `pip install "specswap[gemma]"` without it
-    try:
-        from specswap import zoo
-        zoo_path = getattr(zoo, "path", None)
-    except ImportError:
-        zoo_path = None
-    if zoo_path is None:
-        raise ValueError(f"model {str(name)!r} is not a checkpoint directory (and the model zoo is not available)")
-    try:
-        path = Path(zoo_path(str(name)))
-    except (KeyError, ValueError, FileNotFoundError) as error:
-        raise ValueError(f"model {str(name)!r} is neither a checkpoint directory nor a zoo model: {error}") from error
-    if not path.is_dir():
-        raise ValueError(f"zoo model {str(name)!r} is not built yet ({path} is missing); build it with "
-                         f"`python -m specswap.zoo train tiny` or pass a checkpoint directory")
-    return path
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -300,43 +223,12 @@ class Engine:
 
     @staticmethod
     def _load(model, draft, algorithm, device, dtype, tokenizer, draft_quantization, weights):
-        from specswap.models.quantize import resolve_draft_quantization
-        from specswap.models.quantized import QuantizedLinear
+        from specswap.loading import load_models, prepare_built
         if isinstance(model, torch.nn.Module):
-            built_weights = ("native" if isinstance(model.lm_head, QuantizedLinear)
-                             else "bf16" if model.dtype == torch.bfloat16 else "fp32")
-            if weights not in ("auto", built_weights):
-                raise ValueError(f"weights={weights!r} cannot apply to a built model (its weights are {built_weights})")
-            if algorithm in ("EAGLE", "STANDALONE") and not isinstance(draft, torch.nn.Module):
-                raise ValueError(f"with a built target model, speculative_algorithm {algorithm!r} needs a built "
-                                 f"draft model; got draft={draft!r}")
-            # a built head is quantized (in place) only when asked by name; "auto" leaves the caller's module be
-            choice = None if draft_quantization == "auto" else resolve_draft_quantization(
-                draft_quantization, algorithm, model.dtype, model.device, native_target=built_weights == "native")
-            if choice == "int8":
-                draft.quantize_int8()
-            elif choice == "q8_0":
-                draft.quantize_q8_0()
+            draft, built_weights = prepare_built(model, draft, algorithm, weights, draft_quantization)
             return model, draft, tokenizer, built_weights
-        from specswap.models import load_draft_model, load_eagle_head, load_model, load_tokenizer
-
-        weights, torch_dtype = resolve_weights(weights, model, dtype, device)
-        quantization = resolve_draft_quantization(draft_quantization, algorithm, torch_dtype, device,
-                                                  native_target=weights == "native")
-        target_path = resolve_checkpoint(model, "native" if weights == "native" else torch_dtype)
-        if algorithm in ("EAGLE", "STANDALONE") and draft is None:
-            if Path(str(model)).is_dir():
-                raise ValueError(f"speculative_algorithm {algorithm!r} needs draft=<checkpoint directory>; "
-                                 f"only zoo models come with a default draft")
-            draft = f"{model}-eagle" if algorithm == "EAGLE" else f"{model}-draft"
-        target = load_model(target_path, dtype=torch_dtype, device=device)
-        if algorithm == "EAGLE":
-            draft = load_eagle_head(resolve_checkpoint(draft), target, quantization=quantization)
-        elif algorithm == "STANDALONE":
-            draft = load_draft_model(resolve_checkpoint(draft), target)
-        else:
-            draft = None
-        return target, draft, tokenizer or load_tokenizer(target_path), weights
+        loaded = load_models(model, draft, algorithm or "NONE", dtype, device, draft_quantization, weights, tokenizer)
+        return loaded.target, loaded.draft, loaded.tokenizer, loaded.weights
 
     # ---- requests --------------------------------------------------------------------------------
 

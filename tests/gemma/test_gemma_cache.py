@@ -105,8 +105,9 @@ def test_other_cache_version_is_rebuilt(built, tiny_gguf, caplog):
 
 
 def test_unsupported_architecture_is_refused_by_name(tmp_path):
-    path = write_tiny_gemma3_gguf(tmp_path / "llama.gguf", architecture="llama")
-    with pytest.raises(CheckpointError, match=r"architecture 'llama' is not supported; supported: \['gemma3'\]"):
+    path = write_tiny_gemma3_gguf(tmp_path / "falcon.gguf", architecture="falcon")
+    with pytest.raises(CheckpointError, match=r"architecture 'falcon' is not supported; supported: "
+                                              r"\['gemma3', 'llama', 'qwen2', 'qwen3'\]"):
         gguf_cache.ensure_gguf_cache(path, tmp_path / "cache", progress=False)
     assert not (tmp_path / "cache").exists()
 

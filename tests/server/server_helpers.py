@@ -52,7 +52,7 @@ def random_models(hidden_size=32, seed=0):
 
 def loaded_models(algorithm="NGRAM"):
     """The bench's LoadedModels over the random pair."""
-    from specswap.server.loading import LoadedModels
+    from specswap.loading import LoadedModels
     target, head = random_models()
     return LoadedModels("random", target, head if algorithm == "EAGLE" else None, CharTokenizer(), algorithm,
                         torch.float32, "cpu")

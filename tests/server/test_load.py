@@ -16,7 +16,8 @@ import pytest
 from server_helpers import FORCED_SWITCHING, running_server
 from specswap import zoo
 from specswap.server.app import create_app
-from specswap.server.loading import build_engine, load_models
+from specswap.cli_flags import build_engine
+from specswap.loading import load_models
 
 pytestmark = pytest.mark.skipif(
     not all((zoo.path(name) / "model.safetensors").is_file() for name in ("tiny", "tiny-eagle")),

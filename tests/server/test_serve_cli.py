@@ -12,7 +12,7 @@ import pytest
 import specswap
 from server_helpers import free_port
 from specswap.cli import main
-from specswap.server.loading import check_speculative_flags
+from specswap.cli_flags import check_speculative_flags
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "python" / "specswap" / "zoo" / "weights" / "tiny-eagle" / "config.json"
@@ -72,7 +72,7 @@ def test_adaptive_config_without_the_flag_is_refused():
 
 
 def test_missing_gemma_package_suggests_the_tiny_model(monkeypatch):
-    from specswap.server import loading
+    from specswap import loading
     from specswap.zoo import gemma
 
     def missing(*args, **kwargs):

@@ -79,7 +79,7 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
     phase by phase (the mode order rotating each phase): on a shared machine drift then hits every mode's
     copy of a phase alike. Each engine still sees its phases in order, so adaptive carries its state across."""
     from specswap.bench.runner import EngineRunner
-    from specswap.server.loading import build_engine
+    from specswap.cli_flags import build_engine
 
     batch_size = min(args.max_batch_size, args.concurrency)
     names = list(modes)
@@ -131,7 +131,8 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
     """Run the benchmark described by ``args``; ``models`` (LoadedModels) skips loading (tests, reuse)."""
     import torch
 
-    from specswap.server.loading import check_speculative_flags, load_models
+    from specswap.cli_flags import check_speculative_flags
+    from specswap.loading import load_models
 
     check_speculative_flags(args, adaptive_flag=True)  # the config applies to the adaptive mode
     for flag in ("requests_per_phase", "concurrency", "max_new_tokens", "repeats"):

@@ -7,7 +7,7 @@ be shared between a model, its cache and a draft head without surprises.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,11 @@ class LlamaConfig:
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     model_type: str = "llama"
+    # the variants that share the Llama block: Qwen 2 (biases on q/k/v only), Qwen 3 (per-head q/k RMSNorm),
+    # Mistral (a sliding attention window); None = attention_bias decides the q/k/v biases
+    qkv_bias: bool | None = None
+    qk_norm: bool = False
+    sliding_window: int | None = None
 
     @property
     def rope_theta(self) -> float:
@@ -129,7 +134,29 @@ class LlamaConfig:
             bos_token_id=raw.get("bos_token_id"),
             eos_token_id=_eos_ids(raw.get("eos_token_id")),
             model_type=str(raw.get("model_type", "llama")),
+            sliding_window=int(raw["sliding_window"]) if raw.get("sliding_window") else None,
         )
+
+    @staticmethod
+    def from_mistral_dict(raw: dict[str, Any], source: str = "config.json") -> "LlamaConfig":
+        """Mistral: the Llama block with an optional sliding attention window (``sliding_window``)."""
+        return LlamaConfig.from_dict(raw, source)
+
+    @staticmethod
+    def from_qwen2_dict(raw: dict[str, Any], source: str = "config.json") -> "LlamaConfig":
+        """Qwen 2: the Llama block with biases on the q/k/v projections (never on o_proj); its sliding window is
+        used only when ``use_sliding_window`` says so, which this runtime refuses."""
+        if raw.get("use_sliding_window"):
+            raise CheckpointError(f"{source}: Qwen2 use_sliding_window=true is not supported; valid: false")
+        config = LlamaConfig.from_dict({**raw, "sliding_window": None}, source)
+        return replace(config, qkv_bias=True, attention_bias=False)
+
+    @staticmethod
+    def from_qwen3_dict(raw: dict[str, Any], source: str = "config.json") -> "LlamaConfig":
+        """Qwen 3: the Llama block with a per-head RMSNorm of queries and keys before rotary."""
+        if raw.get("use_sliding_window"):
+            raise CheckpointError(f"{source}: Qwen3 use_sliding_window=true is not supported; valid: false")
+        return replace(LlamaConfig.from_dict({**raw, "sliding_window": None}, source), qk_norm=True)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A config.json that transformers' LlamaConfig accepts."""
@@ -139,9 +166,14 @@ class LlamaConfig:
                                    high_freq_factor=self.rope.high_freq_factor,
                                    original_max_position_embeddings=self.rope.original_max_position_embeddings)
         eos = list(self.eos_token_id)
+        model_type = self.model_type if self.model_type in ("mistral", "qwen2", "qwen3") else "llama"
+        variant = {"mistral": {"sliding_window": self.sliding_window}, "qwen2": {"use_sliding_window": False},
+                   "qwen3": {"use_sliding_window": False}}.get(model_type, {})
         return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [{"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[model_type]
+                              + "ForCausalLM"],
+            "model_type": model_type,
+            **variant,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,

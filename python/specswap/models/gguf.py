@@ -41,12 +41,12 @@ from .gguf_tokenizer import build_gguf_tokenizer, sentencepiece_merges, tokenize
 
 logger = logging.getLogger(__name__)
 
-GGUF_CACHE_VERSION = 2
+GGUF_CACHE_VERSION = 3  # 3: tokenizer_config.json (chat template) beside tokenizer.json; Llama/Qwen rows
 MANIFEST_FILE = "manifest.json"
 CACHE_DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 NATIVE_DIR = "native"  # the cache's block-format weights (uint8 blocks + ggml types in the safetensors metadata)
 # GGML types this converter accepts; the names are gguf.GGMLQuantizationType members
-SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_K", "Q6_K")
+SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 
 
 def _import_gguf():
@@ -91,8 +91,11 @@ class GGUFArchitecture:
 
     config_from_gguf: Callable[[Any, str], dict[str, Any]]     # reader, source -> config.json dict
     parameter_name: Callable[[str], str | None]                # GGUF tensor name -> parameter name
-    tensor_transform: Callable[[str, torch.Tensor], torch.Tensor]  # (parameter name, fp32 tensor) -> tensor
-    tokenizer_from_gguf: Callable[[Any], Any]                  # reader -> tokenizers.Tokenizer (gguf_tokenizer)
+    # (parameter name, fp32 tensor, config.json dict) -> tensor
+    tensor_transform: Callable[[str, torch.Tensor, dict[str, Any]], torch.Tensor]
+    # reader -> tokenizers.Tokenizer, or None for a file without tokenizer metadata; the one call site a GGUF
+    # tokenizer builder plugs into (``gguf_tokenizer`` below)
+    tokenizer_from_gguf: Callable[[Any], Any]
 
 
 def gguf_architecture(reader, source: str) -> tuple[str, GGUFArchitecture]:
@@ -198,14 +201,132 @@ def gemma3_parameter_name(gguf_name: str) -> str | None:
     return None
 
 
-def gemma3_tensor_transform(name: str, tensor: torch.Tensor) -> torch.Tensor:
+def gemma3_tensor_transform(name: str, tensor: torch.Tensor, config: dict[str, Any]) -> torch.Tensor:
     # llama.cpp folds Gemma's +1 into every norm weight (incl. q/k norms); the model adds it back
     return tensor - 1 if name.endswith("norm.weight") else tensor
 
 
+# ------------------------------------------------------------------------------- Llama, Qwen 2, Qwen 3
+
+
+def llama_family_config_from_gguf(arch: str, model_type: str) -> Callable[[Any, str], dict[str, Any]]:
+    """The config reader of a Llama-block architecture: a config.json dict for ``model_type`` from the file's
+    ``<arch>.*`` metadata (the keys llama.cpp writes; a missing required key is named)."""
+    def read(reader, source: str) -> dict[str, Any]:
+        from .loading import MODEL_ARCHITECTURES  # noqa: PLC0415
+
+        num_heads = int(gguf_field(reader, f"{arch}.attention.head_count"))
+        hidden = int(gguf_field(reader, f"{arch}.embedding_length"))
+        head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", hidden // num_heads))
+        value_dim = int(gguf_field(reader, f"{arch}.attention.value_length", head_dim))
+        if value_dim != head_dim:
+            raise CheckpointError(f"{source}: key_length {head_dim} != value_length {value_dim} is not supported")
+        embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+        if embedding is None:
+            raise CheckpointError(f"{source}: GGUF has no 'token_embd.weight' tensor")
+        eos = gguf_field(reader, "tokenizer.ggml.eos_token_id", None)
+        bos = gguf_field(reader, "tokenizer.ggml.bos_token_id", None)
+        raw = {
+            "model_type": model_type,
+            "vocab_size": int(embedding.shape.tolist()[1]),
+            "hidden_size": hidden,
+            "intermediate_size": int(gguf_field(reader, f"{arch}.feed_forward_length")),
+            "num_hidden_layers": int(gguf_field(reader, f"{arch}.block_count")),
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": int(gguf_field(reader, f"{arch}.attention.head_count_kv", num_heads)),
+            "head_dim": head_dim,
+            "rms_norm_eps": float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+            "max_position_embeddings": int(gguf_field(reader, f"{arch}.context_length", 2048)),
+            "tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors),
+            "attention_bias": any(t.name.endswith("attn_output.bias") for t in reader.tensors),
+            "bos_token_id": None if bos is None else int(bos),
+            "eos_token_id": None if eos is None else int(eos),
+        }
+        if f"{arch}.rope.scaling.type" in reader.fields:
+            raise CheckpointError(f"{source}: rope scaling {gguf_field(reader, f'{arch}.rope.scaling.type')!r} in a "
+                                  f"GGUF file is not supported; valid: none")
+        window = gguf_field(reader, f"{arch}.attention.sliding_window", None)
+        if window and model_type == "llama":
+            # a Llama-architecture file with an attention window is a Mistral (llama.cpp writes those as "llama")
+            raw.update(model_type="mistral", sliding_window=int(window))
+        elif window:
+            raise CheckpointError(f"{source}: {arch}.attention.sliding_window is not supported for {arch}; valid: "
+                                  "none")
+        architecture = MODEL_ARCHITECTURES[raw["model_type"]]
+        return architecture.config_from_dict(raw, source).to_hf_dict()
+    return read
+
+
+LLAMA_TOP_LEVEL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LLAMA_BLOCK_NAMES = {  # blk.{i}.<gguf> -> model.layers.{i}.<hf>
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def llama_parameter_name(gguf_name: str) -> str | None:
+    """llama.cpp tensor name -> Hugging Face parameter name (weights and biases); None when it has no place."""
+    if gguf_name in LLAMA_TOP_LEVEL_NAMES:
+        return LLAMA_TOP_LEVEL_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LLAMA_BLOCK_NAMES
+            and parts[3] in ("weight", "bias")):
+        return f"model.layers.{parts[1]}.{LLAMA_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def unpermute_rotary(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation for Llama files (its rotary pairs adjacent elements, Hugging Face's
+    pairs the two halves of a head); transformers' GGUF loader does the same."""
+    head_rows = tensor.shape[0] // num_heads // 2
+    return tensor.reshape(num_heads, head_rows, 2, *tensor.shape[1:]).swapaxes(1, 2).reshape(tensor.shape)
+
+
+def llama_tensor_transform(name: str, tensor: torch.Tensor, config: dict[str, Any]) -> torch.Tensor:
+    if name.endswith("self_attn.q_proj.weight") or name.endswith("self_attn.q_proj.bias"):
+        return unpermute_rotary(tensor, config["num_attention_heads"])
+    if name.endswith("self_attn.k_proj.weight") or name.endswith("self_attn.k_proj.bias"):
+        return unpermute_rotary(tensor, config["num_key_value_heads"])
+    return tensor
+
+
+def neox_tensor_transform(name: str, tensor: torch.Tensor, config: dict[str, Any]) -> torch.Tensor:
+    # Qwen files use NEOX rotary (the two halves of a head), as Hugging Face does: nothing to undo
+    return tensor
+
+
+def gguf_tokenizer(reader):
+    """The tokenizer reader of every GGUF row (``gguf_tokenizer.build_gguf_tokenizer``: SentencePiece-style or
+    GPT-2 BPE from the metadata); None for a file without tokenizer metadata (token ids only)."""
+    if "tokenizer.ggml.model" not in reader.fields:
+        return None
+    return build_gguf_tokenizer(reader)
+
+
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "gemma3": GGUFArchitecture(gemma3_config_from_gguf, gemma3_parameter_name, gemma3_tensor_transform,
-                               build_gguf_tokenizer),
+                               gguf_tokenizer),
+    # llama.cpp writes Mistral files as "llama"
+    "llama": GGUFArchitecture(llama_family_config_from_gguf("llama", "llama"), llama_parameter_name,
+                              llama_tensor_transform, gguf_tokenizer),
+    "qwen2": GGUFArchitecture(llama_family_config_from_gguf("qwen2", "qwen2"), llama_parameter_name,
+                              neox_tensor_transform, gguf_tokenizer),
+    "qwen3": GGUFArchitecture(llama_family_config_from_gguf("qwen3", "qwen3"), llama_parameter_name,
+                              neox_tensor_transform, gguf_tokenizer),
 }
 
 
@@ -226,7 +347,16 @@ def dequantize_tensor(tensor) -> torch.Tensor:
     return torch.from_numpy(values.reshape(shape)).float()
 
 
-def read_gguf_state_dict(reader, architecture: GGUFArchitecture, source: str,
+def check_tensor_types(reader, source: str) -> None:
+    """Refuse a file holding a tensor type this runtime cannot read before any conversion starts."""
+    bad = sorted({t.tensor_type.name for t in reader.tensors} - set(SUPPORTED_TENSOR_TYPES))
+    if bad:
+        examples = [t.name for t in reader.tensors if t.tensor_type.name in bad][:3]
+        raise CheckpointError(f"{source}: GGUF tensor types {bad} (e.g. {examples}) are not supported; supported: "
+                              f"{', '.join(SUPPORTED_TENSOR_TYPES)}")
+
+
+def read_gguf_state_dict(reader, architecture: GGUFArchitecture, source: str, config: dict[str, Any],
                          progress: bool = True) -> dict[str, torch.Tensor]:
     """Every tensor of the file, dequantized to fp32 and renamed to the model's parameter names."""
     from tqdm.auto import tqdm  # noqa: PLC0415
@@ -239,7 +369,7 @@ def read_gguf_state_dict(reader, architecture: GGUFArchitecture, source: str,
     with tqdm(total=total, unit="param", unit_scale=True, desc="dequantizing GGUF", disable=not progress) as bar:
         for tensor in reader.tensors:
             name = architecture.parameter_name(tensor.name)
-            state[name] = architecture.tensor_transform(name, dequantize_tensor(tensor))
+            state[name] = architecture.tensor_transform(name, dequantize_tensor(tensor), config)
             bar.update(int(tensor.n_elements))
     return state
 
@@ -247,7 +377,7 @@ def read_gguf_state_dict(reader, architecture: GGUFArchitecture, source: str,
 # ------------------------------------------------------------------------------ native (quantized) weights
 
 
-def read_gguf_native_state(reader, architecture: GGUFArchitecture, model_linears: set[str],
+def read_gguf_native_state(reader, architecture: GGUFArchitecture, model_linears: set[str], config: dict[str, Any],
                            progress: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The file's tensors for a model that keeps its matrices quantized: the bytes of every block-format weight
     matrix (a linear's weight in ``model_linears``, or the token embedding) as uint8 [out, row_bytes] under its
@@ -270,10 +400,11 @@ def read_gguf_native_state(reader, architecture: GGUFArchitecture, model_linears
                     and (module in model_linears or name == "model.embed_tokens.weight")):
                 out_features = int(tensor.shape.tolist()[1])
                 data = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(out_features, -1)
-                state[name] = torch.from_numpy(data.copy())
+                # a row permutation (Llama's q/k) moves whole block rows alike: the transform applies to the bytes
+                state[name] = architecture.tensor_transform(name, torch.from_numpy(data.copy()), config)
                 kinds[name] = kind
             else:
-                state[name] = architecture.tensor_transform(name, dequantize_tensor(tensor))
+                state[name] = architecture.tensor_transform(name, dequantize_tensor(tensor), config)
             bar.update(int(tensor.n_elements))
     return state, kinds
 
@@ -348,11 +479,12 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
     reader = open_gguf(gguf_path)
     source = str(gguf_path)
     arch_name, architecture = gguf_architecture(reader, source)
+    check_tensor_types(reader, source)
     gguf_sha256 = gguf_sha256 or file_sha256(gguf_path)
     config = architecture.config_from_gguf(reader, source)
     tokenizer = architecture.tokenizer_from_gguf(reader)
-    tokenizer_config = tokenizer_config_from_gguf(reader)
-    state = read_gguf_state_dict(reader, architecture, source, progress)
+    tokenizer_config = tokenizer_config_from_gguf(reader) if tokenizer is not None else None
+    state = read_gguf_state_dict(reader, architecture, source, config, progress)
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
 
@@ -361,12 +493,13 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     tokenizer_file = staging / "tokenizer.json"
-    tokenizer.save(str(tokenizer_file))
-    # special-token strings, add_bos_token and the chat template, as load_tokenizer and AutoTokenizer read them
     tokenizer_config_file = staging / "tokenizer_config.json"
-    tokenizer_config_file.write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **{
-        key: value for key, value in tokenizer_config.items() if value is not None}}, indent=2, ensure_ascii=False)
-        + "\n")
+    if tokenizer is not None:
+        tokenizer.save(str(tokenizer_file))
+        # special-token strings, add_bos_token and the chat template, as load_tokenizer and AutoTokenizer read them
+        tokenizer_config_file.write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **{
+            key: value for key, value in tokenizer_config.items() if value is not None}}, indent=2,
+            ensure_ascii=False) + "\n")
     from tqdm.auto import tqdm  # noqa: PLC0415
     for dtype_name in tqdm(dtypes, desc="writing safetensors", disable=not progress):
         directory = staging / dtype_name
@@ -375,9 +508,11 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
         (directory / "config.json").write_text(json.dumps(dtype_config, indent=2) + "\n")
         weights = {name: t.to(CACHE_DTYPES[dtype_name]).contiguous() for name, t in state.items()}
         save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt", "source": gguf_path.name})
-        _link_or_copy(tokenizer_file, directory / "tokenizer.json")
-        _link_or_copy(tokenizer_config_file, directory / "tokenizer_config.json")
-    native_state, kinds = read_gguf_native_state(reader, architecture, _linear_names(config, source), progress)
+        if tokenizer is not None:
+            _link_or_copy(tokenizer_file, directory / "tokenizer.json")
+            _link_or_copy(tokenizer_config_file, directory / "tokenizer_config.json")
+    native_state, kinds = read_gguf_native_state(reader, architecture, _linear_names(config, source), config,
+                                                  progress)
     if config.get("tie_word_embeddings"):
         native_state.pop("lm_head.weight", None)
     directory = staging / NATIVE_DIR
@@ -385,10 +520,11 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
     (directory / "config.json").write_text(json.dumps(dict(config, weights="native"), indent=2) + "\n")
     save_file({name: t.contiguous() for name, t in native_state.items()}, str(directory / "model.safetensors"),
               metadata={"format": "pt", "source": gguf_path.name, "ggml_types": json.dumps(kinds)})
-    _link_or_copy(tokenizer_file, directory / "tokenizer.json")
-    _link_or_copy(tokenizer_config_file, directory / "tokenizer_config.json")
-    tokenizer_file.unlink()
-    tokenizer_config_file.unlink()
+    if tokenizer is not None:
+        _link_or_copy(tokenizer_file, directory / "tokenizer.json")
+        _link_or_copy(tokenizer_config_file, directory / "tokenizer_config.json")
+        tokenizer_file.unlink()
+        tokenizer_config_file.unlink()
     files = {str(p.relative_to(staging)): p.stat().st_size for p in sorted(staging.rglob("*")) if p.is_file()}
     manifest = {
         "cache_version": GGUF_CACHE_VERSION,
@@ -408,13 +544,15 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
 
 
 def _linear_names(config: dict[str, Any], source: str) -> set[str]:
-    """Names of the nn.Linear modules of the model ``config`` describes (built on the meta device)."""
+    """Names of the bias-free nn.Linear modules of the model ``config`` describes (built on the meta device)."""
     from .loading import MODEL_ARCHITECTURES  # noqa: PLC0415
 
     architecture = MODEL_ARCHITECTURES[config["model_type"]]
     with torch.device("meta"):
         model = architecture.model_class(architecture.config_from_dict(config, source))
-    return {name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    # a linear with a bias (Qwen 2's q/k/v) stays dense: QuantizedLinear computes x @ W^T only
+    return {name for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module.bias is None}
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

@@ -134,17 +134,20 @@ class Attention(nn.Module):
     """Multi-head attention with grouped KV heads, reading and writing a per-layer KV buffer."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False,
-                 scale: float | None = None, qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0):
+                 scale: float | None = None, qk_norm_eps: float | None = None, qk_norm_offset: float = 0.0,
+                 qkv_bias: bool | None = None):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale if scale is not None else head_dim ** -0.5
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        # qkv_bias (None = bias): Qwen 2 has biases on q/k/v but not on o_proj
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
-        # Gemma 3: RMSNorm over each head's queries and keys before rotary (None = no such norm)
+        # Gemma 3, Qwen 3: RMSNorm over each head's queries and keys before rotary (None = no such norm)
         self.q_norm = RMSNorm(head_dim, qk_norm_eps, qk_norm_offset) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps, qk_norm_offset) if qk_norm_eps is not None else None
         # fp32 cached attention through torch.ops.specswap.invariant_attention: a query's output has the same bits
@@ -201,13 +204,15 @@ class GatedMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm Llama block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm Llama block: x + attn(norm(x)), then x + mlp(norm(x)); Qwen 2 / Qwen 3 / Mistral differ only in
+    what their config sets (q/k/v biases, q/k norms; Mistral's window is the model's attention plan)."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                                   config.head_dim, bias=config.attention_bias)
+                                   config.head_dim, bias=config.attention_bias, qkv_bias=config.qkv_bias,
+                                   qk_norm_eps=config.rms_norm_eps if config.qk_norm else None)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, "silu", bias=config.mlp_bias)
 

@@ -1,4 +1,7 @@
-"""Llama decoder for the runtime: forward over (input_ids, positions, cache, slots)."""
+"""Llama decoder for the runtime: forward over (input_ids, positions, cache, slots).
+
+The same class runs Mistral, Qwen 2 and Qwen 3: their configs (``LlamaConfig.from_*_dict``) switch on the
+block's variants in the shared layers rather than copying them."""
 
 from __future__ import annotations
 
@@ -116,7 +119,7 @@ class LlamaForCausalLM(CausalLM):
                 hidden = layer(hidden, cos, sin, None, None, None, positions, None)
         else:
             check_cache(cache, self.config.num_hidden_layers, positions, slots)
-            plan = plan_attention(positions, cache, key_length)
+            plan = plan_attention(positions, cache, key_length, self.config.sliding_window)
             for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
                 hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plan)
         return self.output(self.model.norm(hidden), logits_at, with_logits)

@@ -1,7 +1,10 @@
 """Load and save checkpoints: ``config.json`` + ``model.safetensors`` (or a sharded index) with Hugging Face names.
 
-``load_model`` dispatches on ``model_type`` through ``MODEL_ARCHITECTURES``; a new family registers its config
-reader and model class with ``register_architecture`` and reuses the shared layers.
+``load_model`` dispatches on ``model_type`` through ``MODEL_ARCHITECTURES``, the Hugging Face half of the architecture
+table: model_type -> config reader, model class, tensor-name map (checkpoint name -> parameter name, None to
+drop) and tokenizer reader. Its GGUF half is ``gguf.GGUF_ARCHITECTURES`` (general.architecture -> the same
+columns for a GGUF file, each naming the model_type here it becomes). A new family adds a row (and a model file
+reusing the shared layers, or a config reader over an existing class), never an edit to the engine.
 """
 
 from __future__ import annotations
@@ -27,22 +30,76 @@ IGNORED_KEY_SUFFIXES = ("rotary_emb.inv_freq",)
 TOKEN_MAP_KEY = "token_map"
 
 
+def same_name(name: str) -> str | None:
+    return name
+
+
+def hf_tokenizer(directory: Path):
+    """The tokenizer of a Hugging Face directory: its tokenizer.json (a missing file is named)."""
+    from .tokenizer import load_tokenizer  # noqa: PLC0415
+    return load_tokenizer(directory)
+
+
 @dataclass(frozen=True)
 class Architecture:
-    config_from_dict: Callable[[dict[str, Any], str], Any]
+    config_from_dict: Callable[[dict[str, Any], str], Any]      # config.json dict, source -> model config
     model_class: type[nn.Module]
+    tensor_name: Callable[[str], str | None] = same_name        # checkpoint tensor name -> parameter name / None
+    tokenizer_reader: Callable[[Path], Any] = hf_tokenizer      # checkpoint directory -> Tokenizer
+
+
+def gemma3_multimodal_config(raw: dict[str, Any], source: str) -> Gemma3Config:
+    """A Gemma 3 image-text config.json (model_type "gemma3"): its text model is ``text_config``."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        raise CheckpointError(f"{source}: model_type 'gemma3' needs a 'text_config' object (the text decoder)")
+    return Gemma3Config.from_dict({**text, "model_type": "gemma3_text"}, source)
+
+
+GEMMA3_TEXT_PREFIXES = ("model.language_model.", "language_model.model.")  # transformers >= 4.52 / older
+
+
+def gemma3_multimodal_tensor_name(name: str) -> str | None:
+    """The text decoder's tensors of a Gemma 3 image-text checkpoint under text-model names; the vision tower
+    and projector are dropped."""
+    for prefix in GEMMA3_TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return "model." + name.removeprefix(prefix)
+    if name in ("lm_head.weight", "language_model.lm_head.weight"):
+        return "lm_head.weight"
+    return None
 
 
 MODEL_ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(LlamaConfig.from_dict, LlamaForCausalLM),
+    "mistral": Architecture(LlamaConfig.from_mistral_dict, LlamaForCausalLM),
+    "qwen2": Architecture(LlamaConfig.from_qwen2_dict, LlamaForCausalLM),
+    "qwen3": Architecture(LlamaConfig.from_qwen3_dict, LlamaForCausalLM),
     "gemma3_text": Architecture(Gemma3Config.from_dict, Gemma3ForCausalLM),
+    "gemma3": Architecture(gemma3_multimodal_config, Gemma3ForCausalLM, gemma3_multimodal_tensor_name),
 }
 
 
 def register_architecture(model_type: str, config_from_dict: Callable[[dict[str, Any], str], Any],
-                          model_class: type[nn.Module]) -> None:
+                          model_class: type[nn.Module], tensor_name: Callable[[str], str | None] = same_name,
+                          tokenizer_reader: Callable[[Path], Any] = hf_tokenizer) -> None:
     """Make ``load_model`` build ``model_class`` for checkpoints whose config.json says ``model_type``."""
-    MODEL_ARCHITECTURES[model_type] = Architecture(config_from_dict, model_class)
+    MODEL_ARCHITECTURES[model_type] = Architecture(config_from_dict, model_class, tensor_name, tokenizer_reader)
+
+
+def architecture_of(directory: str | Path) -> Architecture:
+    """The table row for a checkpoint directory's config.json; an unknown model_type is refused by name."""
+    directory = _checkpoint_dir(directory)
+    model_type = read_config_json(directory).get("model_type")
+    if model_type not in MODEL_ARCHITECTURES:
+        raise CheckpointError(f"{directory / 'config.json'}: model_type {model_type!r} is not supported; "
+                              f"supported: {sorted(MODEL_ARCHITECTURES)}")
+    return MODEL_ARCHITECTURES[model_type]
+
+
+def load_checkpoint_tokenizer(directory: str | Path):
+    """The tokenizer of a checkpoint directory, read by its architecture's tokenizer reader."""
+    return architecture_of(directory).tokenizer_reader(Path(directory))
 
 
 def _checkpoint_dir(path: str | Path) -> Path:
@@ -135,7 +192,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         return _load_native(model, directory, dtype, device)
     # a tied lm_head is the embedding; checkpoints usually omit it
     optional = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    weights = _match_state_dict(model, read_weights(directory), str(directory / WEIGHTS_FILE), optional)
+    renamed = {architecture.tensor_name(name): t for name, t in read_weights(directory).items()}
+    renamed.pop(None, None)
+    weights = _match_state_dict(model, renamed, str(directory / WEIGHTS_FILE), optional)
     _assign_weights(model, weights, dtype, device, str(directory))
     return model.eval()
 

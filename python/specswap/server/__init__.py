@@ -1,7 +1,6 @@
 """``specswap serve``: an HTTP server over the engine (OpenAI's API and SGLang's native one), with live adaptive
 metrics.
 
-    loading.py    model flags shared with the bench; load a model pair once, build engines over it
     protocol.py   request validation, OpenAI error bodies (pure)
     chat.py       the model's own chat template, rendered in transformers' jinja2 sandbox
     native.py     SGLang's /generate: request bodies in, its output objects out (pure)

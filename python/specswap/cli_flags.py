@@ -1,39 +1,29 @@
-"""Model flags shared by ``specswap serve`` and ``specswap bench``, and loading a model pair once.
+"""The model flags shared by ``specswap serve`` and ``specswap bench``, and engines built from what they load.
 
 Both commands take the same SGLang-style flags (``--model``, ``--draft-model``, ``--speculative-algorithm``,
-``--dtype``, ...). ``load_models`` turns them into built modules (target, draft, tokenizer) so that several
-engines can share one copy of the weights; ``build_engine`` wraps them in an ``Engine``.
+``--dtype``, ``--weights``, ...); ``specswap.loading.load_models`` turns them into built modules once, and
+``build_engine`` wraps those in an ``Engine`` (several engines may share one copy of the weights).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from specswap.loading import LoadedModels
+
+__all__ = ["ALGORITHM_CHOICES", "DEFAULT_MODEL", "add_model_arguments", "build_engine", "check_speculative_flags"]
 
 DEFAULT_MODEL = "gemma-3-270m"
 ALGORITHM_CHOICES = ("EAGLE", "STANDALONE", "NGRAM", "NONE")
 
 
-@dataclass
-class LoadedModels:
-    """Built modules shared by every engine of a process; ``draft`` is None for NGRAM / no speculation."""
-
-    name: str
-    target: Any                         # a built causal LM (torch.nn.Module)
-    draft: Any                          # a built EAGLE head / draft model, or None
-    tokenizer: Any
-    speculative_algorithm: str | None   # what the draft supports: "EAGLE", "STANDALONE", "NGRAM" or None
-    dtype: Any                          # torch.dtype (of activations, for native weights)
-    device: str
-    weights: str = "fp32"               # "native" (the GGUF's blocks on ggml), "bf16" or "fp32"
-
-
 def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str | None) -> None:
     """The model flags, spelled as SGLang spells them."""
     parser.add_argument("--model", "--model-path", dest="model", default=DEFAULT_MODEL,
-                        help=f"zoo name ('tiny', 'gemma-3-270m') or checkpoint directory (default {DEFAULT_MODEL})")
+                        help=f"zoo or registry name ('tiny', 'gemma-3-270m', 'smollm2-135m'), a Hugging Face checkpoint directory or "
+                             f"a .gguf file (default {DEFAULT_MODEL})")
     parser.add_argument("--draft-model", "--speculative-draft-model-path", dest="draft_model", default=None,
                         help="draft checkpoint (EAGLE head or standalone model); zoo models default to <model>-eagle "
                              "/ <model>-draft")
@@ -76,59 +66,6 @@ def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> No
     if adaptive_flag and args.speculative_algorithm == "NONE":
         raise ValueError("--speculative-adaptive needs a --speculative-algorithm (EAGLE, STANDALONE or NGRAM); "
                          "got NONE")
-
-
-def _target_directory(name: str, dtype) -> Path:
-    from specswap.engine import resolve_checkpoint
-    try:
-        return resolve_checkpoint(name, dtype)
-    except ImportError as error:
-        raise ValueError(f"model {name!r} is not available: {error}. For a quick start without it, pass "
-                         f"--model tiny") from error
-
-
-def _draft_directory(model: str, draft: str | None, algorithm: str) -> Path:
-    from specswap.engine import resolve_checkpoint
-    if draft is not None:
-        return resolve_checkpoint(draft)
-    if Path(model).is_dir():
-        raise ValueError(f"--speculative-algorithm {algorithm} with a checkpoint directory needs --draft-model")
-    name = f"{model}-eagle" if algorithm == "EAGLE" else f"{model}-draft"
-    try:
-        return resolve_checkpoint(name)
-    except ValueError as error:
-        raise ValueError(f"model {model!r} has no {algorithm} draft ({error}); pass --draft-model, or use "
-                         f"--speculative-algorithm NGRAM (prompt lookup, needs no draft)") from error
-
-
-def load_models(model: str, draft: str | None = None, speculative_algorithm: str | None = "EAGLE",
-                dtype: str = "auto", device: str = "cpu", draft_quantization: str = "auto",
-                weights: str = "auto") -> LoadedModels:
-    """Load the target (and draft) once. ``speculative_algorithm=None`` picks EAGLE when a head is found, else
-    NGRAM; "NONE" loads no draft. ``weights``, ``draft_quantization``: see ``Engine``."""
-    from specswap.engine import resolve_weights
-    from specswap.models import load_draft_model, load_eagle_head, load_model, load_tokenizer
-    from specswap.models.quantize import resolve_draft_quantization
-
-    weights, torch_dtype = resolve_weights(weights, model, dtype, device)
-    algorithm = speculative_algorithm
-    if algorithm is None:
-        try:
-            _draft_directory(model, draft, "EAGLE")
-            algorithm = "EAGLE"
-        except ValueError:
-            algorithm = "NGRAM"
-    target_dir = _target_directory(model, "native" if weights == "native" else torch_dtype)
-    draft_dir = _draft_directory(model, draft, algorithm) if algorithm in ("EAGLE", "STANDALONE") else None
-    target = load_model(target_dir, dtype=torch_dtype, device=device)
-    drafter = None
-    if algorithm == "EAGLE":
-        drafter = load_eagle_head(draft_dir, target, quantization=resolve_draft_quantization(
-            draft_quantization, algorithm, torch_dtype, device, native_target=weights == "native"))
-    elif algorithm == "STANDALONE":
-        drafter = load_draft_model(draft_dir, target)
-    return LoadedModels(str(model), target, drafter, load_tokenizer(target_dir),
-                        None if algorithm == "NONE" else algorithm, torch_dtype, device, weights)
 
 
 def build_engine(models: LoadedModels, speculative_algorithm: str | None, speculative_num_steps: int = 3,
