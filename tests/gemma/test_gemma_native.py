@@ -5,10 +5,16 @@ memory of bf16; the EAGLE head runs on the target's blocks."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from specswap.zoo.gemma_eagle import DEFAULT_OUT
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
+from spec_helpers import run_to_completion  # noqa: E402
 
 PROMPTS = ["def add(a, b):", "1, 2, 3, 4, 5,", "The capital of France is", "for i in range(10):"]
 NEW_TOKENS = 24
@@ -87,19 +93,9 @@ def test_native_forced_switching_every_round_is_lossless(gemma_native, native_re
     tiers = (1, 3, 7)
     worker = EAGLEWorker(model, None, "NGRAM", 3, max_batch_size=len(PROMPTS), max_seq_len=96, tiers=tiers)
     prompts = [encode_text(tokenizer, p) for p in PROMPTS]
-    params = [SamplingParams(max_new_tokens=NEW_TOKENS)] * len(prompts)
-    outputs = [[t] for t in worker.prefill(range(len(prompts)), prompts, params)]
-    used, round_index = [], 0
-    running = list(range(len(prompts)))
-    while running:
-        worker.apply_runtime_state(worker._tier(tiers[round_index % len(tiers)]))
-        result = worker.decode_round(running)
-        used.append(result.speculative_num_steps)
-        for slot, new in zip(running, result.new_tokens):
-            outputs[slot].extend(new)
-        running = [s for s in running if len(outputs[s]) < NEW_TOKENS]
-        round_index += 1
-    assert [out[:NEW_TOKENS] for out in outputs] == native_reference
+    outputs, _, used = run_to_completion(worker, prompts, NEW_TOKENS, SamplingParams(max_new_tokens=NEW_TOKENS),
+                                         switch=lambda i: tiers[i % len(tiers)])
+    assert outputs == native_reference
     assert set(used) == set(tiers)
 
 

