@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh
 bash tools/test_cpp.sh
 VENV=${SPECSWAP_VENV:-.venv}
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+# every test, the slow ones too (the full tier x bucket capture, ~10 s): a -m in "$@" comes later and wins
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "slow or not slow" "$@"
 # specswap's override plus torch's kernels and oneDNN held to AVX2: a path that forgets to ask
 # cpu_capability() meets the very error an AVX2-only CPU raises ("bf16 path needs the cpu support ...").
 echo "[test] capability-dependent tests again with SPECSWAP_CPU_CAPS=-avx512 (no AVX-512, no native bf16)"
