@@ -169,12 +169,13 @@ def _query_pre_attn_scalar(reader, arch: str, head_dim: int) -> float:
     return round(scalar) if abs(scalar - round(scalar)) < 1e-3 else scalar
 
 
-GEMMA3_TOP_LEVEL_NAMES = {
+# llama.cpp tensor names -> Hugging Face parameter names, shared by every architecture here
+TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-GEMMA3_BLOCK_NAMES = {  # blk.{i}.<gguf> -> model.layers.{i}.<hf>
+_COMMON_BLOCK_NAMES = {  # blk.{i}.<gguf> -> model.layers.{i}.<hf>
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -182,13 +183,15 @@ GEMMA3_BLOCK_NAMES = {  # blk.{i}.<gguf> -> model.layers.{i}.<hf>
     "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
-    "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-    "post_ffw_norm": "post_feedforward_layernorm",
 }
+GEMMA3_TOP_LEVEL_NAMES = TOP_LEVEL_NAMES
+GEMMA3_BLOCK_NAMES = {**_COMMON_BLOCK_NAMES,  # Gemma 3 norms both sides of attention and of the MLP
+                      "post_attention_norm": "post_attention_layernorm",
+                      "ffn_norm": "pre_feedforward_layernorm",
+                      "post_ffw_norm": "post_feedforward_layernorm"}
 
 
 def gemma3_parameter_name(gguf_name: str) -> str | None:
@@ -258,24 +261,8 @@ def llama_family_config_from_gguf(arch: str, model_type: str) -> Callable[[Any, 
     return read
 
 
-LLAMA_TOP_LEVEL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-LLAMA_BLOCK_NAMES = {  # blk.{i}.<gguf> -> model.layers.{i}.<hf>
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
+LLAMA_TOP_LEVEL_NAMES = TOP_LEVEL_NAMES
+LLAMA_BLOCK_NAMES = {**_COMMON_BLOCK_NAMES, "ffn_norm": "post_attention_layernorm"}
 
 
 def llama_parameter_name(gguf_name: str) -> str | None:
