@@ -14,7 +14,6 @@ milliseconds.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,9 +21,10 @@ from typing import Any, Sequence
 
 import torch
 
-from specswap.bench.provenance import stamp
+from specswap.bench.provenance import stamp, write_report
 from specswap.bench.timing import median_ms
 
+REPOSITORY = Path(__file__).resolve().parents[1]
 WEIGHTS = ("native", "bf16", "fp32")
 
 
@@ -111,11 +111,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for name in weights:
         size = next(r["model_bytes"] for r in results if r["weights"] == name)
         print(f"{name}: weights resident {size / 2**20:.0f} MiB")
-    report = {**stamp(), "threads": torch.get_num_threads(), "context": args.context, "repeats": args.repeats,
+    command = list(sys.argv) if argv is None else [str(Path(__file__).relative_to(REPOSITORY)), *argv]
+    report = {**stamp(command), "threads": torch.get_num_threads(), "context": args.context, "repeats": args.repeats,
               "torch": torch.__version__, "results": results}
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(args.json, report)
         print(f"wrote {args.json}")
     return report
 

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from specswap.bench.provenance import stamp
+from specswap.bench.provenance import stamp, write_report
 
 _HERE = Path(__file__).resolve().parent
 _REPOSITORY = _HERE.parent
@@ -377,10 +376,6 @@ def build_report(args, rows: list[dict], meta: dict[str, Any], argv: Sequence[st
     return report
 
 
-def write_json(path: str | Path, report: dict) -> None:
-    Path(path).write_text(json.dumps(report, indent=2) + "\n")
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     llama_cpp = None if args.skip_llamacpp else import_llama_cpp()
@@ -439,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     print(format_tables(report["results"], report["best"]))
     if args.json:
-        write_json(args.json, report)
+        write_report(args.json, report)
         print(f"\nwrote {args.json}")
 
 

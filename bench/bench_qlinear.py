@@ -23,7 +23,6 @@ in one run, not milliseconds across runs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -31,7 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from specswap.bench.provenance import stamp
+from specswap.bench.provenance import stamp, write_report
 from specswap.capability import cpu_capability
 from specswap.bench.timing import median_ms
 
@@ -190,8 +189,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report = {**stamp(command), "threads": torch.get_num_threads(), "repeats": args.repeats, "rows": rows,
               "torch": torch.__version__, "fast_kernels": fast_note, "bf16": bf16_note, "results": results}
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_report(args.json, report)
         print(f"wrote {args.json}")
     return report
 

@@ -154,7 +154,7 @@ def test_json_has_provenance_and_settings(bench, tmp_path):
     report = bench.build_report(args, fake_rows(bench), {"llama_cpp_version": "0.3.36", "gguf_sha256": "ab" * 32},
                                 argv=["bench/bench_llamacpp.py", "--threads", "1", "2"])
     path = tmp_path / "out.json"
-    bench.write_json(path, report)
+    bench.write_report(path, report)
     loaded = json.loads(path.read_text())
     assert loaded["command"] == "bench/bench_llamacpp.py --threads 1 2"
     assert loaded["cpu"] and loaded["commit"]

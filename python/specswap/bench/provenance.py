@@ -6,6 +6,7 @@ figure can be traced to the command that made it, the machine it ran on and the 
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -49,3 +50,10 @@ def stamp(argv: Sequence[str] | None = None) -> dict[str, Any]:
     level): ``cpu`` is the capability line, ``cpu_capability`` its fields."""
     return {"command": command_line(argv), "cpu": cpu_line(), "cpu_capability": cpu_capability().as_dict(),
             "commit": git_commit()}
+
+
+def write_report(path: str | Path, report: dict[str, Any]) -> None:
+    """A benchmark report as indented JSON at ``path``, its folder made if missing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
