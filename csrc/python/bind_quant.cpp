@@ -3,6 +3,10 @@
 // loaded at run time, so a build without it still imports.
 #include "python/bindings.h"
 
+#include <ATen/Parallel.h>
+
+#include <atomic>
+
 #ifdef SPECSWAP_WITH_GGML
 #include "quant/ggml_api.h"
 #endif
@@ -10,8 +14,27 @@
 namespace py = pybind11;
 
 namespace specswap::python {
+namespace {
+
+// How many of torch's intra-op threads one at::parallel_for of this extension runs on. at::parallel_for is a
+// header template: compiled without OpenMP it runs serially whatever torch.set_num_threads says, so this is
+// the check that the build's threading is torch's.
+int64_t parallel_threads_used(int64_t tasks) {
+  std::atomic<uint64_t> seen{0};
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    volatile double sink = 0;  // enough work per task that every thread takes some
+    for (int64_t i = begin; i < end; ++i)
+      for (int j = 0; j < 200000; ++j) sink = sink + j;
+    seen.fetch_or(uint64_t{1} << (at::get_thread_num() % 64));
+  });
+  return __builtin_popcountll(seen.load());
+}
+
+}  // namespace
 
 void bind_quant(py::module_& m) {
+  m.def("parallel_threads_used", &parallel_threads_used, py::arg("tasks"),
+        "Distinct intra-op threads one at::parallel_for over `tasks` tasks ran on (a build check).");
 #ifdef SPECSWAP_WITH_GGML
   m.attr("with_ggml") = true;
   m.def("ggml_load", &quant::ggml_load, py::arg("library_dir"),
