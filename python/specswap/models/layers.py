@@ -37,11 +37,35 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., H]
         input_dtype = x.dtype
+        if self._fused(x):  # one operator, same formula; inference on the CPU only (it has no gradient)
+            return torch.ops.specswap.rms_norm(x, self.weight, self.eps, self.weight_offset)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.weight_offset == 0.0:
             return self.weight * x32.to(input_dtype)
         return (x32 * (self.weight_offset + self.weight.float())).to(input_dtype)
+
+
+    def _fused(self, x: torch.Tensor) -> bool:
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or not _fused_norm_available():
+            return False
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            return False
+        # offset 0 multiplies in x's dtype: only when the weight has it (a wider weight would promote the output)
+        return self.weight.dtype == x.dtype or (self.weight_offset != 0.0 and self.weight.dtype == torch.float32)
+
+
+_FUSED_NORM: list[bool] = []  # resolved once: whether specswap._C registered torch.ops.specswap.rms_norm
+
+
+def _fused_norm_available() -> bool:
+    if not _FUSED_NORM:
+        try:
+            from .. import _core  # noqa: F401, PLC0415  (loads specswap._C, which registers the op)
+            _FUSED_NORM.append(hasattr(torch.ops.specswap, "rms_norm"))
+        except ImportError:
+            _FUSED_NORM.append(False)
+    return _FUSED_NORM[0]
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
