@@ -1,12 +1,15 @@
-"""Train an EAGLE-1 head for Gemma 3 270M on this machine, resumably, from offline text.
+"""Train an EAGLE-1 head for a registry target (Gemma 3 270M, SmolLM2-135M) on this machine, resumably, from
+offline text.
 
-    PYTHONPATH=python python -m specswap.zoo train gemma-3-270m-eagle --minutes 100 \
-        [--work ~/.cache/specswap/gemma-3-270m-eagle-run] [--out python/specswap/zoo/weights/gemma-3-270m-eagle]
-    PYTHONPATH=python python -m specswap.zoo.gemma_eagle --measure [--work ...] [--out ...]
+    PYTHONPATH=python python -m specswap.zoo train eagle --target gemma-3-270m --minutes 100 \
+        [--work ~/.cache/specswap/<target>-eagle-run] [--out python/specswap/zoo/weights/<target>-eagle]
+    PYTHONPATH=python python -m specswap.zoo.gemma_eagle --target smollm2-135m --measure [--work ...] [--out ...]
+
+(``train gemma-3-270m-eagle`` is the same as ``train eagle --target gemma-3-270m``.)
 
 Pipeline (every phase checkpoints into ``--work``; rerunning the command resumes where it stopped):
 1. data: the zoo's offline corpus (CPython stdlib sources = code; docstrings and licence texts = prose), tokenized
-   with Gemma's tokenizer; the draft vocabulary is the ``draft_vocab`` most frequent target tokens there
+   with the target's tokenizer; the draft vocabulary is the ``draft_vocab`` most frequent target tokens there
    (``token_map``), so the head's LM head is a 16k-row slice of the target's.
 2. features: rounds of bf16 target forwards over random windows (half code, half prose) plus windows that
    continue a corpus prompt with the target's own greedy tokens; each round stores tokens and the final-normed
@@ -18,7 +21,7 @@ Pipeline (every phase checkpoints into ``--work``; rerunning the command resumes
 4. evaluation: held-out top-1 agreement with the target's full-vocabulary greedy token at draft steps 1..3;
    the best head so far (by step-1 top-1) is written to ``--out`` with its token map and training record.
 
-Gemma's terms of use apply to the head as a model derived from Gemma (see docs/gemma.md).
+The target's licence applies to the head as a model derived from it (``TARGETS``; Gemma: docs/gemma.md).
 """
 
 from __future__ import annotations
@@ -41,7 +44,35 @@ from .data import build_corpus
 from .train import kl_to_teacher, learning_rate, make_optimizer, positions_like, step_optimizer
 
 DOMAINS = ("code", "prose")
-DEFAULT_OUT = Path(__file__).resolve().parent / "weights" / "gemma-3-270m-eagle"
+WEIGHTS = Path(__file__).resolve().parent / "weights"
+# the targets a head can be trained for: registry name -> the licence its derived head carries
+TARGETS = {
+    "gemma-3-270m": "derived from Gemma 3 270M: Gemma Terms of Use apply (https://ai.google.dev/gemma/terms)",
+    "smollm2-135m": "derived from SmolLM2-135M-Instruct (Apache-2.0, HuggingFaceTB)",
+}
+DEFAULT_TARGET = "gemma-3-270m"
+DEFAULT_OUT = WEIGHTS / f"{DEFAULT_TARGET}-eagle"
+
+
+def check_target(target: str) -> str:
+    if target not in TARGETS:
+        raise ValueError(f"no EAGLE training recipe for target {target!r}; supported: {', '.join(TARGETS)}")
+    return target
+
+
+def default_work(target: str) -> Path:
+    return Path.home() / ".cache" / "specswap" / f"{target}-eagle-run"
+
+
+def default_out(target: str) -> Path:
+    return WEIGHTS / f"{target}-eagle"
+
+
+def load_target(name: str):
+    """The bf16 target and its tokenizer, through the one loader's checkpoint resolution."""
+    from specswap.loading import resolve_checkpoint  # noqa: PLC0415
+    directory = resolve_checkpoint(check_target(name), torch.bfloat16)
+    return load_model(directory, torch.bfloat16).requires_grad_(False), load_tokenizer(directory)
 
 
 @dataclass(frozen=True)
@@ -146,13 +177,15 @@ def target_features(target, windows: torch.Tensor, batch: int) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------ head
 
 def make_head(target, token_map: torch.Tensor) -> EagleHead:
-    """One Llama-style decoder layer shaped like a Gemma layer (4 heads of 256, 1 KV head), fresh init."""
+    """One Llama-style decoder layer shaped like one of the target's layers (Gemma: 4 heads of 256, 1 KV head;
+    its local rotary base), fresh init."""
     config = target.config
+    rope = getattr(config, "rope_local", None) or config.rope
     eagle_config = EagleConfig(
         hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
         num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
         head_dim=config.head_dim, target_vocab_size=config.vocab_size, draft_vocab_size=len(token_map),
-        rms_norm_eps=config.rms_norm_eps, rope=RopeConfig(theta=config.rope_local.theta),
+        rms_norm_eps=config.rms_norm_eps, rope=RopeConfig(theta=rope.theta),
         max_position_embeddings=config.max_position_embeddings)
     head = EagleHead(eagle_config, target.embed_tokens, target.lm_head, token_map)
     with torch.no_grad():
@@ -208,15 +241,13 @@ def heldout_top1(target, head: EagleHead, windows: torch.Tensor, recipe: GemmaEa
 
 # ------------------------------------------------------------------------------------------------ driver
 
-def train(minutes: float, work: Path, out: Path, recipe: GemmaEagleRecipe = GemmaEagleRecipe()) -> dict:
-    from .gemma import resolve
-
+def train(minutes: float, work: Path, out: Path, recipe: GemmaEagleRecipe = GemmaEagleRecipe(),
+          target_name: str = DEFAULT_TARGET) -> dict:
     torch.set_num_threads(recipe.threads)
     deadline = time.monotonic() + minutes * 60
     work.mkdir(parents=True, exist_ok=True)
-    directory = resolve("gemma-3-270m", torch.bfloat16)
-    target = load_model(directory, torch.bfloat16).requires_grad_(False)
-    tokenizer = load_tokenizer(directory)
+    target, tokenizer = load_target(target_name)
+    recipe = replace(recipe, draft_vocab=min(recipe.draft_vocab, target.config.vocab_size))
 
     data_file = work / "data.pt"
     if data_file.is_file():
@@ -251,7 +282,7 @@ def train(minutes: float, work: Path, out: Path, recipe: GemmaEagleRecipe = Gemm
     features_list = [torch.load(s)["hidden"] for s in shards]
 
     session_start = time.monotonic()
-    bar = tqdm(desc="gemma eagle", unit="step", initial=state["step"], total=recipe.planned_steps, dynamic_ncols=True)
+    bar = tqdm(desc=f"{target_name} eagle", unit="step", initial=state["step"], total=recipe.planned_steps, dynamic_ncols=True)
     while time.monotonic() < deadline and state["step"] < recipe.planned_steps:
         round_index = state["round"]
         generator = torch.Generator().manual_seed(recipe.seed + 1000 + round_index)
@@ -296,18 +327,21 @@ def train(minutes: float, work: Path, out: Path, recipe: GemmaEagleRecipe = Gemm
             bar.write(f"step {state['step']}: held-out top-1 {top1}")
             if state["best"] is None or top1["step1"] > state["best"]["step1"]:
                 state["best"] = {"step": state["step"], **top1}
-                ship(head, out, recipe, state, data)
+                ship(head, out, recipe, state, data, target_name)
         torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, checkpoint_file)
     bar.close()
     return {"best": state["best"], "steps": state["step"], "feature_tokens": state["feature_tokens"],
             "train_seconds": round(state["seconds"], 1)}
 
 
-def ship(head: EagleHead, out: Path, recipe: GemmaEagleRecipe, state: dict, data: dict) -> None:
+def ship(head: EagleHead, out: Path, recipe: GemmaEagleRecipe, state: dict, data: dict,
+         target_name: str = DEFAULT_TARGET) -> None:
     save_eagle_head(head, out, dtype=getattr(torch, recipe.save_dtype))
     record = {
-        "model": "gemma-3-270m-eagle",
-        "kind": "EAGLE-1 head for Gemma 3 270M (shares its scaled embedding; LM head = 16k-row slice of the target's)",
+        "model": f"{target_name}-eagle",
+        "target": target_name,
+        "kind": f"EAGLE-1 head for {target_name} (shares its embedding; LM head = a {len(head.token_map)}-row slice "
+                "of the target's)",
         "parameters": sum(p.numel() for p in head.parameters()),
         "draft_vocab": len(head.token_map),
         "best": state["best"], "evals": state["evals"], "loss_curve": state["curve"],
@@ -316,7 +350,7 @@ def ship(head: EagleHead, out: Path, recipe: GemmaEagleRecipe, state: dict, data
         "recipe": asdict(recipe), "data": data["summary"],
         "sources": ["CPython stdlib .py files -> code; stdlib docstrings and licence texts -> prose",
                     "plus windows continued by the target's own greedy tokens"],
-        "licence": "derived from Gemma 3 270M: Gemma Terms of Use apply (https://ai.google.dev/gemma/terms)",
+        "licence": TARGETS[target_name],
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
                         "threads": torch.get_num_threads(), "command": " ".join(sys.argv)},
     }
@@ -324,21 +358,20 @@ def ship(head: EagleHead, out: Path, recipe: GemmaEagleRecipe, state: dict, data
 
 
 def measure(work: Path, out: Path, prompts_per_domain: int = 4, prompt_tokens: int = 64, new_tokens: int = 32,
-            draft_lengths: tuple[int, ...] = (1, 3)) -> dict:
+            draft_lengths: tuple[int, ...] = (1, 3), target_name: str = DEFAULT_TARGET) -> dict:
     """Accepted draft tokens per verify of the shipped head with greedy chain drafting on held-out prompts (bf16
     target), via the zoo's acceptance loop; also checks the output equals plain greedy decoding. Recorded in
     ``out``/training_record.json under "acceptance"."""
     from specswap.models import load_eagle_head  # noqa: PLC0415
 
     from .acceptance import EagleDrafter, chain_draft, greedy  # noqa: PLC0415
-    from .gemma import resolve  # noqa: PLC0415
 
     if new_tokens < 1:
         raise ValueError(f"new_tokens must be >= 1; got {new_tokens}")
     if prompts_per_domain < 1:
         raise ValueError(f"prompts_per_domain must be >= 1; got {prompts_per_domain}")
     data = torch.load(work / "data.pt")
-    directory = resolve("gemma-3-270m", torch.bfloat16)
+    target, tokenizer = load_target(target_name)
 
     def heldout_streams() -> dict[str, torch.Tensor]:
         corpus = build_corpus()
@@ -346,10 +379,9 @@ def measure(work: Path, out: Path, prompts_per_domain: int = 4, prompt_tokens: i
             raise ValueError(f"the offline corpus on this machine is not the one {work / 'data.pt'} was built from "
                              f"(fingerprint {corpus.fingerprint()} != {data['summary']['fingerprint']}); measure "
                              f"with at most {len(data['heldout']) // 2} prompts per domain or retrain")
-        return token_streams(load_tokenizer(directory), corpus, splits=("heldout",))["heldout"]
+        return token_streams(tokenizer, corpus, splits=("heldout",))["heldout"]
 
     prompts_by_domain = heldout_prompts(data, prompts_per_domain, prompt_tokens, heldout_streams)
-    target = load_model(directory, torch.bfloat16)
     head = load_eagle_head(out, target)
     results: dict = {"method": f"greedy chain drafting, bf16 target, {prompts_per_domain} held-out prompts per "
                                f"domain of {prompt_tokens} tokens, {new_tokens} new tokens; accepted = draft tokens "
@@ -384,9 +416,10 @@ def measure(work: Path, out: Path, prompts_per_domain: int = 4, prompt_tokens: i
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specswap.zoo.gemma_eagle", description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default=DEFAULT_TARGET, choices=sorted(TARGETS), help="the registry target")
     parser.add_argument("--minutes", type=float, default=100.0, help="wall-clock budget of this run")
-    parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specswap" / "gemma-3-270m-eagle-run")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--work", type=Path, help="resumable work directory (default ~/.cache/specswap/<target>-eagle-run)")
+    parser.add_argument("--out", type=Path, help="the head's directory (default python/specswap/zoo/weights/<target>-eagle)")
     parser.add_argument("--planned-steps", type=int)
     parser.add_argument("--measure", action="store_true",
                         help="only measure the acceptance of the head in --out (recorded in its training_record.json)")
@@ -396,15 +429,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=32,
                         help="--measure: greedy tokens generated per prompt (more: less noise in the counts)")
     args = parser.parse_args(argv)
+    work = args.work or default_work(args.target)
+    out = args.out or default_out(args.target)
     if args.measure:
         torch.set_num_threads(GemmaEagleRecipe.threads)
-        print(json.dumps(measure(args.work, args.out, prompts_per_domain=args.prompts_per_domain,
-                                 new_tokens=args.new_tokens), indent=2))
+        print(json.dumps(measure(work, out, prompts_per_domain=args.prompts_per_domain, new_tokens=args.new_tokens,
+                                 target_name=args.target), indent=2))
         return
     recipe = GemmaEagleRecipe()
     if args.planned_steps:
         recipe = replace(recipe, planned_steps=args.planned_steps)
-    print(json.dumps(train(args.minutes, args.work, args.out, recipe), indent=2))
+    print(json.dumps(train(args.minutes, work, out, recipe, args.target), indent=2))
 
 
 if __name__ == "__main__":
