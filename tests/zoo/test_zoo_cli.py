@@ -1,4 +1,5 @@
-"""`python -m specswap.zoo train gemma-3-270m-eagle` forwards to the resumable Gemma head trainer, then measures."""
+"""`python -m specswap.zoo train eagle --target T` (and its Gemma alias `train gemma-3-270m-eagle`) forwards to the
+resumable head trainer, then measures."""
 
 from __future__ import annotations
 
@@ -18,14 +19,36 @@ def calls(monkeypatch):
 def test_gemma_head_training_is_forwarded_then_measured(calls, tmp_path):
     zoo_cli.main(["train", "gemma-3-270m-eagle", "--minutes", "5", "--work", str(tmp_path / "w"),
                   "--out", str(tmp_path / "o"), "--planned-steps", "30"])
-    assert calls == [["--minutes", "5.0", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
-                      "--planned-steps", "30"],
-                     ["--measure", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")]]
+    location = ["--target", "gemma-3-270m", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")]
+    assert calls == [["--minutes", "5.0", *location, "--planned-steps", "30"], ["--measure", *location]]
 
 
 def test_gemma_head_defaults_and_no_measure(calls):
     zoo_cli.main(["train", "gemma-3-270m-eagle", "--no-measure"])
-    assert calls == [["--minutes", "100.0"]]
+    assert calls == [["--minutes", "100.0", "--target", "gemma-3-270m"]]
+
+
+def test_any_registry_target_is_forwarded(calls):
+    zoo_cli.main(["train", "eagle", "--target", "smollm2-135m", "--minutes", "3", "--no-measure"])
+    assert calls == [["--minutes", "3.0", "--target", "smollm2-135m"]]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "eagle", "--target", "no-such-model"], "supported targets are gemma-3-270m, smollm2-135m"),
+    (["train", "gemma-3-270m-eagle", "--target", "smollm2-135m"], "use train eagle"),
+    (["train", "tiny", "--target", "smollm2-135m"], "--target is for train eagle"),
+])
+def test_bad_targets_are_refused_before_anything_runs(calls, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        zoo_cli.main(argv)
+    assert message in capsys.readouterr().err and not calls
+
+
+def test_the_trainer_defaults_follow_the_target():
+    assert gemma_eagle.default_out("smollm2-135m").name == "smollm2-135m-eagle"
+    assert gemma_eagle.default_work("smollm2-135m").name == "smollm2-135m-eagle-run"
+    with pytest.raises(ValueError, match="supported: gemma-3-270m, smollm2-135m"):
+        gemma_eagle.check_target("llama-3")
 
 
 def test_unknown_family_is_refused(capsys):

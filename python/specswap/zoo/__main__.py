@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.no_measure:
             gemma_eagle.main(["--measure", *location])
         return
-    if args.target is not None:
+    if getattr(args, "target", None) is not None:
         parser.error("--target is for train eagle")
     if args.command == "train":
         from .train import TinyRecipe, train_tiny

@@ -108,7 +108,11 @@ class GemmaEagleRecipe:
 # ------------------------------------------------------------------------------------------------ data
 
 def token_streams(tokenizer, corpus, splits=("train", "heldout")) -> dict[str, dict[str, torch.Tensor]]:
-    """split -> domain -> one stream of <bos> doc <bos> doc ... token ids."""
+    """split -> domain -> one stream of <bos> doc <bos> doc ... token ids (a tokenizer without a BOS token, as
+    SmolLM2's, separates documents with its smallest end-of-sequence id)."""
+    separator = tokenizer.bos_token_id
+    if separator is None:
+        separator = min(tokenizer.eos_token_ids)
     streams = {}
     for split in splits:
         streams[split] = {}
@@ -116,7 +120,7 @@ def token_streams(tokenizer, corpus, splits=("train", "heldout")) -> dict[str, d
             ids: list[int] = []
             for encoding in tokenizer._tokenizer.encode_batch(corpus.documents[domain][split],
                                                               add_special_tokens=False):
-                ids.append(tokenizer.bos_token_id)
+                ids.append(separator)
                 ids.extend(encoding.ids)
             streams[split][domain] = torch.tensor(ids, dtype=torch.long)
     return streams
