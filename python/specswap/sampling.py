@@ -212,6 +212,20 @@ class KeyedNoise:
         word.bitwise_right_shift_(40).bitwise_and_((1 << 24) - 1)
         return torch.mul(word, 2.0 ** -24, out=self.noise)
 
+    def uniform_at(self, key: int, entries: torch.Tensor) -> torch.Tensor:
+        """``uniform(key)[entries]`` with the same integer and float operations, computed for those entries only."""
+        word = entries.to(torch.int64).mul(_signed64(_GOLDEN)).add_(_signed64(((key & _MASK64) * _GOLDEN) & _MASK64))
+        for shift, multiplier in _MIX_STEPS:
+            word.bitwise_xor_(torch.bitwise_right_shift(word, shift).bitwise_and_((1 << (64 - shift)) - 1))
+            word.mul_(_signed64(multiplier))
+        word.bitwise_right_shift_(40).bitwise_and_((1 << 24) - 1)
+        return word.mul(2.0 ** -24).to(torch.float32)
+
+
+# The largest Gumbel noise a keyed draw can add: -log(-log(u)) for u = 1 - 2^-24, the largest uniform on the grid,
+# is 16.64; a little more covers the rounding of the sums compared against it
+_KEYED_NOISE_BOUND = 17.0
+
 
 def sample_keyed(log_weights: torch.Tensor, key: int, keyed: KeyedNoise) -> int:
     """One draw from softmax(log_weights) by the Gumbel-max rule, its noise a function of ``key`` alone:
@@ -221,8 +235,21 @@ def sample_keyed(log_weights: torch.Tensor, key: int, keyed: KeyedNoise) -> int:
 
     log_weights: [V] float32, unnormalised (-inf: never drawn); ``keyed``: its scratch, overwritten.
     """
-    scores = keyed.uniform(key).log_().neg_().log_().neg_().add_(log_weights)  # log w - log E
-    return int(argmax(scores))
+    # Only an entry within the noise's range of one perturbed score can win: every other one stays below it
+    # whatever its own noise. So the noise is drawn for those entries alone (the same bits uniform(key) gives
+    # them), and the draw, first index on a tie, is the one the whole vocabulary's scores give.
+    top = int(argmax(log_weights))
+    best = float(keyed.uniform_at(key, torch.tensor([top], device=log_weights.device)).log_().neg_().log_().neg_()[0])
+    threshold = float(log_weights[top]) + best - _KEYED_NOISE_BOUND
+    entries = None
+    if math.isfinite(threshold):
+        entries = torch.nonzero(log_weights >= threshold).squeeze(-1)          # ascending: ties go to the first
+    if entries is None or 8 * entries.numel() > log_weights.numel():
+        # a flat law (or no finite score): most entries can win, and the whole vocabulary's noise is cheaper
+        scores = keyed.uniform(key).log_().neg_().log_().neg_().add_(log_weights)  # log w - log E
+        return int(argmax(scores))
+    scores = keyed.uniform_at(key, entries).log_().neg_().log_().neg_().add_(log_weights[entries])
+    return int(entries[argmax(scores)])
 
 
 def accept_keyed(draw: Callable[[int], int], draft_tokens: Sequence[int]) -> tuple[int, int]:

@@ -187,6 +187,28 @@ def test_keyed_draws_follow_the_law_and_depend_on_the_key_alone():
     assert sum(a != b for a, b in zip(draws, other)) > 60
 
 
+def _keyed_draw_over_the_whole_vocabulary(log_weights: torch.Tensor, key: int, keyed: KeyedNoise) -> int:
+    """The keyed draw by its definition: every entry's noise, then the first argmax."""
+    return int(torch.argmax(keyed.uniform(key).clone().log_().neg_().log_().neg_().add_(log_weights)))
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
+def test_keyed_draws_equal_the_whole_vocabulary_draw(scale):
+    # sample_keyed draws noise only for entries that can win; the token must be the full computation's, at
+    # flat and peaked laws, with filtered (-inf) entries
+    vocab = 50_000
+    keyed = KeyedNoise(vocab)
+    generator = torch.Generator().manual_seed(int(scale * 10))
+    for trial in range(40):
+        logits = torch.randn(vocab, generator=generator) * scale
+        if trial % 4 == 0:
+            logits[torch.rand(vocab, generator=generator) < 0.5] = float("-inf")
+        key = position_key(trial, trial * 7)
+        assert sample_keyed(logits, key, keyed) == _keyed_draw_over_the_whole_vocabulary(logits, key, keyed)
+    entries = torch.tensor([0, 5, vocab - 1])
+    assert torch.equal(keyed.uniform_at(123, entries), keyed.uniform(123)[entries])
+
+
 def _splitmix64_top24(counter: int) -> int:
     """SplitMix64 output number ``counter`` (Steele et al. 2014), written out on Python ints: its top 24 bits."""
     mask = (1 << 64) - 1
