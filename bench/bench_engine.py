@@ -159,7 +159,8 @@ DEFAULT_PROMPT_SET = "report"
 WORKLOADS = list(PROMPT_SETS[DEFAULT_PROMPT_SET])
 
 
-def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quantization: str = "auto"):
+def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quantization: str = "auto",
+                weights: str | None = None):
     """(target, {algorithm: draft or None}, tokenizer), loaded once and shared by every engine of the run."""
     from specswap.models import EagleConfig, EagleHead, LlamaConfig, LlamaForCausalLM
     from specswap.models.quantize import resolve_draft_quantization
@@ -177,8 +178,9 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
             drafts["EAGLE"].quantize_int8()
         return target, drafts, ByteTokenizer(config.vocab_size)
     from specswap.loading import load_draft, load_models
-    loaded = load_models(name, speculative_algorithm="NONE", dtype=dtype, weights="bf16" if dtype == torch.bfloat16
-                         else "fp32")
+    if weights is None:  # the dtype's dense weights
+        weights = "bf16" if dtype == torch.bfloat16 else "fp32"
+    loaded = load_models(name, speculative_algorithm="NONE", dtype=dtype, weights=weights)
     drafts = {a: load_draft(name, None, a, loaded.target, quantization if a == "EAGLE" else None) for a in algorithms}
     return loaded.target, drafts, loaded.tokenizer
 
@@ -351,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="report: prompts kept apart from tuning (for published figures); tune: the prompts "
                              "NGRAM's lookup and the policy were tuned on (docs/bench.md)")
     parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--weights", choices=["native", "bf16", "fp32"], default=None,
+                        help="native: a GGUF model's own blocks (ggml kernels, activations in --dtype); default: "
+                             "the dense weights of --dtype")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--num-prompts", type=int, default=8)
@@ -385,7 +390,7 @@ def main() -> None:
 
     print(cpu_capability().describe(), flush=True)
     dtype = resolve_dtype(args.dtype, "cpu")
-    target, drafts, tokenizer = load_models(args.model, args.algorithm, dtype, args.draft_quantization)
+    target, drafts, tokenizer = load_models(args.model, args.algorithm, dtype, args.draft_quantization, args.weights)
     print(f"model {args.model} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M), "
           f"drafts {'/'.join(args.algorithm)}, {dtype}, {torch.get_num_threads()} threads, "
           f"{args.max_new_tokens} new tokens, {args.num_prompts} {args.prompt_set} prompts, median of {args.repeats}, "

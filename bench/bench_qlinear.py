@@ -8,8 +8,8 @@ row count's time relative to one row ("x1"). Backends, side by side in one proce
 (quantized with ggml's own quantizer):
 
 - ``ggml``: ``torch.ops.specswap.ggml_linear`` as the models run it (our multi-row kernels for Q8_0 / Q5_0 /
-  Q4_0 / Q4_K / Q6_K where the CPU has AVX2, with the AVX-512 VNNI integer dot for the first three where the
-  capability has it, ggml's vec_dot for every other type);
+  Q4_0 / Q4_1 / Q4_K / Q6_K where the CPU has AVX2, with the AVX-512 VNNI integer dot for the first four where
+  the capability has it, ggml's vec_dot for every other type);
 - ``ggml vec_dot``: the same op with our kernels switched off (ggml's one-row vec_dot), only for the types our
   kernels cover;
 - ``torch fp32``, ``torch bf16``: ``F.linear`` over the dequantized weight. bf16 only where the CPU has native
@@ -45,7 +45,7 @@ GEMMA_SHAPES: dict[str, tuple[int, int, str]] = {
     "lm_head": (262144, 640, "Q8_0"),  # the tied embedding
 }
 QUICK_SHAPES = "64x256:Q8_0,32x256:Q4_K,32x256:Q5_K"
-FAST_TYPES = ("Q8_0", "Q5_0", "Q4_0", "Q4_K", "Q6_K")  # the types our multi-row kernels cover
+FAST_TYPES = ("Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")  # the types our multi-row kernels cover
 
 
 def parse_shapes(text: str) -> list[tuple[str, int, int, str]]:

@@ -42,7 +42,7 @@ void bind_quant(py::module_& m) {
   m.def("ggml_loaded", &quant::ggml_loaded);
   m.def("ggml_row_bytes", &quant::ggml_row_bytes, py::arg("weight_type"), py::arg("in_features"));
   m.def("ggml_set_fast_kernels", &quant::set_fast_kernels, py::arg("enabled"),
-        "Multi-row Q8_0/Q5_0/Q4_0/Q4_K/Q6_K kernels on (default where AVX2 exists) or off; returns the previous.");
+        "Multi-row Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K kernels on (default where AVX2 exists) or off; returns the previous.");
   m.def("ggml_fast_kernels_available", &quant::fast_kernels_available);
   m.def("ggml_set_vnni", &quant::set_vnni, py::arg("enabled"),
         "The AVX-512 VNNI variant of the Q8_0-family kernels on (default where it exists) or off; same bits.");

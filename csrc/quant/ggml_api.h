@@ -25,7 +25,7 @@ struct GgmlApi {
 // Loads libggml-base.so and libggml-cpu.so from `library_dir` once; throws with the path and dlerror on failure.
 bool ggml_load(const std::string& library_dir);
 bool ggml_loaded();
-// Our multi-row kernels for Q8_0 / Q5_0 / Q4_0 / Q4_K / Q6_K weights (q8_kernels.h): on by default where the CPU has AVX2;
+// Our multi-row kernels for Q8_0 / Q5_0 / Q4_0 / Q4_1 / Q4_K / Q6_K weights (q8_kernels.h): on by default where the CPU has AVX2;
 // off sends every type through ggml's one-row vec_dot. Returns the previous setting.
 bool set_fast_kernels(bool enabled);
 bool fast_kernels_available();

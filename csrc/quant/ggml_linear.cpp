@@ -118,6 +118,7 @@ bool q8_kernel_for(ggml_type type, QWeight* kind) {
     case GGML_TYPE_Q8_0: *kind = QWeight::kQ8_0; return true;
     case GGML_TYPE_Q5_0: *kind = QWeight::kQ5_0; return true;
     case GGML_TYPE_Q4_0: *kind = QWeight::kQ4_0; return true;
+    case GGML_TYPE_Q4_1: *kind = QWeight::kQ4_1; return true;
     case GGML_TYPE_Q4_K: *kind = QWeight::kQ4_K; return true;
     case GGML_TYPE_Q6_K: *kind = QWeight::kQ6_K; return true;
     default: return false;
@@ -141,8 +142,13 @@ void run_linear(const GgmlApi& ggml, ggml_type type, const uint8_t* weight, int6
   const float* act_scales = nullptr;
   if (multi_row && !is_k_quant(kind)) {  // once per call, shared by every weight row
     std::vector<float>& scales = scratch().act_scales;
-    if (scales.size() < static_cast<size_t>(m * blocks)) scales.resize(m * blocks);
-    act_block_scales(reinterpret_cast<const BlockQ8_0*>(act), blocks, m, scales.data());
+    const auto count = static_cast<size_t>(act_scale_count(kind, blocks, m));
+    if (scales.size() < count) scales.resize(count);
+    if (kind == QWeight::kQ4_1) {
+      act_block_scales_q8_1(reinterpret_cast<const BlockQ8_1*>(act), blocks, m, scales.data());
+    } else {
+      act_block_scales(reinterpret_cast<const BlockQ8_0*>(act), blocks, m, scales.data());
+    }
     act_scales = scales.data();
   }
   // Weight rows are read once: a tile of rows stays in L1 while every activation row is dotted with it.

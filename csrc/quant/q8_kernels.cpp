@@ -1,4 +1,4 @@
-// Multi-row dot products over Q8_0 / Q5_0 / Q4_0 weights (Q8_0 activations) and Q4_K / Q6_K weights (Q8_K
+// Multi-row dot products over Q8_0 / Q5_0 / Q4_0 weights (Q8_0 activations), Q4_1 (Q8_1) and Q4_K / Q6_K (Q8_K
 // activations); q8_kernels.h says why and what the bits equal. Compiled with per-function target attributes
 // and chosen at run time, so the extension itself needs no AVX2 to load.
 #include "quant/q8_kernels.h"
@@ -113,6 +113,39 @@ SPECSWAP_VNNI inline __m256i block_dot_vnni(__m256i wabs, __m256i signed_x) {
 SPECSWAP_DOT_GROUP(dot_group_avx2, SPECSWAP_AVX2, block_dot_avx2)
 SPECSWAP_DOT_GROUP(dot_group_vnni, SPECSWAP_VNNI, block_dot_vnni)
 #undef SPECSWAP_DOT_GROUP
+
+// Q4_1 against Q8_1: per block ggml's AVX2 operations (the unsigned nibbles times the signed activations, scale
+// d_w * d_x, one fused multiply-add into 8 lanes), the min term m_w * s_x summed apart in a float, and at the end
+// the horizontal sum plus that sum, as ggml's vec_dot adds them; out[r * stride + n].
+#define SPECSWAP_Q4_1_GROUP(NAME, TARGET, BLOCK_DOT)                                                           \
+  template <int kRows>                                                                                         \
+  TARGET void NAME(const uint8_t* weight, size_t row_bytes, int64_t rows, const BlockQ8_1* const* act,         \
+                   const float* const* xscale, int64_t blocks, float* out, int64_t stride) {                   \
+    for (int64_t n = 0; n < rows; ++n) {                                                                       \
+      const auto* wrow = reinterpret_cast<const BlockQ4_1*>(weight + n * row_bytes);                          \
+      __m256 acc[kRows];                                                                                       \
+      float mins[kRows];                                                                                       \
+      for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;                            \
+      for (int64_t b = 0; b < blocks; ++b) {                                                                   \
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wrow[b].qs));                  \
+        const __m256i w =                                                                                      \
+            _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0F));     \
+        const float d = half_to_float(wrow[b].d), m = half_to_float(wrow[b].m);                                \
+        const __m256 ws = _mm256_set1_ps(d);                                                                   \
+        for (int r = 0; r < kRows; ++r) {                                                                      \
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[r][b].qs));                \
+          mins[r] += m * xscale[r][blocks + b];                                                                \
+          const __m256 dots = _mm256_cvtepi32_ps(BLOCK_DOT(w, x));                                             \
+          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(ws, _mm256_broadcast_ss(xscale[r] + b)), dots, acc[r]);      \
+        }                                                                                                      \
+      }                                                                                                        \
+      for (int r = 0; r < kRows; ++r) out[r * stride + n] = hsum(acc[r]) + mins[r];                            \
+    }                                                                                                          \
+  }
+
+SPECSWAP_Q4_1_GROUP(q4_1_group_avx2, SPECSWAP_AVX2, block_dot_avx2)
+SPECSWAP_Q4_1_GROUP(q4_1_group_vnni, SPECSWAP_VNNI, block_dot_vnni)
+#undef SPECSWAP_Q4_1_GROUP
 
 // ---- K-quants ----------------------------------------------------------------------------------------------
 
@@ -236,6 +269,18 @@ void dot_group(const uint8_t* weight, size_t row_bytes, int64_t rows, const void
     const BlockQ8_K* act_rows[kRows];
     for (int r = 0; r < kRows; ++r) act_rows[r] = static_cast<const BlockQ8_K*>(act) + (r0 + r) * blocks;
     dot_group_k<kKind, kRows>(weight, row_bytes, rows, act_rows, blocks, out, stride);
+  } else if constexpr (kKind == QWeight::kQ4_1) {
+    const BlockQ8_1* act_rows[kRows];
+    const float* xscale[kRows];  // each row's scales, then its sums
+    for (int r = 0; r < kRows; ++r) {
+      act_rows[r] = static_cast<const BlockQ8_1*>(act) + (r0 + r) * blocks;
+      xscale[r] = scales + (r0 + r) * 2 * blocks;
+    }
+    if (vnni) {
+      q4_1_group_vnni<kRows>(weight, row_bytes, rows, act_rows, xscale, blocks, out, stride);
+    } else {
+      q4_1_group_avx2<kRows>(weight, row_bytes, rows, act_rows, xscale, blocks, out, stride);
+    }
   } else {
     const BlockQ8_0* act_rows[kRows];
     const float* xscale[kRows];
@@ -274,10 +319,23 @@ SPECSWAP_AVX2 void block_scales(const BlockQ8_0* act, int64_t count, float* scal
   for (int64_t i = 0; i < count; ++i) scales[i] = half_to_float(act[i].d);
 }
 
+SPECSWAP_AVX2 void block_scales_q8_1(const BlockQ8_1* act, int64_t blocks, int64_t m, float* scales) {
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      scales[r * 2 * blocks + b] = half_to_float(act[r * blocks + b].d);
+      scales[r * 2 * blocks + blocks + b] = half_to_float(act[r * blocks + b].s);
+    }
+  }
+}
+
 }  // namespace
 
 void act_block_scales(const BlockQ8_0* act, int64_t blocks, int64_t m, float* scales) {
   block_scales(act, blocks * m, scales);
+}
+
+void act_block_scales_q8_1(const BlockQ8_1* act, int64_t blocks, int64_t m, float* scales) {
+  block_scales_q8_1(act, blocks, m, scales);
 }
 
 void q8_gemm_rows(QWeight kind, const uint8_t* weight, size_t weight_row_bytes, int64_t n0, int64_t n1,
@@ -292,6 +350,9 @@ void q8_gemm_rows(QWeight kind, const uint8_t* weight, size_t weight_row_bytes, 
       break;
     case QWeight::kQ4_0:
       gemm<QWeight::kQ4_0>(weight, weight_row_bytes, n0, n1, act, scales, blocks, m, out, out_stride, vnni);
+      break;
+    case QWeight::kQ4_1:
+      gemm<QWeight::kQ4_1>(weight, weight_row_bytes, n0, n1, act, scales, blocks, m, out, out_stride, vnni);
       break;
     case QWeight::kQ4_K:
       gemm<QWeight::kQ4_K>(weight, weight_row_bytes, n0, n1, act, scales, blocks, m, out, out_stride, vnni);

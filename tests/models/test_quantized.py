@@ -35,7 +35,7 @@ Q8_1_ACT = ("Q4_1", "Q5_1")
 K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # 256-value super-blocks, activations as Q8_K (d fp32)
 FLOAT_TYPES = ("F32", "F16", "BF16")                # the activation is rounded to the weight's float type
 ALL_TYPES = FLOAT_TYPES + Q8_0_ACT + Q8_1_ACT + K_TYPES
-FAST_TYPES = ("Q8_0", "Q5_0", "Q4_0")               # our multi-row kernels with ggml's own bits
+FAST_TYPES = ("Q8_0", "Q5_0", "Q4_0", "Q4_1")       # our multi-row kernels with ggml's own bits
 FAST_K_TYPES = ("Q4_K", "Q6_K")                     # our multi-row kernels with their own float order
 
 U32 = 2.0 ** -24   # fp32 unit roundoff
