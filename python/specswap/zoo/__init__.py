@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-NAMES = ("tiny", "tiny-eagle", "tiny-draft", "gemma-3-270m-eagle", "smollm2-135m-eagle")  # shipped weights; the Gemma target itself comes from zoo.gemma
+NAMES = ("tiny", "tiny-eagle", "tiny-draft", "gemma-3-270m-eagle")  # shipped weights; the Gemma target itself comes from zoo.gemma
 
 
 def path(name: str) -> Path:
