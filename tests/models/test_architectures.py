@@ -5,6 +5,8 @@ supported."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -101,30 +103,74 @@ def test_unsupported_gguf_architecture_is_refused_with_the_supported_ones(tmp_pa
         resolve_gguf_file(path, "float32", cache_dir=tmp_path / "cache", progress=False)
 
 
-def test_unsupported_quant_type_is_refused_with_the_supported_ones(tmp_path):
-    hf_model, _ = make_hf_model("llama", tmp_path)
-    path = tmp_path / "iq.gguf"
-    write_gguf(hf_model, "llama", path)
-    # rewrite one matrix as IQ4_NL (block of 32 weights in 18 bytes), a type the runtime does not read
-    writer_path = tmp_path / "iq4.gguf"
-    writer = gguf.GGUFWriter(str(writer_path), "llama")
-    reader = gguf.GGUFReader(str(path))
+def _rewrite_gguf(source, target, replace=None, fields=(), tensors=()):
+    """``source`` written again as ``target``: its llama/tokenizer fields plus ``fields`` (name, value, type), its
+    tensors (``replace(name, shape, data)`` may return (blocks, raw type) for one) plus ``tensors`` (name, array)."""
+    writer = gguf.GGUFWriter(str(target), "llama")
+    reader = gguf.GGUFReader(str(source))
     for field in reader.fields.values():
         if field.name.startswith("llama.") or field.name.startswith("tokenizer."):
             writer.add_key_value(field.name, field.contents(), field.types[0])
+    for name, value, kind in fields:
+        writer.add_key_value(name, value, kind)
     for tensor in reader.tensors:
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        if tensor.name == "blk.0.ffn_up.weight":
-            blocks = np.zeros((shape[0], shape[1] // 32 * 18), dtype=np.uint8)
-            writer.add_tensor(tensor.name, blocks, raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
+        replaced = replace(tensor.name, shape) if replace else None
+        if replaced is not None:
+            writer.add_tensor(tensor.name, replaced[0], raw_dtype=replaced[1])
         else:
             writer.add_tensor(tensor.name, np.array(tensor.data).reshape(shape))
+    for name, array in tensors:
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _llama_gguf(tmp_path):
+    hf_model, _ = make_hf_model("llama", tmp_path)
+    path = tmp_path / "plain.gguf"
+    write_gguf(hf_model, "llama", path)
+    return path
+
+
+def test_unsupported_quant_type_is_refused_with_the_supported_ones(tmp_path):
+    # one matrix as IQ4_NL (block of 32 weights in 18 bytes), a type the runtime does not read
+    def iq4(name, shape):
+        if name == "blk.0.ffn_up.weight":
+            return np.zeros((shape[0], shape[1] // 32 * 18), dtype=np.uint8), gguf.GGMLQuantizationType.IQ4_NL
+        return None
+    path = tmp_path / "iq4.gguf"
+    _rewrite_gguf(_llama_gguf(tmp_path), path, replace=iq4)
     with pytest.raises(CheckpointError, match=r"tensor types \['IQ4_NL'\].*blk\.0\.ffn_up\.weight.*supported: F32"):
-        resolve_gguf_file(writer_path, "float32", cache_dir=tmp_path / "cache", progress=False)
+        resolve_gguf_file(path, "float32", cache_dir=tmp_path / "cache", progress=False)
+
+
+def test_gguf_rope_scaling_is_refused_naming_it(tmp_path):
+    path = tmp_path / "scaled.gguf"
+    _rewrite_gguf(_llama_gguf(tmp_path), path,
+                  fields=[("llama.rope.scaling.type", "linear", gguf.GGUFValueType.STRING),
+                          ("llama.rope.scaling.factor", 4.0, gguf.GGUFValueType.FLOAT32)])
+    with pytest.raises(CheckpointError, match=r"rope scaling 'linear' in a GGUF file is not supported"):
+        resolve_gguf_file(path, "float32", cache_dir=tmp_path / "cache", progress=False)
+
+
+def test_gguf_rope_frequency_factors_are_refused_not_dropped(tmp_path):
+    # Llama 3.1+ files carry per-dimension rotary factors as a tensor; ignoring it would change every position
+    path = tmp_path / "rope-freqs.gguf"
+    _rewrite_gguf(_llama_gguf(tmp_path), path, tensors=[("rope_freqs.weight", np.ones(8, dtype=np.float32))])
+    with pytest.raises(CheckpointError, match=r"have no place in the model, e\.g\. \['rope_freqs\.weight'\]"):
+        resolve_gguf_file(path, "float32", cache_dir=tmp_path / "cache", progress=False)
+
+
+def test_qwen_sliding_window_is_refused(tmp_path):
+    _, directory = make_hf_model("qwen2", tmp_path)
+    config_file = directory / "config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 16}))
+    with pytest.raises(CheckpointError, match=r"Qwen2 use_sliding_window=true is not supported"):
+        load_model(directory, torch.float32)
 
 
 @pytest.mark.parametrize("cut", [0.5, 0.999])
