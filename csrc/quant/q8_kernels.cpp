@@ -341,26 +341,13 @@ void act_block_scales_q8_1(const BlockQ8_1* act, int64_t blocks, int64_t m, floa
 void q8_gemm_rows(QWeight kind, const uint8_t* weight, size_t weight_row_bytes, int64_t n0, int64_t n1,
                   const void* act, const float* scales, int64_t blocks, int64_t m, float* out, int64_t out_stride,
                   bool vnni) {
+#define SPECSWAP_KIND(K) \
+  case QWeight::K: gemm<QWeight::K>(weight, weight_row_bytes, n0, n1, act, scales, blocks, m, out, out_stride, vnni); break;
   switch (kind) {
-    case QWeight::kQ8_0:
-      gemm<QWeight::kQ8_0>(weight, weight_row_bytes, n0, n1, act, scales, blocks, m, out, out_stride, vnni);
-      break;
-    case QWeight::kQ5_0:
-      gemm<QWeight::kQ5_0>(weight, weight_row_bytes, n0, n1, act, scales, blocks, m, out, out_stride, vnni);
-      break;
-    case QWeight::kQ4_0:
-      gemm<QWeight::kQ4_0>(weight, weight_row_bytes, n0, n1, act, scales, blocks, m, out, out_stride, vnni);
-      break;
-    case QWeight::kQ4_1:
-      gemm<QWeight::kQ4_1>(weight, weight_row_bytes, n0, n1, act, scales, blocks, m, out, out_stride, vnni);
-      break;
-    case QWeight::kQ4_K:
-      gemm<QWeight::kQ4_K>(weight, weight_row_bytes, n0, n1, act, scales, blocks, m, out, out_stride, vnni);
-      break;
-    case QWeight::kQ6_K:
-      gemm<QWeight::kQ6_K>(weight, weight_row_bytes, n0, n1, act, scales, blocks, m, out, out_stride, vnni);
-      break;
+    SPECSWAP_KIND(kQ8_0) SPECSWAP_KIND(kQ5_0) SPECSWAP_KIND(kQ4_0) SPECSWAP_KIND(kQ4_1) SPECSWAP_KIND(kQ4_K)
+    SPECSWAP_KIND(kQ6_K)
   }
+#undef SPECSWAP_KIND
 }
 
 }  // namespace specswap::quant

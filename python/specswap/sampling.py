@@ -227,6 +227,11 @@ class KeyedNoise:
 _KEYED_NOISE_BOUND = 17.0
 
 
+def _gumbel_(uniforms: torch.Tensor) -> torch.Tensor:
+    """-log E with E = -log U, in place: the Gumbel noise of the uniforms (the same float operations everywhere)."""
+    return uniforms.log_().neg_().log_().neg_()
+
+
 def sample_keyed(log_weights: torch.Tensor, key: int, keyed: KeyedNoise) -> int:
     """One draw from softmax(log_weights) by the Gumbel-max rule, its noise a function of ``key`` alone:
     argmax(log w_v - log E_v), E_v = -log U_v with U = keyed.uniform(key) (the exponential race of
@@ -239,16 +244,16 @@ def sample_keyed(log_weights: torch.Tensor, key: int, keyed: KeyedNoise) -> int:
     # whatever its own noise. So the noise is drawn for those entries alone (the same bits uniform(key) gives
     # them), and the draw, first index on a tie, is the one the whole vocabulary's scores give.
     top = int(argmax(log_weights))
-    best = float(keyed.uniform_at(key, torch.tensor([top], device=log_weights.device)).log_().neg_().log_().neg_()[0])
+    best = float(_gumbel_(keyed.uniform_at(key, torch.tensor([top], device=log_weights.device)))[0])
     threshold = float(log_weights[top]) + best - _KEYED_NOISE_BOUND
     entries = None
     if math.isfinite(threshold):
         entries = torch.nonzero(log_weights >= threshold).squeeze(-1)          # ascending: ties go to the first
     if entries is None or 8 * entries.numel() > log_weights.numel():
         # a flat law (or no finite score): most entries can win, and the whole vocabulary's noise is cheaper
-        scores = keyed.uniform(key).log_().neg_().log_().neg_().add_(log_weights)  # log w - log E
+        scores = _gumbel_(keyed.uniform(key)).add_(log_weights)  # log w - log E
         return int(argmax(scores))
-    scores = keyed.uniform_at(key, entries).log_().neg_().log_().neg_().add_(log_weights[entries])
+    scores = _gumbel_(keyed.uniform_at(key, entries)).add_(log_weights[entries])
     return int(entries[argmax(scores)])
 
 

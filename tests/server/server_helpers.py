@@ -82,3 +82,19 @@ def running_server(app, startup_timeout=30.0):
     finally:
         server.should_exit = True
         thread.join(15)
+
+
+def wait_until_healthy(process, url: str, seconds: float, headers: dict | None = None) -> None:
+    """Poll ``url``/health until a subprocess server answers 200; fail with its output if it exits first."""
+    import httpx  # noqa: PLC0415
+
+    deadline = time.monotonic() + seconds
+    while True:
+        assert process.poll() is None, process.stdout.read()
+        try:
+            if httpx.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.2)

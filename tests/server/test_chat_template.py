@@ -181,16 +181,21 @@ def test_openai_chat_completion_renders_the_models_template(smollm2):
     assert result.choices[0].message.content == want.text
 
 
-def test_chat_without_a_template_is_400_and_completions_still_work():
-    class NoTemplate(CharTokenizer):
-        chat_template = None
-
+def _char_engine(tokenizer) -> Engine:
+    """A small random Llama over the character vocabulary, served with ``tokenizer`` (its chat template)."""
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=CharTokenizer.vocab_size, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                          max_position_embeddings=256)
-    engine = Engine(LlamaForCausalLM(config).eval(), None, None, max_batch_size=1, max_seq_len=128,
-                    tokenizer=NoTemplate())
+    return Engine(LlamaForCausalLM(config).eval(), None, None, max_batch_size=1, max_seq_len=128,
+                  tokenizer=tokenizer)
+
+
+def test_chat_without_a_template_is_400_and_completions_still_work():
+    class NoTemplate(CharTokenizer):
+        chat_template = None
+
+    engine = _char_engine(NoTemplate())
     with running_server(create_app(engine, "m")) as url, httpx.Client(base_url=url, timeout=60) as http:
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         error = _error(http.post("/v1/chat/completions", json=chat), 400, "no_chat_template")
@@ -202,12 +207,7 @@ def test_template_refusal_is_400():
     class Strict(CharTokenizer):
         chat_template = "{{ raise_exception('only one message, please') if messages | length > 1 }}x"
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=CharTokenizer.vocab_size, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                         max_position_embeddings=256)
-    engine = Engine(LlamaForCausalLM(config).eval(), None, None, max_batch_size=1, max_seq_len=128,
-                    tokenizer=Strict())
+    engine = _char_engine(Strict())
     with running_server(create_app(engine, "m")) as url, httpx.Client(base_url=url, timeout=60) as http:
         two = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "max_tokens": 2}
         error = _error(http.post("/v1/chat/completions", json=two), 400, "chat_template_error")

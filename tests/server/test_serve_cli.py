@@ -3,14 +3,13 @@
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 import specswap
-from server_helpers import free_port
+from server_helpers import free_port, wait_until_healthy
 from specswap.cli import main
 from specswap.cli_flags import check_speculative_flags
 
@@ -31,16 +30,7 @@ def test_serve_tiny_eagle_adaptive_from_the_command_line(tmp_path):
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     headers = {"Authorization": "Bearer k"}
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", headers=headers, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
+        wait_until_healthy(process, f"http://127.0.0.1:{port}", 120, headers)
         body = {"model": "tiny", "prompt": "def fibonacci(n):\n    ", "max_tokens": 32, "temperature": 0}
         result = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, headers=headers, timeout=60).json()
         assert result["usage"]["completion_tokens"] >= 1 and result["choices"][0]["text"]

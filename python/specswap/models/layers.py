@@ -9,6 +9,7 @@ checkpoints load by name.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -55,17 +56,14 @@ class RMSNorm(nn.Module):
         return self.weight.dtype == x.dtype or (self.weight_offset != 0.0 and self.weight.dtype == torch.float32)
 
 
-_FUSED_NORM: list[bool] = []  # resolved once: whether specswap._C registered torch.ops.specswap.rms_norm
-
-
+@functools.cache
 def _fused_norm_available() -> bool:
-    if not _FUSED_NORM:
-        try:
-            from .. import _core  # noqa: F401, PLC0415  (loads specswap._C, which registers the op)
-            _FUSED_NORM.append(hasattr(torch.ops.specswap, "rms_norm"))
-        except ImportError:
-            _FUSED_NORM.append(False)
-    return _FUSED_NORM[0]
+    """Whether specswap._C (loaded here on first use) registered torch.ops.specswap.rms_norm."""
+    try:
+        from .. import _core  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return hasattr(torch.ops.specswap, "rms_norm")
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
