@@ -113,9 +113,11 @@ class StageGraphs(_BucketedGraphs):
     """One stage of one tier: a model forward over ``num_tokens`` tokens per request, captured per bucket."""
 
     def __init__(self, context: GraphContext, stage: str, speculative_num_steps: int, model: torch.nn.Module,
-                 cache, num_tokens: int, with_features: bool):
+                 cache, num_tokens: int, with_features: bool, tree_mask: torch.Tensor | None = None):
         super().__init__(context, stage, speculative_num_steps, num_tokens)
         self.model = model
+        # a tree tier's verify: the tree's mask [T, T], the same on every replay
+        self.options = {} if tree_mask is None else {"tree_mask": tree_mask}
         self.cache = cache
         self.with_features = with_features
         self.device = cache.keys[0].device
@@ -146,7 +148,7 @@ class StageGraphs(_BucketedGraphs):
                 hidden.copy_(out.hidden)
         else:
             def body():
-                out = model(input_ids, positions, self.cache, slots, key_length=key_length)
+                out = model(input_ids, positions, self.cache, slots, key_length=key_length, **self.options)
                 logits.copy_(out.logits)
                 hidden.copy_(out.hidden)
         runner.capture(body)

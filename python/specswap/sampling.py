@@ -33,6 +33,9 @@ __all__ = [
     "KeyedNoise",
     "sample_keyed",
     "accept_keyed",
+    "accept_greedy_tree",
+    "accept_keyed_tree",
+    "keyed_draws",
     "accept",
     "Verifier",
     "RoundSampling",
@@ -378,6 +381,37 @@ def accept_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tu
     return accept_lengths, target_argmax.gather(1, accept_lengths.unsqueeze(-1)).squeeze(-1)
 
 
+def accept_greedy_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, parents: torch.Tensor,
+                       ancestors: torch.Tensor, depth_rank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance over a draft tree: the deepest node whose every non-root ancestor (itself included)
+    is the target's argmax after its parent, then the target's argmax after that node.
+
+    target_logits: [B, T, V] after each node; node_tokens: [B, T] (node 0, the root, is x_{m-1});
+    parents: [T] (the root's own index for the root); ancestors: [T, T] float, 1 where the column is a non-root
+    ancestor-or-self of the row; depth_rank: [T] distinct ranks ordering nodes by depth. A chain gives
+    accept_greedy's result. No host sync. Returns (last accepted node [B], next_tokens [B]).
+    """
+    target_argmax = argmax(target_logits)                                   # [B, T]
+    misses = (node_tokens != target_argmax[:, parents]).float()             # [B, T]
+    accepted = (misses @ ancestors.T) == 0                                  # [B, T]; the root always
+    last = (accepted * depth_rank).argmax(dim=-1)                           # [B]
+    return last, target_argmax.gather(1, last.unsqueeze(-1)).squeeze(-1)
+
+
+def accept_keyed_tree(draw: Callable[[int], int], node_tokens: Sequence[int],
+                      children: Sequence[Sequence[int]]) -> tuple[list[int], int]:
+    """accept_keyed over a draft tree: from the root, follow the child whose token is the target's draw after
+    the current node (``draw(node)``, keyed by that node's output position) until none is; that draw is
+    emitted. Returns (the accepted path of node indices, root first; the emitted token)."""
+    path = [0]
+    while True:
+        token = draw(path[-1])
+        child = next((c for c in children[path[-1]] if node_tokens[c] == token), None)
+        if child is None:
+            return path, token
+        path.append(child)
+
+
 # ---- the one acceptance entry point of a decode round ---------------------------------------------------
 
 
@@ -422,6 +456,7 @@ class Verifier:
     full_law: Callable = accept_draft_tokens
     from_logits: Callable | None = accept_from_logits
     keyed: Callable = accept_keyed
+    keyed_tree: Callable = accept_keyed_tree
 
 
 LOSSLESS = Verifier()
@@ -455,23 +490,35 @@ def _accept_keyed_rows(accept_row: Callable, logits: torch.Tensor, draft_tokens:
                        sampling: RoundSampling) -> tuple[torch.Tensor, torch.Tensor]:
     """``accept_row`` (accept_keyed) per request on logits [B, k+1, V]: draws keyed by output position for
     sampled rows, the argmax for greedy ones. Host-side per request (a sampled round syncs anyway)."""
-    temperature, top_k, top_p, apply_filters = sampling.temperature, sampling.top_k, sampling.top_p, \
-        sampling.apply_filters
-    noise = sampling.keyed.noise
     drafts = draft_tokens.tolist()
     accepted, tokens = [], []
-    for row, keyed in enumerate(sampling.keyed.rows):
-        if keyed.greedy:
-            draw = argmax(logits[row]).tolist().__getitem__
-        else:
-            def draw(i: int, row: int = row, keyed: KeyedRow = keyed) -> int:
-                if apply_filters:
-                    log_weights = logits_to_probs(logits[row, i:i + 1], temperature[row:row + 1],
-                                                  top_k[row:row + 1], top_p[row:row + 1], True)[0].log()
-                else:
-                    log_weights = logits[row, i].float() / keyed.temperature
-                return sample_keyed(log_weights, position_key(keyed.seed, keyed.start + i), noise)
+    for row, draw in enumerate(keyed_draws(logits, sampling)):
         row_accepted, token = accept_row(draw, drafts[row])
         accepted.append(row_accepted)
         tokens.append(token)
     return torch.tensor(accepted, device=logits.device), torch.tensor(tokens, device=logits.device)
+
+
+def keyed_draws(logits: torch.Tensor, sampling: RoundSampling,
+                depths: Sequence[int] | None = None) -> list[Callable[[int], int]]:
+    """One ``draw(i)`` per request over logits [B, T, V]: the target's token after verified token i, the argmax
+    for greedy rows, else keyed by output position start + depths[i] (a chain's depths are 0..T-1)."""
+    temperature, top_k, top_p, apply_filters = sampling.temperature, sampling.top_k, sampling.top_p, \
+        sampling.apply_filters
+    noise = sampling.keyed.noise
+    draws = []
+    for row, keyed in enumerate(sampling.keyed.rows):
+        if keyed.greedy:
+            draws.append(argmax(logits[row]).tolist().__getitem__)
+            continue
+
+        def draw(i: int, row: int = row, keyed: KeyedRow = keyed) -> int:
+            if apply_filters:
+                log_weights = logits_to_probs(logits[row, i:i + 1], temperature[row:row + 1],
+                                              top_k[row:row + 1], top_p[row:row + 1], True)[0].log()
+            else:
+                log_weights = logits[row, i].float() / keyed.temperature
+            depth = i if depths is None else depths[i]
+            return sample_keyed(log_weights, position_key(keyed.seed, keyed.start + depth), noise)
+        draws.append(draw)
+    return draws

@@ -24,8 +24,9 @@ from torch import nn
 
 from .config import CheckpointError, RopeConfig, _eos_ids
 from .kv_cache import KVCache
-from .layers import ACTIVATIONS, Attention, AttentionPlan, GatedMLP, RMSNorm, RotaryEmbedding, plan_attention
-from .llama import CausalLM, check_cache
+from .layers import (ACTIVATIONS, Attention, AttentionPlan, GatedMLP, RMSNorm, RotaryEmbedding, keys_needed,
+                     plan_attention)
+from .llama import CausalLM, check_cache, check_cacheless
 from .outputs import ModelOutput
 
 SLIDING_ATTENTION = "sliding_attention"
@@ -251,7 +252,8 @@ class Gemma3ForCausalLM(CausalLM):
 
     def forward_hidden(self, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
                        slots: torch.Tensor | None, key_length: int | None = None,
-                       logits_at: torch.Tensor | None = None, with_logits: bool = True) -> ModelOutput:
+                       logits_at: torch.Tensor | None = None, with_logits: bool = True,
+                       tree_mask: torch.Tensor | None = None) -> ModelOutput:
         """The decoder and LM head applied to (scaled) input embeddings ``hidden``: [B, T, H].
 
         ``cache=None`` is the training path: causal attention within the T tokens, nothing stored; it has no
@@ -259,6 +261,7 @@ class Gemma3ForCausalLM(CausalLM):
         """
         rotary = {True: self.rotary_local(positions, hidden.dtype), False: self.rotary_global(positions, hidden.dtype)}
         if cache is None:
+            check_cacheless(tree_mask)
             if hidden.shape[1] > self.config.sliding_window:
                 raise ValueError(f"a cacheless forward of {hidden.shape[1]} tokens exceeds the sliding window "
                                  f"{self.config.sliding_window}; pass a KV cache for longer inputs")
@@ -267,10 +270,10 @@ class Gemma3ForCausalLM(CausalLM):
                 hidden = layer(hidden, cos, sin, None, None, None, positions, None)
         else:
             check_cache(cache, self.config.num_hidden_layers, positions, slots)
-            if key_length is None:
-                key_length = int(positions.max().item()) + 1  # one host sync shared by both masks
-            plans = {True: plan_attention(positions, cache, key_length, sliding_window=self.config.sliding_window),
-                     False: plan_attention(positions, cache, key_length)}
+            if key_length is None:  # one host sync shared by both masks
+                key_length = keys_needed(positions, tree_mask)
+            plans = {True: plan_attention(positions, cache, key_length, self.config.sliding_window, tree_mask),
+                     False: plan_attention(positions, cache, key_length, tree_mask=tree_mask)}
             for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
                 cos, sin = rotary[layer.is_sliding]
                 hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plans[layer.is_sliding])

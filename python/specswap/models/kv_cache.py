@@ -4,7 +4,8 @@ Every request owns one row (``slot``) of each layer's buffer; a token's key
 and value live at its absolute position in that row. Attention only reads
 keys at positions <= the query's position, so entries past a request's
 current length are never read: rolling back rejected draft tokens is just
-forgetting a length, with no copies.
+forgetting a length, with no copies. (A draft tree's nodes are stored side by
+side past the root; its accepted path is moved into place, ``move``.)
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ class KVCache:
     @property
     def num_layers(self) -> int:
         return len(self.keys)
+
+    def move(self, slots: torch.Tensor, sources: torch.Tensor, destinations: torch.Tensor) -> None:
+        """Copy every layer's entries at positions ``sources`` to ``destinations`` in rows ``slots``.
+
+        slots: [B]; sources, destinations: [B, N]. All sources are read before any destination is written, so
+        the two may overlap (a draft tree's accepted path laid out as a chain).
+        """
+        rows = slots[:, None]
+        for buffer in (*self.keys, *self.values):
+            buffer[rows, :, destinations] = buffer[rows, :, sources]
 
     def memory_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))

@@ -115,31 +115,60 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 @dataclass
 class AttentionPlan:
-    """What every layer of one forward shares: the key range to read and the mask."""
+    """What every layer of one forward shares: the key range to read, the mask and where new keys are stored."""
 
-    key_length: int         # keys at positions [0, key_length) are read
-    mask: torch.Tensor      # [B, 1, T, key_length] bool, True = may attend
+    key_length: int                # keys at positions [0, key_length) are read
+    mask: torch.Tensor             # [B, 1, T, key_length] bool, True = may attend
+    write_positions: torch.Tensor  # [B, T] cache positions the T new keys/values are stored at
+
+
+def keys_needed(positions: torch.Tensor, tree_mask: torch.Tensor | None) -> int:
+    """The key length a forward at ``positions`` reads: past its last position, or its last tree node's (a host
+    sync; callers that know it pass ``key_length`` instead)."""
+    if tree_mask is None:
+        return int(positions.max().item()) + 1
+    return int(positions[:, 0].max().item()) + positions.shape[1]
 
 
 def plan_attention(positions: torch.Tensor, cache: KVCache, key_length: int | None = None,
-                   sliding_window: int | None = None) -> AttentionPlan:
-    """Build the causal mask from absolute positions: a query sees keys of its slot at positions <= its own.
+                   sliding_window: int | None = None, tree_mask: torch.Tensor | None = None) -> AttentionPlan:
+    """Build the mask from absolute positions: a query sees keys of its slot at positions <= its own.
 
     ``key_length`` (max position + 1 or more) may be passed by a caller that already knows it, which avoids a
     device-to-host sync; otherwise it is read from ``positions``.
+
+    ``tree_mask`` ([T, T] or [B, T, T] bool, True where query node i may see node j; None = a chain): the T new
+    tokens are the nodes of a draft tree whose root is the first. Node i is then stored at cache position
+    positions[:, 0] + i (not at its own position, which is its depth past the root's and is shared by
+    siblings); it sees every key before the root's position (by the sliding window of its own position) and
+    the nodes the mask names. ``key_length`` must exceed positions[:, 0] + T - 1.
     """
     # positions: [B, T]
     if key_length is None:
-        key_length = int(positions.max().item()) + 1
+        key_length = keys_needed(positions, tree_mask)
     if key_length > cache.capacity:
         raise ValueError(f"position {key_length - 1} does not fit the KV cache (capacity {cache.capacity}); "
                          f"valid positions are 0..{cache.capacity - 1}")
     key_positions = cache.key_positions[:key_length]              # [L]
     query_positions = positions[:, None, :, None]                 # [B, 1, T, 1]
-    mask = key_positions <= query_positions                       # [B, 1, T, L]
+    if tree_mask is None:
+        mask = key_positions <= query_positions                   # [B, 1, T, L]
+        write_positions = positions
+    else:
+        length = positions.shape[1]
+        if tree_mask.shape[-2:] != (length, length):
+            raise ValueError(f"tree_mask has shape {tuple(tree_mask.shape)}; it must be [T, T] or [B, T, T] "
+                             f"for T={length} tokens")
+        root = positions[:, :1]                                   # [B, 1]
+        write_positions = root + torch.arange(length, device=positions.device)        # [B, T]
+        node = key_positions - root                               # [B, L]: key's node index, if in the tree
+        in_tree = (node >= 0) & (node < length)
+        tree = tree_mask.expand(positions.shape[0], length, length)                   # [B, T, T]
+        sees_node = tree.gather(2, node.clamp(0, length - 1)[:, None, :].expand(-1, length, -1))  # [B, T, L]
+        mask = ((node < 0)[:, None, None, :] | (in_tree[:, None, :] & sees_node)[:, None])       # [B, 1, T, L]
     if sliding_window is not None:
         mask = mask & (key_positions > query_positions - sliding_window)
-    return AttentionPlan(key_length=key_length, mask=mask)
+    return AttentionPlan(key_length=key_length, mask=mask, write_positions=write_positions)
 
 
 def write_kv(key_buffer: torch.Tensor, value_buffer: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
@@ -196,7 +225,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=self.scale,
                                                  enable_gqa=gqa)
         else:
-            write_kv(key_buffer, value_buffer, slots, positions, k, v)
+            write_kv(key_buffer, value_buffer, slots, plan.write_positions, k, v)
             # past + new keys of each request's slot: [B, kv_heads, L, D]
             keys = key_buffer[slots, :, :plan.key_length].to(q.dtype)
             values = value_buffer[slots, :, :plan.key_length].to(q.dtype)

@@ -42,17 +42,20 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, slots: torch.Tensor | None,
                 key_length: int | None = None, logits_at: torch.Tensor | None = None,
-                with_logits: bool = True) -> ModelOutput:
+                with_logits: bool = True, tree_mask: torch.Tensor | None = None) -> ModelOutput:
         """Run T new tokens per request, writing their keys/values into the cache rows ``slots``.
 
         input_ids: [B, T] int64; positions: [B, T] int64 absolute positions, consecutive within a row;
         slots: [B] int64 cache rows. ``key_length`` (> every position) skips a host sync when given.
+        ``tree_mask`` ([T, T] or [B, T, T] bool): the T tokens are a draft tree rooted at the first, positions
+        are the root's plus each node's depth, and node i is stored at the root's position + i
+        (``layers.plan_attention``).
         ``cache=None`` (training only): causal attention within the T tokens, positions must be 0..T-1 style.
         ``logits_at`` / ``with_logits``: see ``output``. The embedding is the architecture's own (Gemma's
         scales), then ``forward_hidden`` runs its decoder.
         """
         return self.forward_hidden(self.model.embed_tokens(input_ids), positions, cache, slots, key_length,
-                                   logits_at, with_logits)
+                                   logits_at, with_logits, tree_mask)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head over final-normed hidden states [..., H] -> [..., V]."""
@@ -108,21 +111,28 @@ class LlamaForCausalLM(CausalLM):
 
     def forward_hidden(self, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
                        slots: torch.Tensor | None, key_length: int | None = None,
-                       logits_at: torch.Tensor | None = None, with_logits: bool = True) -> ModelOutput:
+                       logits_at: torch.Tensor | None = None, with_logits: bool = True,
+                       tree_mask: torch.Tensor | None = None) -> ModelOutput:
         """The decoder and LM head applied to input embeddings ``hidden``: [B, T, H].
 
         ``cache=None`` is the training path: plain causal attention over the T tokens, nothing stored.
         """
         cos, sin = self.rotary(positions, hidden.dtype)
         if cache is None:
+            check_cacheless(tree_mask)
             for layer in self.model.layers:
                 hidden = layer(hidden, cos, sin, None, None, None, positions, None)
         else:
             check_cache(cache, self.config.num_hidden_layers, positions, slots)
-            plan = plan_attention(positions, cache, key_length, self.config.sliding_window)
+            plan = plan_attention(positions, cache, key_length, self.config.sliding_window, tree_mask)
             for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
                 hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plan)
         return self.output(self.model.norm(hidden), logits_at, with_logits)
+
+
+def check_cacheless(tree_mask: torch.Tensor | None) -> None:
+    if tree_mask is not None:
+        raise ValueError("a tree_mask needs a KV cache (the cacheless training forward is causal)")
 
 
 def check_cache(cache: KVCache, num_layers: int, input_ids: torch.Tensor, slots: torch.Tensor) -> None:

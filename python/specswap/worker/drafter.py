@@ -7,10 +7,10 @@ to the accepted tokens (``extend``), and catches up requests it fell behind on
 parts, outside any graph. One implementation per algorithm: ``EagleDrafter``
 (``worker.eagle``), ``StandaloneDrafter`` (``worker.standalone``),
 ``NgramDrafter`` (``worker.ngram``) and ``Drafter`` itself (no speculation).
-A tree drafter is meant to be one more: its nodes as the drafts, their depths
-as ``VerifyStage.offsets``, its mask carried by the VerifyStage and passed on
-by ``Forwards.verify`` (the target forward takes no mask yet); the round
-driver's steps stay as they are.
+A tree drafter is one more: ``tree_parents(steps)`` names its tree's shape,
+``draft`` fills the nodes' tokens, and the tier's layout
+(``worker.layout.TreeLayout``) masks the verify and lays the accepted path out
+as a chain, so ``extend`` and the round driver see a chain either way.
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ class Drafter:
     def supports(self, steps: int) -> bool:
         """Whether this drafter can run tier ``steps`` (its state was sized for it)."""
         return True
+
+    def tree_parents(self, steps: int) -> Sequence[int] | None:
+        """Tier ``steps``'s draft tree: [-1, parent of node 1, ..., parent of node k] (node 0 is x_{m-1});
+        None: the k drafts are a chain."""
+        return None
 
     def prefill(self, batch: PrefillBatch) -> None:
         pass

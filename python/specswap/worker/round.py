@@ -1,9 +1,11 @@
 """The round driver: one decode round of one tier on tensors, the reference algorithm in one screen.
 
 Draft k tokens per request, verify [x_{m-1}, d_1..d_k] in one target forward,
-accept the longest lossless prefix a and a correction/bonus token b, extend the
-draft over what was accepted, commit m += a + 1. Nothing here syncs with the
-host and nothing depends on the algorithm or the execution mode: the drafter
+accept the longest lossless prefix a and a correction/bonus token b (the
+tier's layout: a chain, or a tree whose accepted path it lays out as a
+chain), extend the draft over what was accepted, commit m += a + 1. A greedy
+round never syncs with the host, and nothing here depends on the algorithm,
+the layout or the execution mode: the drafter
 (``worker.drafter.Drafter``) does its part through the tier's ``Forwards``
 (eager models or stage graphs), so the same ``Round`` is what a round graph
 records and what eager mode runs.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from specswap.sampling import RoundSampling, Verifier, accept
+from specswap.sampling import RoundSampling, Verifier
 from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import Forwards, TierState
 
@@ -36,15 +38,17 @@ class Round:
         draft_tokens = tier.draft.draft_tokens[:batch]                      # [B, k]
         self.drafter.draft(tier, forwards, slot_index, seq_lens, key_length, sampling)
 
-        # verify: [x_{m-1}, d_1..d_k] at positions m-1 + offsets
+        # verify: [x_{m-1}, d_1..d_k] at positions m-1 + offsets (a tree's nodes: m-1 + depth)
         verify_ids = tier.verify.input_ids[:batch]                          # [B, k+1]
         verify_ids[:, 0] = slots.last_tokens[slot_index]
         verify_ids[:, 1:] = draft_tokens
         positions = (seq_lens - 1).unsqueeze(-1) + tier.verify.offsets      # [B, k+1]
         out = forwards.verify(verify_ids, positions, slot_index, key_length)
 
-        accept_lengths, next_tokens = accept(self.verifier, out.logits, draft_tokens, sampling)  # [B], [B]
-        self.drafter.extend(tier, forwards, slot_index, seq_lens, positions, out.hidden, accept_lengths,
+        # accept; from here on the accepted tokens are a chain (a tree's path laid out as one)
+        accept_lengths, next_tokens, positions, hidden = tier.layout.accept(
+            self.verifier, out, verify_ids, draft_tokens, positions, slot_index, sampling)  # [B], [B], ...
+        self.drafter.extend(tier, forwards, slot_index, seq_lens, positions, hidden, accept_lengths,
                             next_tokens, key_length)
 
         # commit: m += a + 1; the rejected tail is forgotten, not erased

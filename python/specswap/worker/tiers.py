@@ -21,16 +21,18 @@ if TYPE_CHECKING:  # the models arrive as objects; the worker imports none of th
 
 class EagerForward:
     """A model forward called directly, with StageGraphs' signature: (input_ids [B, T], positions [B, T],
-    slots [B], key_length, features [B, T, H] for an EAGLE head) -> ModelOutput."""
+    slots [B], key_length, features [B, T, H] for an EAGLE head) -> ModelOutput. ``tree_mask`` ([T, T], a
+    tree tier's verify): passed to the target forward on every call."""
 
-    def __init__(self, model: torch.nn.Module, cache, with_features: bool):
+    def __init__(self, model: torch.nn.Module, cache, with_features: bool, tree_mask: torch.Tensor | None = None):
         self.model, self.cache, self.with_features = model, cache, with_features
+        self.options = {} if tree_mask is None else {"tree_mask": tree_mask}
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, key_length: int,
                  features: torch.Tensor | None = None) -> ModelOutput:
         if self.with_features:
             return self.model(input_ids, features, positions, self.cache, slots, key_length=key_length)
-        return self.model(input_ids, positions, self.cache, slots, key_length=key_length)
+        return self.model(input_ids, positions, self.cache, slots, key_length=key_length, **self.options)
 
     def memory_bytes(self) -> int:
         return 0  # the model's weights and cache are shared, nothing is held per stage
@@ -60,7 +62,8 @@ class VerifyStage:
     """Per-tier verify buffers."""
 
     input_ids: torch.Tensor        # [max_batch, k+1] int64: [x_{m-1}, d_1..d_k]
-    offsets: torch.Tensor          # [k+1] int64: each verified token's position past m-1 (a chain: 0..k)
+    offsets: torch.Tensor          # [k+1] int64: each verified token's position past m-1 (a chain: 0..k; a
+                                   # tree: its depth)
     uniforms: torch.Tensor         # [max_batch, k] float32
     residual_noise: torch.Tensor   # [max_batch, V] float32
 
@@ -82,6 +85,7 @@ class TierState:
     draft: DraftStage
     verify: VerifyStage
     draft_extend: DraftExtendStage
+    layout: Any = None           # worker.layout.ChainLayout or TreeLayout: how the verified tokens relate
     round: Any = None            # worker.round.Round over this tier's forwards
     round_graph: Any = None      # specswap.graphs.RoundGraphs of the greedy round, or None
 
@@ -100,12 +104,13 @@ class TierBuffers:
         self.draft_noise = torch.ones(max_batch_size, max_steps, draft_vocab_size, device=device)     # [S, k_max, Vd]
         self.residual_noise = torch.ones(max_batch_size, vocab_size, device=device)                   # [S, V]
 
-    def build(self, steps: int) -> TierState:
+    def build(self, steps: int, layout) -> TierState:
+        """Tier ``steps``'s buffers; ``layout`` (worker.layout) gives the verified tokens' offsets."""
         batch, device = self.max_batch_size, self.device
         draft = DraftStage(draft_tokens=torch.zeros(batch, steps, dtype=torch.long, device=device),
                            draft_probs=self.draft_probs[:, :steps], draft_noise=self.draft_noise[:, :steps])
         verify = VerifyStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device),
-                             offsets=torch.arange(steps + 1, device=device),
+                             offsets=layout.offsets,
                              uniforms=torch.zeros(batch, steps, device=device), residual_noise=self.residual_noise)
         extend = DraftExtendStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device))
-        return TierState(steps, steps + 1, draft, verify, extend)
+        return TierState(steps, steps + 1, draft, verify, extend, layout)

@@ -5,14 +5,15 @@ runs a round on the host side: the drafter's host part, then the tier's
 greedy round graph or its ``Round`` (eager or stage graphs, chosen when the
 tier was built), then the one host sync and the bookkeeping. It returns what
 the round measured; the policy loop that may switch the tier lives in the
-engine. Rollback is forgetting lengths: nothing is copied.
+engine. Rollback is forgetting lengths: nothing is copied (a tree tier moves
+its accepted path's keys into place, ``worker.layout``).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -22,6 +23,7 @@ from specswap.sampling import (LOSSLESS, KeyedNoise, SamplingParams, Verifier, a
                                logits_to_probs, position_key, sample_from_probs, sample_keyed)
 from specswap.worker.drafter import Drafter, PrefillBatch
 from specswap.worker.eagle import EagleDrafter
+from specswap.worker.layout import ChainLayout, TreeLayout
 from specswap.worker.ngram import NgramDrafter
 from specswap.worker.round import Round
 from specswap.worker.slots import SlotTable
@@ -59,7 +61,8 @@ class EAGLEWorker:
     LlamaForCausalLM with the target's vocabulary ("STANDALONE"), or None: with "NGRAM" the drafts are
     looked up in the request's own prompt and output (``specswap.ngram``; ``ngram_numbers``: the tokenizer's
     digit tokens, which let the lookup extrapolate counters), with speculative_algorithm None it decodes
-    target-only, one token per round. Caches hold max_seq_len plus room for the largest tier in
+    target-only, one token per round; a callable is a drafter factory (``factory(slot_table) -> Drafter``,
+    e.g. a tree drafter). Caches hold max_seq_len plus room for the largest tier in
     ``tiers`` (never just the active one), so switching up can never overflow them.
     ``graphs``: replay each stage from graphs captured per tier at start-up; ``round_graphs`` (graph mode
     only; None = auto, on for targets up to ROUND_GRAPH_MAX_PARAMS) also captures each tier's whole greedy
@@ -67,13 +70,14 @@ class EAGLEWorker:
     acceptance rules (``sampling.Verifier``; tests inject biased ones).
     """
 
-    def __init__(self, target, draft=None, speculative_algorithm: str | None = "EAGLE",
+    def __init__(self, target, draft=None,
+                 speculative_algorithm: str | Callable[[SlotTable], Drafter] | None = "EAGLE",
                  speculative_num_steps: int = 3, max_batch_size: int = 8, max_seq_len: int = 512,
                  tiers: Sequence[int] = (), graphs: bool = False, round_graphs: bool | None = None,
                  ngram_numbers: NumberTokens | None = None, verifier: Verifier = LOSSLESS):
-        if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+        if not callable(speculative_algorithm) and speculative_algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
-                             f"valid: {SPECULATIVE_ALGORITHMS}")
+                             f"valid: {SPECULATIVE_ALGORITHMS} or a drafter factory")
         if speculative_algorithm in ("EAGLE", "STANDALONE") and draft is None:
             raise ValueError(f"speculative_algorithm {speculative_algorithm!r} needs a draft model; got draft=None")
         if speculative_algorithm == "NGRAM" and draft is not None:
@@ -141,6 +145,8 @@ class EAGLEWorker:
 
     def _make_drafter(self, draft, cache_rows: int, tier_zero: bool) -> Drafter:
         algorithm = self.speculative_algorithm
+        if callable(algorithm):  # a drafter of the caller's: algorithm(slot table) -> Drafter
+            return algorithm(self.slots)
         if algorithm == "EAGLE":
             return EagleDrafter(draft, self.target, self.slots, cache_rows, self.cache_capacity, tier_zero)
         if algorithm == "STANDALONE":
@@ -193,20 +199,29 @@ class EAGLEWorker:
         return self._tiers[steps]
 
     def _build_tier(self, steps: int) -> TierState:
-        tier = self._buffers.build(steps)
+        parents = self.drafter.tree_parents(steps)
+        layout = ChainLayout(steps, self.device) if parents is None else \
+            TreeLayout(parents, self.target_cache, self.device, self.drafter.keyed_sampling)
+        if len(layout.offsets) != steps + 1:
+            raise ValueError(f"tier {steps}'s draft tree has {len(layout.offsets) - 1} nodes; it must have {steps}")
+        tier = self._buffers.build(steps, layout)
+        eager = self._eager
+        if layout.tree_mask is not None:
+            eager = replace(eager, verify=EagerForward(self.target, self.target_cache, False, layout.tree_mask))
         context = self.graph_context
         if context is None:
-            tier.round = Round(tier, self.slots, self.drafter, self._eager, self.verifier)
+            tier.round = Round(tier, self.slots, self.drafter, eager, self.verifier)
             return tier
         from specswap.graphs import RoundGraphs, StageGraphs
 
-        verify = StageGraphs(context, "verify", steps, self.target, self.target_cache, steps + 1, with_features=False)
+        verify = StageGraphs(context, "verify", steps, self.target, self.target_cache, steps + 1, with_features=False,
+                             tree_mask=layout.tree_mask)
         verify.capture()
         forwards = self.drafter.stage_graphs(context, steps)
         forwards.verify = verify
         tier.round = Round(tier, self.slots, self.drafter, forwards, self.verifier)
         if self.round_graphs_enabled:  # the same round with the models called directly, recorded as one tape
-            tier.round_graph = RoundGraphs(context, steps, Round(tier, self.slots, self.drafter, self._eager,
+            tier.round_graph = RoundGraphs(context, steps, Round(tier, self.slots, self.drafter, eager,
                                                                  self.verifier), self.slots.seq_lens)
             tier.round_graph.capture()
         return tier
