@@ -369,6 +369,9 @@ BIASED_KEYED_VERIFIERS = {"accept_always": Verifier(keyed=_accept_always_keyed)}
     ("EAGLE", 2, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), None),
     ("EAGLE", 2, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), "accept_always"),
     ("EAGLE", 1, SamplingParams(max_new_tokens=3, temperature=1.2), None),
+    # tier 0 of drafters with draft laws: plain draws keyed by keys from each request's generator
+    ("EAGLE", 0, SamplingParams(max_new_tokens=3, temperature=1.0), None),
+    ("STANDALONE", 0, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), None),
     ("NGRAM", 1, SamplingParams(max_new_tokens=3, temperature=1.0), None),
     ("NGRAM", 2, SamplingParams(max_new_tokens=3, temperature=1.0), "accept_always"),
     ("NGRAM", 2, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), None),

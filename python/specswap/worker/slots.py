@@ -72,21 +72,32 @@ class SlotTable:
     def all_greedy(self, slots: Sequence[int]) -> bool:
         return all(self.params[s].greedy for s in slots)
 
-    def sampling(self, tier, slots: Sequence[int], slot_index: torch.Tensor,
-                 keyed_noise: KeyedNoise | None) -> RoundSampling:
-        """A sampled round's settings and draws [B] (``keyed_noise``: draws keyed by output position instead of
-        generator noise, for deterministic drafts). Fills the generator noise the round reads first."""
+    def sampling(self, tier, slots: Sequence[int], slot_index: torch.Tensor, keyed_noise: KeyedNoise,
+                 keyed_drafts: bool) -> RoundSampling:
+        """A sampled round's settings and draws [B]. ``keyed_drafts`` (deterministic drafts): draws keyed by
+        output position; otherwise the generator noise the round reads, filled first. A tier-0 round verifies no
+        draft, so its one token per request is a plain draw from the target's law: it is keyed too, by a key
+        drawn from the request's own generator (one integer a round instead of a vocabulary of noise)."""
         batch = len(slots)
         keyed = None
-        if keyed_noise is not None:
+        if keyed_drafts:
             keyed = KeyedDraws([KeyedRow(self.params[s].greedy, self.params[s].temperature, self.keyed_seeds[s],
                                          self.host_seq_lens[s] - self.prompt_lens[s]) for s in slots], keyed_noise)
+        elif not tier.speculative_num_steps:
+            keyed = KeyedDraws([KeyedRow(self.params[s].greedy, self.params[s].temperature, self._round_key(s), 0)
+                                for s in slots], keyed_noise)
         else:
             self._draw_noise(tier, slots)
         return RoundSampling(self.temperature[slot_index], self.top_k[slot_index], self.top_p[slot_index],
                              any(self.params[s].needs_filter for s in slots),
                              draft_probs=tier.draft.draft_probs[:batch], uniforms=tier.verify.uniforms[:batch],
                              residual_noise=tier.verify.residual_noise[:batch], keyed=keyed)
+
+    def _round_key(self, slot: int) -> int:
+        """A fresh key from the request's generator (greedy rows draw nothing)."""
+        if self.params[slot].greedy:
+            return 0
+        return int(torch.randint(2 ** 62, (), generator=self.generators[slot]))
 
     def _draw_noise(self, tier, slots: Sequence[int]) -> None:
         """Fill this round's random draws from each sampling request's own generator (ones for greedy rows):

@@ -132,7 +132,8 @@ class EAGLEWorker:
         # NGRAM and target-only decoding draw output position n of a request with noise keyed by (its seed, n)
         # (sampling.accept_keyed): its text then depends on its seed only, not on the tier, the switches or its
         # batch, and NGRAM's equals target-only decoding's
-        self._keyed_noise = KeyedNoise(self.vocab_size, self.device) if self.keyed_sampling else None  # [V] scratch
+        # (and the tier-0 rounds of drafters with draft laws, by keys from each request's generator)
+        self._keyed_noise = KeyedNoise(self.vocab_size, self.device)  # [V] scratch
         self._buffers = TierBuffers(max_batch_size, self.max_steps, self.vocab_size,
                                     self.drafter.vocab_size or self.vocab_size, self.device)
         self._eager = self.drafter.eager_forwards()  # the eager Forwards, shared by every tier
@@ -335,7 +336,8 @@ class EAGLEWorker:
             accept_lengths, next_tokens = tier.round_graph(slots, key_length)
         else:
             slot_index = torch.tensor(slots, device=self.device)        # [B]
-            sampling = None if all_greedy else table.sampling(tier, slots, slot_index, self._keyed_noise)
+            sampling = None if all_greedy else table.sampling(tier, slots, slot_index, self._keyed_noise,
+                                                                        self.keyed_sampling)
             accept_lengths, next_tokens = tier.round(slot_index, key_length, sampling)
 
         accept_list = accept_lengths.tolist()  # the round's one host sync
