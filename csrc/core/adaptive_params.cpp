@@ -71,6 +71,10 @@ bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths, doub
   return index_ != before;
 }
 
+void AdaptiveSpeculativeParams::shadow(std::span<const int> accept_lengths, int steps) {
+  if (config_.policy == PolicyKind::kGoodput) goodput_.shadow(accept_lengths, steps);
+}
+
 std::vector<double> AdaptiveSpeculativeParams::cost_estimates(int batch_size, bool sampled) const {
   std::vector<double> out(candidates_.size());
   goodput_.costs().estimate(batch_size > 0 ? table_of(batch_size, sampled) : goodput_.last_table(), out.data());

@@ -40,6 +40,11 @@ class AdaptiveSpeculativeParams {
   bool update(std::span<const int> accept_lengths,
               double round_seconds = kNoTiming, bool sampled = false);
 
+  // What deterministic drafts of `steps` tokens would have accepted per
+  // request, measured against the tokens emitted since (GoodputPolicy::shadow;
+  // taken at tier 0 only, by goodput only). Never switches by itself.
+  void shadow(std::span<const int> accept_lengths, int steps);
+
   int current_steps() const noexcept { return candidates_[index_]; }
   // EMA of the batch-mean accepted draft tokens (sglang's signal; kept for
   // both policies as a statistic).

@@ -70,7 +70,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
                                       : first_zero_wait();
     return index_;
   }
-  if (current_steps() == 0 && batches_on_tier_ >= zero_wait_) {
+  if (current_steps() == 0 && batches_on_tier_ >= zero_wait_ && !shadowed()) {
     // Tier 0 verifies no drafts, so alpha is frozen there: try the best
     // speculative tier for probe_rounds batches (at least one).
     costs_.estimate(last_table_, scratch_.data());
@@ -88,8 +88,8 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   if (num_batches_ <= warmup) return index_;
   if ((num_batches_ - warmup) % interval != 0) {
     // Between decisions only a phase change moves the tier (tier 0 observes
-    // no acceptance: its probes above handle it).
-    if (current_steps() == 0) return index_;
+    // no acceptance unless shadowed: its probes above handle it).
+    if (current_steps() == 0 && !shadowed()) return index_;
     const std::size_t target = phase_change_target();
     if (target != phase_change_tier_) phase_change_tier_ = target, phase_change_requests_ = 0;
     if (target == index_) return index_;
@@ -104,35 +104,53 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   return index_;
 }
 
-void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
-  const int steps = current_steps();
+void GoodputPolicy::count(std::span<const int> accept_lengths, int steps, long long* successes,
+                          long long* trials) {
   // Truncated geometric observations: a of k drafts accepted is a successes,
-  // plus one failure when the run stopped before k.
-  long long successes = 0;
-  long long trials = 0;
-  for (int accepted : accept_lengths) {
-    const int a = std::clamp(accepted, 0, steps);
-    successes += a;
-    trials += a + (a < steps ? 1 : 0);
-  }
-  // Per draft position i: reached (a trial) by requests with a >= i - 1 that
-  // drafted i, accepted by those with a >= i.
+  // plus one failure when the run stopped before k. Per draft position i:
+  // reached (a trial) by requests with a >= i - 1 that drafted i, accepted by
+  // those with a >= i (position_scratch_: reached, then accepted_at).
+  *successes = 0;
+  *trials = 0;
   std::fill(position_scratch_.begin(), position_scratch_.begin() + 2 * (steps + 1), 0.0);
   double* reached = position_scratch_.data();
   double* accepted_at = reached + (steps + 1);
-  if (steps > 0) {
-    for (int accepted : accept_lengths) {
-      const int a = std::clamp(accepted, 0, steps);
+  for (int accepted : accept_lengths) {
+    const int a = std::clamp(accepted, 0, steps);
+    *successes += a;
+    *trials += a + (a < steps ? 1 : 0);
+    if (steps > 0) {
       reached[std::min(a + 1, steps)] += 1.0;  // reached 1..min(a+1,k): counted as a suffix later
       accepted_at[a] += 1.0;                   // accepted 1..a
     }
   }
+}
+
+void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
+  const int steps = current_steps();
+  long long successes = 0, trials = 0;
+  count(accept_lengths, steps, &successes, &trials);
+  const double* reached = position_scratch_.data();
+  const double* accepted_at = reached + (steps + 1);
   slow_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
   fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
   last_table_ = CostModel::table_of(static_cast<int>(accept_lengths.size()), sampled);
   if (std::isfinite(round_seconds) && round_seconds > 0.0) {
     costs_.learn(last_table_, index_, round_seconds, num_batches_, /*probing=*/num_batches_ <= probe_batches_);
   }
+}
+
+void GoodputPolicy::shadow(std::span<const int> accept_lengths, int steps) {
+  if (accept_lengths.empty() || steps <= 0 || current_steps() > 0) return;  // a drafting tier observes itself
+  steps = std::min(steps, AdaptiveConfig::kMaxSteps);
+  long long successes = 0, trials = 0;
+  count(accept_lengths, steps, &successes, &trials);
+  const double* reached = position_scratch_.data();
+  const double* accepted_at = reached + (steps + 1);
+  slow_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
+  fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
+  shadow_depth_ = steps;
+  shadow_fresh_ = true;
 }
 
 std::size_t GoodputPolicy::phase_change_target() const noexcept {
@@ -152,6 +170,7 @@ std::size_t GoodputPolicy::phase_change_target() const noexcept {
 
 bool GoodputPolicy::decide(double min_gain) {
   ++decisions_;
+  shadow_fresh_ = false;
   const bool allow_up = decisions_ >= up_blocked_until_;
   costs_.estimate(last_table_, scratch_.data());
   const double current = tokens(slow_, current_steps()) / scratch_[index_];

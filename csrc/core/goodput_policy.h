@@ -24,6 +24,14 @@ class GoodputPolicy {
   // index to run next. No allocation.
   std::size_t update(std::span<const int> accept_lengths, double round_seconds, bool sampled);
 
+  // What drafts of `steps` tokens would have accepted per request, measured
+  // against the tokens the requests went on to emit (deterministic drafts:
+  // prompt lookup). They feed the acceptance estimates as a verify at `steps`
+  // would, with no timing and no batch counted. At tier 0 they stand in for
+  // its blind spot: while they arrive, tier 0 decides as any tier does and
+  // needs no probes. No allocation.
+  void shadow(std::span<const int> accept_lengths, int steps);
+
   std::size_t index() const noexcept { return index_; }
   // The estimate decisions use (EMA weight config.ema_alpha).
   const AcceptanceEstimate& acceptance() const noexcept { return slow_; }
@@ -38,9 +46,15 @@ class GoodputPolicy {
  private:
   int current_steps() const noexcept { return candidates_[index_]; }
   double tokens(const AcceptanceEstimate& estimate, int steps) const noexcept {
-    return estimate.tokens(config_.acceptance_model, current_steps(), steps);
+    return estimate.tokens(config_.acceptance_model, observed_depth(), steps);
   }
+  // The deepest draft position the estimates saw lately: the current tier's,
+  // or at tier 0 that of its shadow observations.
+  int observed_depth() const noexcept { return current_steps() > 0 ? current_steps() : shadow_depth_; }
+  // Whether tier 0 saw shadow observations since the last decision.
+  bool shadowed() const noexcept { return current_steps() == 0 && shadow_fresh_; }
   void observe(std::span<const int> accept_lengths, double round_seconds, bool sampled);
+  void count(std::span<const int> accept_lengths, int steps, long long* successes, long long* trials);
   bool decide(double min_gain);
   // Between decisions: the tier a phase change calls for (index_ if none).
   std::size_t phase_change_target() const noexcept;
@@ -64,6 +78,8 @@ class GoodputPolicy {
   std::uint64_t zero_wait_;              // batches at tier 0 before a probe
   int zero_probe_left_ = 0;              // batches left in a probe out of 0
   std::vector<double> position_scratch_;  // per-batch counts
+  int shadow_depth_ = 0;                  // steps of the last shadow observations
+  bool shadow_fresh_ = false;             // shadow observations since the last decision
   // oscillation guard: an up move followed at once by a down move is a
   // bounce; each bounce in a row doubles how many decisions refuse up moves.
   std::uint64_t decisions_ = 0;

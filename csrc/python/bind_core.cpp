@@ -236,6 +236,12 @@ void bind_core(py::module_& m) {
            "Feed one verify (accepted draft tokens per request, bonus excluded) made at "
            "current_steps, the round's wall time in seconds (None: untimed) and whether it "
            "sampled (not all-greedy); True only if the step count changed.")
+      .def("shadow", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths, int steps) {
+             params.shadow(accept_lengths, steps);
+           },
+           py::arg("accept_lengths"), py::arg("steps"),
+           "What deterministic drafts of `steps` tokens would have accepted per request, measured against "
+           "the tokens emitted since; taken at tier 0 by goodput (sglang ignores it), never a switch by itself.")
       .def_property_readonly("current_steps", &AdaptiveSpeculativeParams::current_steps)
       .def_property_readonly("ema", &AdaptiveSpeculativeParams::ema)
       .def_property_readonly("alpha", &AdaptiveSpeculativeParams::alpha,

@@ -83,6 +83,11 @@ class AdaptiveController:
             return None
         return self._activate(self.params.current_steps)
 
+    def on_shadow(self, accept_lengths: Sequence[int], steps: int) -> None:
+        """Feed what deterministic drafts of ``steps`` tokens would have accepted per request, measured against
+        the tokens emitted since (NGRAM at tier 0, where nothing is verified); never a switch by itself."""
+        self.params.shadow(accept_lengths, steps)
+
     def stats(self) -> dict[str, Any]:
         return {
             "policy": self.config.policy,

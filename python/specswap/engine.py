@@ -337,6 +337,8 @@ class Engine:
         if decoding:
             result = self.worker.decode_round([r.slot for r in decoding])
             self._rounds_per_tier[result.speculative_num_steps] += 1
+            if self.controller is not None and result.shadow:  # tier 0's checked lookups (NGRAM)
+                self.controller.on_shadow(result.shadow, result.shadow_steps)
             if self.controller is not None and result.measured_tier:
                 switched = self.controller.on_verify_complete(result.accept_lengths, result.round_seconds,
                                                               result.sampled)

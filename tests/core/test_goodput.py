@@ -273,6 +273,51 @@ def test_tier_zero_probes_back_up_and_returns_when_acceptance_recovers():
     assert tiers[-20:] == [7] * 20, tiers  # the next probe sees the acceptance come back
 
 
+def run_shadowed(params, alpha, cost, rounds, rng, batch=4, shadow_steps=7):
+    """run(), with the shadow observations a deterministic drafter gives at tier 0: what drafts of
+    shadow_steps tokens would have accepted, fed before each round's own verify."""
+    tiers = []
+    for _ in range(rounds):
+        steps = params.current_steps
+        tiers.append(steps)
+        if steps == 0:
+            params.shadow([geometric(alpha, shadow_steps, rng) for _ in range(batch)], shadow_steps)
+        params.update([geometric(alpha, steps, rng) for _ in range(batch)], cost(steps))
+    return tiers
+
+
+def test_shadow_observations_replace_tier_zero_probes():
+    cost = linear_cost(1.0, 0.3)
+    params = goodput(3, candidate_steps=[0, 1, 3, 7], probe_interval=40)
+    rng = random.Random(3)
+    tiers = run_shadowed(params, 0.05, cost, 200, rng)
+    assert tiers[-100:] == [0] * 100, tiers  # off, and no probe: the shadows say the drafts would fail
+    tiers = run_shadowed(params, 0.95, cost, 25, rng)
+    # the shadows see the acceptance come back at once (a phase change), the verifies then carry it to 7;
+    # the blind policy stays off until its next probe
+    assert 0 not in tiers[2:] and tiers[-5:] == [7] * 5, tiers
+    blind = goodput(3, candidate_steps=[0, 1, 3, 7], probe_interval=40)
+    run(blind, 0.05, cost, 200, random.Random(3))
+    blind_tiers = run(blind, 0.95, cost, 25, random.Random(4))
+    assert blind_tiers[:4] == [0] * 4, blind_tiers
+
+
+def test_shadow_observations_are_ignored_off_tier_zero_and_by_sglang():
+    params = goodput(3, **quiet(ema_alpha=1.0))
+    params.update([3, 3])
+    params.shadow([0, 0, 0, 0], 7)  # at tier 3 the verifies are the observations
+    assert params.alpha == pytest.approx(1.0)
+    sglang = AdaptiveSpeculativeParams(3, AdaptiveConfig(policy="sglang"))
+    sglang.shadow([7, 7], 7)
+    assert sglang.num_batches == 0 and sglang.current_steps == 3
+    at_zero = goodput(0, **quiet(ema_alpha=1.0))
+    at_zero.shadow([7, 0], 7)  # 7 successes, 1 failure: a batch seen at depth 7, none counted
+    assert at_zero.alpha == pytest.approx(7 / 8) and at_zero.num_batches == 0
+    assert at_zero.position_acceptance(1) < at_zero.position_acceptance(2)  # position 1 saw the one failure
+    with pytest.raises(TypeError):
+        at_zero.shadow([1], "seven")
+
+
 def test_position_dependent_acceptance_does_not_flap():
     # later drafts accepted less often than the model assumes: tier 1 promises too much for 7
     probabilities = [0.95, 0.9, 0.8, 0.5, 0.3, 0.2, 0.1]

@@ -60,6 +60,8 @@ def run_to_completion(worker: EAGLEWorker, prompts, max_new_tokens, params=None,
 
 def feed_controller(controller, worker, result):
     """What the engine does after a round: feed the controller what the round measured, apply its switch."""
+    if result.shadow:
+        controller.on_shadow(result.shadow, result.shadow_steps)
     if result.measured_tier:
         switched = controller.on_verify_complete(result.accept_lengths, result.round_seconds, result.sampled)
         if switched is not None:

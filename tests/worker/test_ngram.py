@@ -145,3 +145,92 @@ def test_the_engine_gives_ngram_the_digits_of_a_tokenizer_that_splits_numbers():
                   ngram_numbers=False).worker.ngram_numbers is None
     assert Engine(target, None, None, tokenizer=DigitTokenizer(), max_seq_len=32).worker.ngram_numbers is None
     assert Engine("tiny", speculative_algorithm="NGRAM").worker.ngram_numbers is None  # its BPE merges "12"
+
+
+# ---- tier 0's shadow observations ------------------------------------------------------------------------
+
+
+def test_tier_zero_checks_lookups_against_the_tokens_emitted_since():
+    """At tier 0 every SHADOW_EVERY-th position's lookup for the largest tier is kept; once the emitted tokens
+    settle it (a mismatch, or all matched) what that tier would have accepted is reported, then forgotten."""
+    import torch
+
+    from specswap.worker.ngram import SHADOW_EVERY, NgramDrafter
+    from specswap.worker.slots import SlotTable
+    from specswap.worker.layout import ChainLayout
+    from specswap.worker.tiers import TierBuffers
+
+    assert SHADOW_EVERY == 4
+    table = SlotTable(2, 2, torch.device("cpu"))
+    drafter = NgramDrafter(table, None, shadow_steps=3)
+    tier0 = TierBuffers(2, 3, 16, 16, torch.device("cpu")).build(0, ChainLayout(0, torch.device("cpu")))
+    table.host_tokens[0] = [1, 2, 3, 1]               # 4 tokens: looked up, drafts [2, 3, 1]
+    table.host_tokens[1] = [5, 6, 7]                  # 3 tokens: not a checked position
+    assert drafter.begin_round(tier0, [0, 1])
+    table.host_tokens[0] += [2]                       # one token a round at tier 0
+    assert drafter.take_shadow([0, 1], drafting=False) == []      # not settled yet
+    table.host_tokens[0] += [3]
+    assert drafter.take_shadow([0, 1], drafting=False) == []
+    table.host_tokens[0] += [9]                       # the third draft (1) missed: two would have been accepted
+    assert drafter.take_shadow([0, 1], drafting=False) == [2]
+    assert drafter.take_shadow([0, 1], drafting=False) == []      # reported once
+    table.host_tokens[0] = [4, 4, 4, 4]               # drafts [4, 4, 4]; all three come true
+    drafter.begin_round(tier0, [0])
+    table.host_tokens[0] += [4, 4, 4]
+    assert drafter.take_shadow([0], drafting=False) == [3]
+    table.host_tokens[0] = [4, 4, 4, 4]
+    drafter.begin_round(tier0, [0])
+    assert drafter.take_shadow([0], drafting=True) == []           # a drafting round was observed itself
+    table.host_tokens[0] += [4, 4, 4]
+    assert drafter.take_shadow([0], drafting=False) == []
+    assert NgramDrafter(table, None).take_shadow([0], drafting=False) == []  # without tier 0: no checks
+
+
+def test_tier_zero_shadows_are_what_the_largest_tier_would_have_accepted():
+    """A static tier-0 NGRAM worker (tiers 0 and 3) on a looping target reports, for every checked position p
+    with a lookup, how many of its 3 drafts the tokens emitted from p on confirm: computed here from the
+    output afterwards, in the order they settle."""
+    from spec_helpers import attention_pair, run_to_completion
+    from specswap.worker import EAGLEWorker
+    from specswap.worker.ngram import SHADOW_EVERY
+
+    target = attention_pair()[0]
+    prompt, new = [1, 5, 9, 2], 120
+    worker = EAGLEWorker(target, None, "NGRAM", speculative_num_steps=0, tiers=(0, 3), max_seq_len=160)
+    shadows = []
+    decode_round = worker.decode_round
+
+    def recording(slots):
+        result = decode_round(slots)
+        assert result.shadow_steps == 3
+        shadows.extend(result.shadow)
+        return result
+
+    worker.decode_round = recording
+    output = run_to_completion(worker, [prompt], new)[0][0]
+    tokens = prompt + output
+    expected = []
+    for p in range(len(prompt) + 1, len(tokens)):  # positions a tier-0 round starts from
+        drafts = propose_ngram(tokens[:p], 3) if p % SHADOW_EVERY == 0 else []
+        if not drafts:
+            continue
+        emitted = tokens[p:p + 3]
+        accepted = next((i for i, (d, t) in enumerate(zip(drafts, emitted)) if d != t), len(emitted))
+        if accepted < len(emitted) or len(emitted) == 3:
+            expected.append(accepted)
+    assert len(expected) >= 10 and shadows == expected
+
+
+def test_the_engine_feeds_tier_zero_shadows_to_its_controller(monkeypatch):
+    from spec_helpers import attention_pair
+    from specswap.controller import AdaptiveController
+    from specswap.engine import Engine
+
+    fed = []
+    monkeypatch.setattr(AdaptiveController, "on_shadow", lambda self, accepted, steps: fed.append((accepted, steps)))
+    config = {"policy": "goodput", "candidate_steps": [0, 3], "probe_rounds": 0, "probe_interval": 10_000,
+              "warmup_batches": 10_000}
+    engine = Engine(attention_pair()[0], None, "NGRAM", speculative_num_steps=0, speculative_adaptive=True,
+                    speculative_adaptive_config=config, max_seq_len=160)
+    engine.generate([[1, 5, 9, 2]], 60)
+    assert fed and all(steps == 3 for _, steps in fed)

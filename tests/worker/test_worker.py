@@ -132,6 +132,18 @@ def test_eagle_drafts_are_right_again_after_a_stint_at_tier_zero(name):
             c.extend(new)
 
 
+def test_eagle_head_logits_at_one_position_equal_that_row_of_all():
+    target, head, _ = pair("eagle_token_map")
+    cache = head.make_cache(2, 16)
+    ids, features = torch.tensor([[3, 4, 5], [6, 7, 8]]), torch.randn(2, 3, target.config.hidden_size)
+    positions, slots = torch.arange(3).expand(2, -1), torch.tensor([0, 1])
+    with torch.inference_mode():
+        full = head(ids, features, positions, cache, slots).logits
+        picked = head(ids, features, positions, cache, slots, logits_at=torch.tensor([2, 0])).logits
+    torch.testing.assert_close(picked[:, 0], full[[0, 1], [2, 0]], atol=1e-6, rtol=0)
+    assert picked.shape == (2, 1, full.shape[-1])
+
+
 def test_tier_zero_runs_no_draft_and_the_self_draft_accepts_everything_after_it():
     target, _, _ = pair("standalone_self")
     calls = []

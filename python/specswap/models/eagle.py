@@ -102,8 +102,13 @@ class EagleHead(nn.Module):
                        dtype=dtype or weight.dtype, device=device or weight.device)
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                cache: KVCache | None, slots: torch.Tensor | None, key_length: int | None = None) -> ModelOutput:
-        """input_ids, positions: [B, T]; features: [B, T, H]; slots: [B] -> logits [B, T, Vd], hidden [B, T, H]."""
+                cache: KVCache | None, slots: torch.Tensor | None, key_length: int | None = None,
+                logits_at: torch.Tensor | None = None) -> ModelOutput:
+        """input_ids, positions: [B, T]; features: [B, T, H]; slots: [B] -> logits [B, T, Vd], hidden [B, T, H].
+
+        ``logits_at`` ([B]): logits at that position of each row only ([B, 1, Vd]; a catch-up over many tokens
+        needs the last one's, and the LM head over every row would cost more than the layer).
+        """
         embeds = self.embed_tokens(input_ids).to(features.dtype)          # [B, T, H]
         hidden = self.fc(torch.cat((embeds, features), dim=-1))           # [B, T, H]
         cos, sin = self.rotary(positions, hidden.dtype)
@@ -114,11 +119,17 @@ class EagleHead(nn.Module):
             plan = plan_attention(positions, cache, key_length)
             hidden = self.layers[0](hidden, cos, sin, cache.keys[0], cache.values[0], slots, positions, plan)
         hidden = self.norm(hidden)
+        rows = hidden if logits_at is None else \
+            hidden[torch.arange(hidden.shape[0], device=hidden.device), logits_at].unsqueeze(1)
+        return ModelOutput(logits=self._logits(rows), hidden=hidden)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft LM head over normed hidden states [..., H] -> [..., Vd]."""
         if self._draft_lm is not None:
-            return ModelOutput(logits=self._draft_lm(hidden), hidden=hidden)
+            return self._draft_lm(hidden)
         if isinstance(self.lm_head, QuantizedLinear) and self.token_map is None:
-            return ModelOutput(logits=self.lm_head(hidden), hidden=hidden)
+            return self.lm_head(hidden)
         if self._draft_lm_scales is not None:
-            return ModelOutput(logits=int8_linear(hidden, self._draft_lm_weight, self._draft_lm_scales), hidden=hidden)
+            return int8_linear(hidden, self._draft_lm_weight, self._draft_lm_scales)
         lm_weight = self.lm_head.weight if self._draft_lm_weight is None else self._draft_lm_weight
-        return ModelOutput(logits=F.linear(hidden, lm_weight), hidden=hidden)
+        return F.linear(hidden, lm_weight)

@@ -79,6 +79,13 @@ class Drafter:
     def end_round(self, tier: TierState, slots: Sequence[int]) -> None:
         """Host-side bookkeeping after the round's tokens are committed."""
 
+    shadow_steps = 0  # the tier take_shadow's observations are for (0: it makes none)
+
+    def take_shadow(self, slots: Sequence[int], drafting: bool) -> list[int]:
+        """After a round: what drafts of ``shadow_steps`` tokens would have accepted, for checks the emitted
+        tokens settled (deterministic drafters at tier 0: ``NgramDrafter``); none by default."""
+        return []
+
     def release(self, slot: int) -> None:
         pass
 

@@ -88,8 +88,9 @@ class EagleDrafter(ModelDrafter):
         tokens = self.slots.host_tokens[slot]
         input_ids = torch.tensor([tokens[start + 1:end + 1]], device=self.slots.device)  # [1, T]
         features = self.tier0_features[slot, start:end].unsqueeze(0)                        # [1, T, H]
-        out = self.model(input_ids, features, positions, self.cache, slot_index, key_length=end)
-        self.next_draft_logits[slot] = out.logits[0, -1]
+        out = self.model(input_ids, features, positions, self.cache, slot_index, key_length=end,
+                         logits_at=torch.tensor([end - start - 1], device=self.slots.device))
+        self.next_draft_logits[slot] = out.logits[0, 0]
         self.next_draft_hidden[slot] = out.hidden[0, -1]
 
     def eager_forwards(self) -> Forwards:

@@ -5,6 +5,15 @@ request with no match, in a batch where others have one, repeats its last
 token: it costs no extra width). A batch where no request has a match is worth
 no verify: the round runs as a plain decode (tier 0). The drafts have no law:
 sampled rounds accept them against keyed draws (sampling.accept_keyed).
+
+At tier 0 nothing is verified, so the policy would be blind there; but a
+lookup's drafts can be checked against the tokens the request goes on to emit,
+for free: every SHADOW_EVERY-th position, the drafts of the largest tier are
+looked up and kept, and once the emitted tokens settle them (a mismatch, or
+all of them matched) what that tier would have accepted is reported as a
+shadow observation (``take_shadow``; the engine feeds it to the controller).
+Since a request's text does not depend on its tier (greedy, or keyed draws),
+this is exactly what the tier would have accepted.
 """
 
 from __future__ import annotations
@@ -19,13 +28,21 @@ from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import TierState
 
 
+# positions apart of the lookups tier 0 checks (a lookup costs up to half a millisecond over a long history)
+SHADOW_EVERY = 4
+
+
 class NgramDrafter(Drafter):
-    def __init__(self, slots: SlotTable, numbers: NumberTokens | None):
+    def __init__(self, slots: SlotTable, numbers: NumberTokens | None, shadow_steps: int = 0):
         self.slots, self.numbers = slots, numbers
+        self.shadow_steps = shadow_steps  # the tier tier-0 rounds check lookups for (0: none)
+        # per slot: (position the drafts would continue from, the drafts) not yet settled
+        self._pending: list[list[tuple[int, list[int]]]] = [[] for _ in slots.host_tokens]
 
     def begin_round(self, tier: TierState, slots: Sequence[int]) -> bool:
         steps = tier.speculative_num_steps
         if not steps:
+            self._look_up_shadow(slots)
             return True
         host_tokens = self.slots.host_tokens
         proposals = [propose_ngram(host_tokens[slot], steps, numbers=self.numbers) for slot in slots]
@@ -34,3 +51,38 @@ class NgramDrafter(Drafter):
         rows = [proposal or [host_tokens[slot][-1]] * steps for proposal, slot in zip(proposals, slots)]
         tier.draft.draft_tokens[:len(slots)].copy_(torch.tensor(rows, dtype=torch.long))  # [B, k]
         return True
+
+    def _look_up_shadow(self, slots: Sequence[int]) -> None:
+        if not self.shadow_steps:
+            return
+        for slot in slots:
+            tokens = self.slots.host_tokens[slot]
+            if len(tokens) % SHADOW_EVERY:
+                continue
+            proposal = propose_ngram(tokens, self.shadow_steps, numbers=self.numbers)
+            if proposal:
+                self._pending[slot].append((len(tokens), proposal))
+
+    def take_shadow(self, slots: Sequence[int], drafting: bool) -> list[int]:
+        """What the checked lookups of these requests would have accepted, for those the emitted tokens
+        settled since the last call; a round that drafted (``drafting``) drops them instead (it was observed)."""
+        settled = []
+        for slot in slots:
+            pending = self._pending[slot]
+            if drafting:
+                pending.clear()
+                continue
+            tokens = self.slots.host_tokens[slot]
+            keep = []
+            for start, proposal in pending:
+                emitted = tokens[start:start + len(proposal)]
+                accepted = next((i for i, (d, t) in enumerate(zip(proposal, emitted)) if d != t), len(emitted))
+                if accepted < len(emitted) or len(emitted) == len(proposal):
+                    settled.append(accepted)
+                else:
+                    keep.append((start, proposal))
+            self._pending[slot] = keep
+        return settled
+
+    def release(self, slot: int) -> None:
+        self._pending[slot].clear()

@@ -50,4 +50,4 @@ class StandaloneDrafter(ModelDrafter):
     def _catch_up_one(self, slot, slot_index, positions, start, end) -> None:
         tokens = self.slots.host_tokens[slot]
         input_ids = torch.tensor([tokens[start:end]], device=self.slots.device)  # [1, T]
-        self.model(input_ids, positions, self.cache, slot_index, key_length=end)
+        self.model(input_ids, positions, self.cache, slot_index, key_length=end, with_logits=False)  # cache only

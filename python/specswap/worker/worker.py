@@ -12,7 +12,7 @@ its accepted path's keys into place, ``worker.layout``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -47,6 +47,9 @@ class RoundResult:
     tier: int                     # the active tier it ran for (NGRAM with nothing to look up runs tier 0 instead)
     round_seconds: float = 0.0    # wall time of the round, host bookkeeping included
     sampled: bool = False         # not all-greedy
+    # what drafts of shadow_steps tokens would have accepted, settled this round (Drafter.take_shadow)
+    shadow: list[int] = field(default_factory=list)
+    shadow_steps: int = 0
 
     @property
     def measured_tier(self) -> bool:
@@ -152,8 +155,8 @@ class EAGLEWorker:
             return EagleDrafter(draft, self.target, self.slots, cache_rows, self.cache_capacity, tier_zero)
         if algorithm == "STANDALONE":
             return StandaloneDrafter(draft, self.target, self.slots, cache_rows, self.cache_capacity)
-        if algorithm == "NGRAM":
-            return NgramDrafter(self.slots, self.ngram_numbers)
+        if algorithm == "NGRAM":  # with tier 0 among the tiers, its rounds check lookups for the largest tier
+            return NgramDrafter(self.slots, self.ngram_numbers, shadow_steps=self.max_steps if tier_zero else 0)
         return Drafter()
 
     @property
@@ -347,5 +350,6 @@ class EAGLEWorker:
                       for drafts, accepted, token in zip(draft_list, accept_list, next_list)]
         table.commit_round(slots, new_tokens)
         self.drafter.end_round(tier, slots)
+        shadow = self.drafter.take_shadow(slots, drafting=steps > 0)
         return RoundResult(new_tokens, accept_list, steps, active.speculative_num_steps,
-                           time.perf_counter() - round_start, not all_greedy)
+                           time.perf_counter() - round_start, not all_greedy, shadow, self.drafter.shadow_steps)
