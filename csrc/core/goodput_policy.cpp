@@ -104,36 +104,31 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   return index_;
 }
 
-void GoodputPolicy::count(std::span<const int> accept_lengths, int steps, long long* successes,
-                          long long* trials) {
+void GoodputPolicy::observe_acceptance(std::span<const int> accept_lengths, int steps) {
   // Truncated geometric observations: a of k drafts accepted is a successes,
   // plus one failure when the run stopped before k. Per draft position i:
   // reached (a trial) by requests with a >= i - 1 that drafted i, accepted by
-  // those with a >= i (position_scratch_: reached, then accepted_at).
-  *successes = 0;
-  *trials = 0;
+  // those with a >= i.
+  long long successes = 0;
+  long long trials = 0;
   std::fill(position_scratch_.begin(), position_scratch_.begin() + 2 * (steps + 1), 0.0);
   double* reached = position_scratch_.data();
   double* accepted_at = reached + (steps + 1);
   for (int accepted : accept_lengths) {
     const int a = std::clamp(accepted, 0, steps);
-    *successes += a;
-    *trials += a + (a < steps ? 1 : 0);
+    successes += a;
+    trials += a + (a < steps ? 1 : 0);
     if (steps > 0) {
       reached[std::min(a + 1, steps)] += 1.0;  // reached 1..min(a+1,k): counted as a suffix later
       accepted_at[a] += 1.0;                   // accepted 1..a
     }
   }
+  slow_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
+  fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
 }
 
 void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
-  const int steps = current_steps();
-  long long successes = 0, trials = 0;
-  count(accept_lengths, steps, &successes, &trials);
-  const double* reached = position_scratch_.data();
-  const double* accepted_at = reached + (steps + 1);
-  slow_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
-  fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
+  observe_acceptance(accept_lengths, current_steps());
   last_table_ = CostModel::table_of(static_cast<int>(accept_lengths.size()), sampled);
   if (std::isfinite(round_seconds) && round_seconds > 0.0) {
     costs_.learn(last_table_, index_, round_seconds, num_batches_, /*probing=*/num_batches_ <= probe_batches_);
@@ -142,14 +137,8 @@ void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_se
 
 void GoodputPolicy::shadow(std::span<const int> accept_lengths, int steps) {
   if (accept_lengths.empty() || steps <= 0 || current_steps() > 0) return;  // a drafting tier observes itself
-  steps = std::min(steps, AdaptiveConfig::kMaxSteps);
-  long long successes = 0, trials = 0;
-  count(accept_lengths, steps, &successes, &trials);
-  const double* reached = position_scratch_.data();
-  const double* accepted_at = reached + (steps + 1);
-  slow_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
-  fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
-  shadow_depth_ = steps;
+  shadow_depth_ = std::min(steps, AdaptiveConfig::kMaxSteps);
+  observe_acceptance(accept_lengths, shadow_depth_);
   shadow_fresh_ = true;
 }
 

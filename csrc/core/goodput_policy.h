@@ -1,7 +1,7 @@
 // The cost-aware goodput policy (docs/policy.md): picks argmax E(k) / cost(k)
 // over the candidate tiers from the acceptance and cost estimates, with
-// start-up probes, probes out of tier 0, a bounce guard and moves on phase
-// changes between decisions.
+// start-up probes, probes out of tier 0 (or shadow observations there), a
+// bounce guard and moves on phase changes between decisions.
 #pragma once
 
 #include <cstddef>
@@ -54,7 +54,8 @@ class GoodputPolicy {
   // Whether tier 0 saw shadow observations since the last decision.
   bool shadowed() const noexcept { return current_steps() == 0 && shadow_fresh_; }
   void observe(std::span<const int> accept_lengths, double round_seconds, bool sampled);
-  void count(std::span<const int> accept_lengths, int steps, long long* successes, long long* trials);
+  // Both acceptance estimates take a verify's (or shadow's) accepted lengths at `steps`.
+  void observe_acceptance(std::span<const int> accept_lengths, int steps);
   bool decide(double min_gain);
   // Between decisions: the tier a phase change calls for (index_ if none).
   std::size_t phase_change_target() const noexcept;
