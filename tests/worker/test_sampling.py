@@ -7,7 +7,7 @@ import torch
 
 from specswap.sampling import (KEYED_VOCAB_LIMIT, KeyedNoise, SamplingParams, accept_draft_tokens, accept_from_logits,
                                accept_greedy, accept_keyed, exponential_, logits_to_probs, position_key,
-                               sample_from_probs, sample_keyed)
+                               sample_from_cdf, sample_from_probs, sample_keyed)
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -76,6 +76,20 @@ def test_sample_from_probs_follows_the_distribution(draw):
     assert chi_square_pvalue(counts, probs) > 1e-3
 
 
+def test_sample_from_cdf_follows_the_distribution():
+    probs = torch.tensor([0.0, 0.5, 0.25, 0.0, 0.125, 0.125, 0.0])
+    gen = torch.Generator().manual_seed(0)
+    tokens = sample_from_cdf(probs.expand(20000, 7) * 3.0, torch.rand(20000, generator=gen))  # unnormalised
+    counts = torch.bincount(tokens, minlength=7)
+    assert counts[0] == counts[3] == counts[6] == 0
+    assert chi_square_pvalue(counts, probs) > 1e-3
+    # u = 0 draws the first entry with mass, u just under 1 the last (never a zero entry past it)
+    edges = sample_from_cdf(probs.expand(3, 7), torch.tensor([0.0, 0.5, 1.0 - 2 ** -24]))
+    assert edges.tolist() == [1, 2, 5]  # token 1 owns [0, 0.5), token 2 [0.5, 0.75)
+    one_hot = torch.nn.functional.one_hot(torch.tensor([3, 0, 6]), 7).float()
+    assert sample_from_cdf(one_hot, torch.tensor([0.0, 0.999, 0.5])).tolist() == [3, 0, 6]
+
+
 def test_greedy_acceptance_is_longest_matching_prefix():
     vocab = 6
     target_argmax = torch.tensor([[2, 4, 1, 5], [3, 3, 3, 3], [0, 1, 2, 3]])  # [B, k+1]
@@ -83,7 +97,7 @@ def test_greedy_acceptance_is_longest_matching_prefix():
     target_probs = torch.nn.functional.one_hot(target_argmax, vocab).float()
     draft_probs = torch.nn.functional.one_hot(draft_tokens, vocab).float()
     accept, nxt = accept_draft_tokens(target_probs, draft_probs, draft_tokens,
-                                      torch.rand(3, 3), torch.ones(3, vocab))
+                                      torch.rand(3, 3), torch.rand(3))
     assert accept.tolist() == [2, 3, 0]
     assert nxt.tolist() == [1, 3, 0]
 
@@ -99,7 +113,7 @@ def test_greedy_shortcut_equals_one_hot_speculative_sampling():
     target_probs = logits_to_probs(logits.reshape(-1, vocab), greedy, greedy.long(), greedy + 1).view(logits.shape)
     draft_probs = torch.nn.functional.one_hot(drafts, vocab).float()
     slow = accept_draft_tokens(target_probs, draft_probs, drafts, torch.rand(batch, steps, generator=gen),
-                               torch.ones(batch, vocab))
+                               torch.rand(batch, generator=gen))
     fast = accept_greedy(logits, drafts)
     assert slow[0].tolist() == fast[0].tolist() and slow[1].tolist() == fast[1].tolist()
     assert set(fast[0].tolist()) == set(range(steps + 1))
@@ -108,7 +122,7 @@ def test_greedy_shortcut_equals_one_hot_speculative_sampling():
 def test_zero_draft_tokens_samples_from_target():
     target_probs = torch.nn.functional.one_hot(torch.tensor([[4]]), 6).float()
     accept, nxt = accept_draft_tokens(target_probs, torch.zeros(1, 0, 6), torch.zeros(1, 0, dtype=torch.long),
-                                      torch.zeros(1, 0), torch.ones(1, 6))
+                                      torch.zeros(1, 0), torch.rand(1))
     assert accept.tolist() == [0] and nxt.tolist() == [4]
 
 
@@ -119,8 +133,7 @@ def _emitted_pairs(target_probs, draft_probs, num_rows, seed, accept_fn):
     q = draft_probs.expand(num_rows, k, vocab)
     drafts = sample_from_probs(q, torch.empty(num_rows, k, vocab).exponential_(generator=gen))
     accept, nxt = accept_fn(target_probs.expand(num_rows, k + 1, vocab), q, drafts,
-                            torch.rand(num_rows, k, generator=gen),
-                            torch.empty(num_rows, vocab).exponential_(generator=gen))
+                            torch.rand(num_rows, k, generator=gen), torch.rand(num_rows, generator=gen))
     emitted = torch.cat([drafts, nxt.unsqueeze(-1)], dim=1)  # d1..dk then the correction/bonus token
     emitted.scatter_(1, accept.unsqueeze(-1), nxt.unsqueeze(-1))
     first = emitted[:, 0]
@@ -159,7 +172,7 @@ def test_accept_from_logits_takes_the_same_decisions_as_the_full_law(one_hot_dra
     else:
         draft_probs = torch.softmax(torch.randn(batch, steps, vocab, generator=gen), -1)
     uniforms = torch.rand(batch, steps, generator=gen)
-    noise = torch.empty(batch, vocab).exponential_(generator=gen)
+    noise = torch.rand(batch, generator=gen)
     n = batch * (steps + 1)
     full = logits_to_probs(logits.reshape(n, vocab), temperature.repeat_interleave(steps + 1),
                            torch.zeros(n, dtype=torch.long), torch.ones(n), apply_filters=False)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from spec_helpers import (attention_pair, bigram_pair, random_eagle_head, random_target, reference_eagle_drafts,
                           feed_controller, reference_greedy, run_to_completion)
 from specswap.sampling import (LOSSLESS, SamplingParams, Verifier, accept_draft_tokens, logits_to_probs,
-                               sample_from_probs)
+                               sample_from_cdf)
 from specswap.ngram import NumberTokens
 from specswap.worker import EAGLEWorker
 
@@ -351,14 +351,14 @@ def sample_continuations(worker, params, num_samples, seed):
 def _accept_always(target_probs, draft_probs, draft_tokens, uniforms, noise):
     """A biased verifier: takes every draft, then the bonus token from the target."""
     batch, steps = draft_tokens.shape
-    return torch.full((batch,), steps, device=draft_tokens.device), sample_from_probs(target_probs[:, steps], noise)
+    return torch.full((batch,), steps, device=draft_tokens.device), sample_from_cdf(target_probs[:, steps], noise)
 
 
 def _resample_from_p(target_probs, draft_probs, draft_tokens, uniforms, noise):
     """A subtly biased verifier: the right acceptance test, but a rejection redraws from p, not max(0, p - q)."""
     accept_lengths, _ = accept_draft_tokens(target_probs, draft_probs, draft_tokens, uniforms, noise)
     rows = torch.arange(accept_lengths.shape[0], device=accept_lengths.device)
-    return accept_lengths, sample_from_probs(target_probs[rows, accept_lengths], noise)
+    return accept_lengths, sample_from_cdf(target_probs[rows, accept_lengths], noise)
 
 
 def _accept_always_keyed(draw, draft_tokens):

@@ -91,7 +91,7 @@ class SlotTable:
         return RoundSampling(self.temperature[slot_index], self.top_k[slot_index], self.top_p[slot_index],
                              any(self.params[s].needs_filter for s in slots),
                              draft_probs=tier.draft.draft_probs[:batch], uniforms=tier.verify.uniforms[:batch],
-                             residual_noise=tier.verify.residual_noise[:batch], keyed=keyed)
+                             residual_uniforms=tier.verify.residual_uniforms[:batch], keyed=keyed)
 
     def _round_key(self, slot: int) -> int:
         """A fresh key from the request's generator (greedy rows draw nothing)."""
@@ -106,7 +106,7 @@ class SlotTable:
         draft, verify = tier.draft, tier.verify
         if steps:
             draft.draft_noise[:batch].fill_(1.0)
-        verify.residual_noise[:batch].fill_(1.0)
+        verify.residual_uniforms[:batch].zero_()  # greedy rows: a one-hot law, any uniform draws its token
         for row, slot in enumerate(slots):
             if self.params[slot].greedy:
                 continue
@@ -114,4 +114,4 @@ class SlotTable:
             if steps:
                 exponential_(draft.draft_noise[row], generator)
                 verify.uniforms[row].uniform_(generator=generator)
-            exponential_(verify.residual_noise[row], generator)
+            verify.residual_uniforms[row:row + 1].uniform_(generator=generator)

@@ -65,7 +65,7 @@ class VerifyStage:
     offsets: torch.Tensor          # [k+1] int64: each verified token's position past m-1 (a chain: 0..k; a
                                    # tree: its depth)
     uniforms: torch.Tensor         # [max_batch, k] float32
-    residual_noise: torch.Tensor   # [max_batch, V] float32
+    residual_uniforms: torch.Tensor  # [max_batch] float32: the draw where a chain stops
 
 
 @dataclass
@@ -102,7 +102,6 @@ class TierBuffers:
         self.max_batch_size, self.device = max_batch_size, device
         self.draft_probs = torch.zeros(max_batch_size, max_steps, vocab_size, device=device)          # [S, k_max, V]
         self.draft_noise = torch.ones(max_batch_size, max_steps, draft_vocab_size, device=device)     # [S, k_max, Vd]
-        self.residual_noise = torch.ones(max_batch_size, vocab_size, device=device)                   # [S, V]
 
     def build(self, steps: int, layout) -> TierState:
         """Tier ``steps``'s buffers; ``layout`` (worker.layout) gives the verified tokens' offsets."""
@@ -111,6 +110,7 @@ class TierBuffers:
                            draft_probs=self.draft_probs[:, :steps], draft_noise=self.draft_noise[:, :steps])
         verify = VerifyStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device),
                              offsets=layout.offsets,
-                             uniforms=torch.zeros(batch, steps, device=device), residual_noise=self.residual_noise)
+                             uniforms=torch.zeros(batch, steps, device=device),
+                             residual_uniforms=torch.zeros(batch, device=device))
         extend = DraftExtendStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device))
         return TierState(steps, steps + 1, draft, verify, extend, layout)
