@@ -15,7 +15,7 @@ fixed seeds (prompt i of repeat r gets seed + 1000 r + i on both sides).
 
 Both sides stop at EOS (llama.cpp has no ignore-EOS switch); tokens/s counts the tokens generated, EOS excluded on
 both sides, over the time of the whole request (prompt included). Every configuration is warmed up with one short
-generation before timing; repeats are interleaved over configurations.
+generation before timing; the timed runs are interleaved prompt by prompt over configurations.
 
     PYTHONPATH=python python bench/bench_llamacpp.py --threads 1 2 --json llamacpp.json
     PYTHONPATH=python python bench/bench_llamacpp.py --num-prompts 1 --new-tokens 16 --sets code   # smoke run
@@ -246,16 +246,24 @@ def tokenization_mismatches(llm, tokenizer, prompts: Sequence[str]) -> list[dict
 
 
 def measure(runners: dict[str, Callable], prompts: list[str], args, temperature: float) -> dict[str, list[dict]]:
-    """Warm every runner up once, then ``args.repeats`` timed runs each, interleaved."""
+    """Warm every runner up once, then ``args.repeats`` timed runs each, interleaved prompt by prompt (every
+    configuration decodes prompt i before any decodes prompt i + 1), so a change in the machine's load within
+    a repeat falls on every configuration alike. Prompt i of repeat r is seeded seed + 1000 r + i."""
     for runner in runners.values():
         runner(prompts[:1], 8, temperature, args.seed)
     runs: dict[str, list[dict]] = {name: [] for name in runners}
     for repeat in range(args.repeats):
-        for name, runner in runners.items():
-            run = runner(prompts, args.new_tokens, temperature, args.seed + 1000 * repeat)
+        parts: dict[str, list[dict]] = {name: [] for name in runners}
+        for index, prompt in enumerate(prompts):
+            for name, runner in runners.items():
+                parts[name].append(runner([prompt], args.new_tokens, temperature, args.seed + 1000 * repeat + index))
+        for name, pieces in parts.items():
+            run = _run(sum(p["tokens"] for p in pieces), sum(p["seconds"] for p in pieces),
+                       [t for p in pieces for t in p["texts"]], sum(p["stopped_early"] for p in pieces),
+                       sum(p["accepted"] for p in pieces), sum(p["rounds"] for p in pieces))
             runs[name].append(run)
-            print(f"  {' '.join(name) if isinstance(name, tuple) else name:<30} {run['tokens']:>5} tokens {run['seconds']:7.2f} s "
-                  f"{run['tokens'] / run['seconds']:7.1f} tok/s", flush=True)
+            print(f"  {' '.join(name) if isinstance(name, tuple) else name:<30} {run['tokens']:>5} tokens "
+                  f"{run['seconds']:7.2f} s {run['tokens'] / run['seconds']:7.1f} tok/s", flush=True)
     return runs
 
 

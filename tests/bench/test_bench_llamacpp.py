@@ -171,3 +171,22 @@ def test_skip_llamacpp_rows_compare_to_target_only(bench):
     table = bench.format_tables(report["results"], report["best"])
     assert "llama.cpp" not in table.split("best")[0] and "greedy x target" in table
     assert "llama.cpp plain" not in table and "best code, 1 thread(s), greedy: specswap ngram static-3" in table
+
+
+def test_timed_runs_interleave_prompt_by_prompt_and_keep_the_seeds(bench):
+    calls = []
+
+    def runner(name):
+        def run(prompts, new_tokens, temperature, seed):
+            calls.append((name, tuple(prompts), new_tokens, seed))
+            return bench._run(len(prompts) * new_tokens, 0.5, [f"{name}:{p}" for p in prompts], 0, 1, 2)
+        return run
+
+    args = SimpleNamespace(repeats=2, new_tokens=4, seed=10)
+    runs = bench.measure({"a": runner("a"), "b": runner("b")}, ["p", "q"], args, 1.0)
+    timed = [c for c in calls if c[2] == 4]
+    assert [(c[0], c[1][0], c[3]) for c in timed] == [
+        ("a", "p", 10), ("b", "p", 10), ("a", "q", 11), ("b", "q", 11),
+        ("a", "p", 1010), ("b", "p", 1010), ("a", "q", 1011), ("b", "q", 1011)]
+    assert [c[1] for c in calls if c[2] == 8] == [("p",), ("p",)]  # one warm-up each
+    assert runs["a"][0] == bench._run(8, 1.0, ["a:p", "a:q"], 0, 2, 4) and len(runs["b"]) == 2
