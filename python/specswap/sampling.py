@@ -164,7 +164,7 @@ def sample_from_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor
     Returns [B] int64.
     """
     cdf = probs.float().cumsum(dim=-1)                                   # [B, V]
-    total = cdf[:, -1:]                                                  # [B, 1]
+    total = cdf[:, -1:].contiguous()                                     # [B, 1]
     drawn = torch.searchsorted(cdf, uniforms.unsqueeze(-1) * total, right=True)
     # u * total rounded up to the total would land past the end: the last entry with mass instead
     last = torch.searchsorted(cdf, total, right=False)
