@@ -100,18 +100,16 @@ class SlotTable:
         return int(torch.randint(2 ** 62, (), generator=self.generators[slot]))
 
     def _draw_noise(self, tier, slots: Sequence[int]) -> None:
-        """Fill this round's random draws from each sampling request's own generator (ones for greedy rows):
+        """Fill a drafting tier's random draws from each sampling request's own generator (ones for greedy rows):
         exactly the region the round reads, in this order from each request's generator."""
-        steps, batch = tier.speculative_num_steps, len(slots)
+        batch = len(slots)
         draft, verify = tier.draft, tier.verify
-        if steps:
-            draft.draft_noise[:batch].fill_(1.0)
+        draft.draft_noise[:batch].fill_(1.0)
         verify.residual_uniforms[:batch].zero_()  # greedy rows: a one-hot law, any uniform draws its token
         for row, slot in enumerate(slots):
             if self.params[slot].greedy:
                 continue
             generator = self.generators[slot]
-            if steps:
-                exponential_(draft.draft_noise[row], generator)
-                verify.uniforms[row].uniform_(generator=generator)
+            exponential_(draft.draft_noise[row], generator)
+            verify.uniforms[row].uniform_(generator=generator)
             verify.residual_uniforms[row:row + 1].uniform_(generator=generator)
