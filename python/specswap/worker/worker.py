@@ -19,8 +19,8 @@ import torch
 
 from specswap.capability import cpu_capability
 from specswap.ngram import NumberTokens
-from specswap.sampling import (LOSSLESS, KeyedNoise, SamplingParams, Verifier, argmax, exponential_,
-                               logits_to_probs, position_key, sample_from_probs, sample_keyed)
+from specswap.sampling import (LOSSLESS, KeyedNoise, SamplingParams, Verifier, argmax, logits_to_probs,
+                               position_key, sample_from_cdf, sample_keyed)
 from specswap.worker.drafter import Drafter, PrefillBatch
 from specswap.worker.eagle import EagleDrafter
 from specswap.worker.layout import ChainLayout, TreeLayout
@@ -284,7 +284,8 @@ class EAGLEWorker:
 
     def _first_tokens(self, probs: torch.Tensor, slots, params, generators) -> torch.Tensor:
         """Each request's first token from its law after the prompt [B, V]: keyed by output position 0 for keyed
-        sampling, else drawn with its generator's noise (the argmax for greedy rows)."""
+        sampling, else drawn as a round's last token is (``sample_from_cdf``, one uniform from its generator; a
+        greedy row's one-hot law gives its argmax)."""
         if self.keyed_sampling:
             first_tokens = argmax(probs)                                                      # [B] (greedy rows)
             for row, (slot, request_params, generator) in enumerate(zip(slots, params, generators)):
@@ -293,11 +294,11 @@ class EAGLEWorker:
                     self.slots.keyed_seeds[slot] = seed
                     first_tokens[row] = sample_keyed(probs[row].log(), position_key(seed, 0), self._keyed_noise)
             return first_tokens
-        noise = torch.ones_like(probs)
+        uniforms = torch.zeros(probs.shape[0], device=probs.device)
         for row, (request_params, generator) in enumerate(zip(params, generators)):
             if not request_params.greedy:
-                exponential_(noise[row], generator)
-        return sample_from_probs(probs, noise)
+                uniforms[row:row + 1].uniform_(generator=generator)
+        return sample_from_cdf(probs, uniforms)
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         """Raise ValueError naming the problem if a prompt cannot be served."""
