@@ -7,9 +7,11 @@ Speculation pays only when verifying k + 1 rows costs little more than one row, 
 row count's time relative to one row ("x1"). Backends, side by side in one process on the same random weights
 (quantized with ggml's own quantizer):
 
-- ``ggml``: ``torch.ops.specswap.ggml_linear`` as the models run it (our multi-row kernels for Q8_0 / Q5_0 /
+- ``interleaved``: Q8_0 / Q5_0 weights repacked by eight rows (Q8_0x8 / Q5_0x8), as the models hold them where
+  the CPU has AVX2 (``specswap.models.quantized.REPACKED``);
+- ``ggml``: ``torch.ops.specswap.ggml_linear`` over the file's blocks (our multi-row kernels for Q8_0 / Q5_0 /
   Q4_0 / Q4_1 / Q4_K / Q6_K where the CPU has AVX2, with the AVX-512 VNNI integer dot for the first four where
-  the capability has it, ggml's vec_dot for every other type);
+  the capability has it, ggml's vec_dot for every other type); the models run this for every type but those two;
 - ``ggml vec_dot``: the same op with our kernels switched off (ggml's one-row vec_dot), only for the types our
   kernels cover;
 - ``torch fp32``, ``torch bf16``: ``F.linear`` over the dequantized weight. bf16 only where the CPU has native
@@ -103,8 +105,11 @@ def bench_shape(name: str, out_features: int, in_features: int, kind: str, rows:
     blocks = quantized.quantize(weight, kind)
     weight = quantized.dequantize(blocks, kind, in_features)  # torch computes with what ggml holds
     type_id = quantized.ggml_type(kind)
-    backends: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], torch.dtype, int]] = {
-        "ggml": (lambda x: torch.ops.specswap.ggml_linear(x, blocks, type_id), torch.float32, blocks.numel())}
+    backends: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], torch.dtype, int]] = {}
+    layer = quantized.QuantizedLinear(blocks, kind, in_features)
+    if layer.weight_type != type_id:  # repacked
+        backends["interleaved"] = (layer, torch.float32, layer.weight.numel())
+    backends["ggml"] = (lambda x: torch.ops.specswap.ggml_linear(x, blocks, type_id), torch.float32, blocks.numel())
     if kind in FAST_TYPES and _C.ggml_fast_kernels_available():
         backends["ggml vec_dot"] = backends["ggml"]
     backends["torch fp32"] = (lambda x: F.linear(x, weight), torch.float32, weight.numel() * 4)

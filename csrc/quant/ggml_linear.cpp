@@ -20,10 +20,12 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "quant/ggml_api.h"
 #include "quant/q8_kernels.h"
+#include "quant/x8_kernels.h"
 
 namespace specswap::quant {
 namespace {
@@ -46,7 +48,25 @@ constexpr int kSupportedTypes[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF1
                                    GGML_TYPE_Q6_K};
 
 bool supported(int64_t type) {
-  return std::find(std::begin(kSupportedTypes), std::end(kSupportedTypes), type) != std::end(kSupportedTypes);
+  return type == kTypeQ8_0x8 || type == kTypeQ5_0x8 ||
+         std::find(std::begin(kSupportedTypes), std::end(kSupportedTypes), type) != std::end(kSupportedTypes);
+}
+
+bool is_x8(ggml_type type) {
+  return static_cast<int64_t>(type) == kTypeQ8_0x8 || static_cast<int64_t>(type) == kTypeQ5_0x8;
+}
+X8Kind x8_kind(ggml_type type) { return static_cast<int64_t>(type) == kTypeQ8_0x8 ? X8Kind::kQ8_0 : X8Kind::kQ5_0; }
+
+// the ggml type whose rows a type's rows hold (Q8_0x8: Q8_0 rows interleaved; Q5_0x8: Q5_0 rows)
+ggml_type row_type(ggml_type type) {
+  if (!is_x8(type)) return type;
+  return x8_kind(type) == X8Kind::kQ8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q5_0;
+}
+
+const char* type_label(const GgmlApi& ggml, int64_t type) {
+  if (type == kTypeQ8_0x8) return "Q8_0x8";
+  if (type == kTypeQ5_0x8) return "Q5_0x8";
+  return ggml.type_name(static_cast<ggml_type>(type));
 }
 
 std::string supported_names() {
@@ -55,7 +75,8 @@ std::string supported_names() {
     if (!names.empty()) names += ", ";
     names += g_api.loaded ? g_api.type_name(static_cast<ggml_type>(type)) : std::to_string(type);
   }
-  return names;
+  return names + ", Q8_0x8 (" + std::to_string(kTypeQ8_0x8) + ") and Q5_0x8 (" + std::to_string(kTypeQ5_0x8) +
+         "), interleaved by ggml_repack";
 }
 
 const GgmlApi& api() {
@@ -67,9 +88,9 @@ const GgmlApi& api() {
 
 ggml_type checked_type(int64_t type) {
   const GgmlApi& ggml = api();
-  TORCH_CHECK(type >= 0 && type < GGML_TYPE_COUNT && supported(type), "ggml type ", type,
-              type >= 0 && type < GGML_TYPE_COUNT ? std::string(" (") + ggml.type_name(static_cast<ggml_type>(type)) + ")"
-                                                  : std::string(),
+  const bool known = (type >= 0 && type < GGML_TYPE_COUNT) || type == kTypeQ8_0x8 || type == kTypeQ5_0x8;
+  TORCH_CHECK(known && supported(type), "ggml type ", type,
+              known ? std::string(" (") + type_label(ggml, type) + ")" : std::string(),
               " is not supported by the quantized linear; supported: ", supported_names());
   return static_cast<ggml_type>(type);
 }
@@ -80,12 +101,15 @@ void check_weight(const at::Tensor& weight, ggml_type type, int64_t in_features,
   TORCH_CHECK(weight.scalar_type() == at::kByte && weight.dim() == 2 && weight.is_contiguous(), what,
               ": weight must be a contiguous 2-D uint8 tensor of blocks [N, row_bytes], got ", weight.scalar_type(),
               " of shape ", weight.sizes());
-  const int64_t block = ggml.blck_size(type);
+  const ggml_type rows = row_type(type);
+  const int64_t block = ggml.blck_size(rows);
   TORCH_CHECK(in_features > 0 && in_features % block == 0, what, ": in_features ", in_features,
-              " is not a positive multiple of ", ggml.type_name(type), "'s block size ", block);
-  const int64_t row_bytes = static_cast<int64_t>(ggml.row_size(type, in_features));
-  TORCH_CHECK(weight.size(1) == row_bytes, what, ": a ", ggml.type_name(type), " row of ", in_features,
+              " is not a positive multiple of ", type_label(ggml, type), "'s block size ", block);
+  const int64_t row_bytes = static_cast<int64_t>(ggml.row_size(rows, in_features));
+  TORCH_CHECK(weight.size(1) == row_bytes, what, ": a ", type_label(ggml, type), " row of ", in_features,
               " values takes ", row_bytes, " bytes, but weight rows have ", weight.size(1));
+  TORCH_CHECK(!is_x8(type) || weight.size(0) % kX8Rows == 0, what, ": ", type_label(ggml, type), " weights hold groups of ", kX8Rows,
+              " rows, got ", weight.size(0), " rows");
 }
 
 // One row of blocks to fp32. ggml's type traits have no to_float for F32 (its rows already are fp32): calling
@@ -94,20 +118,57 @@ void copy_f32_row(const void* src, float* dst, int64_t k) { std::memcpy(dst, src
 
 ggml_to_float_t row_to_float(const GgmlApi& ggml, ggml_type type) {
   if (type == GGML_TYPE_F32) return &copy_f32_row;
+  type = row_type(type);
   const ggml_to_float_t to_float = ggml.traits(type)->to_float;
   TORCH_CHECK(to_float != nullptr, "ggml has no dequantizer for ", ggml.type_name(type));
   return to_float;
 }
+
+// Scratch, below; RowReader reads one weight row as fp32 (interleaved rows are first gathered back into blocks).
+struct Scratch;
+Scratch& scratch();
+
+class RowReader {
+ public:
+  RowReader(const GgmlApi& ggml, ggml_type type, const at::Tensor& weight, int64_t k)
+      : to_float_(row_to_float(ggml, type)),
+        row_bytes_(ggml.row_size(row_type(type), k)),
+        weight_(weight.data_ptr<uint8_t>()),
+        k_(k),
+        x8_(is_x8(type)),
+        kind_(is_x8(type) ? x8_kind(type) : X8Kind::kQ8_0) {}
+  void operator()(int64_t row, float* dst) const;
+
+ private:
+  ggml_to_float_t to_float_;
+  size_t row_bytes_;
+  const uint8_t* weight_;
+  int64_t k_;
+  bool x8_;
+  X8Kind kind_;
+};
 
 // Per-call scratch that grows once and is then reused: the hot path allocates nothing but its output.
 struct Scratch {
   std::vector<float> rows;         // activation rows converted to fp32 (bf16 input)
   std::vector<uint8_t> quantized;  // activation rows in the weight type's vec_dot type
   std::vector<float> act_scales;   // their Q8_0 block scales as fp32 (the multi-row kernels)
+  std::vector<int32_t> act_corrections;  // Q8_0x8: -128 * each activation block's sum
 };
 Scratch& scratch() {
   thread_local Scratch s;
   return s;
+}
+
+void RowReader::operator()(int64_t row, float* dst) const {
+  if (!x8_) {
+    to_float_(weight_ + row * row_bytes_, dst, k_);
+    return;
+  }
+  thread_local std::vector<BlockQ8_0> blocks;  // room for a row of either kind's blocks
+  if (blocks.size() < static_cast<size_t>(k_ / 32)) blocks.resize(k_ / 32);
+  unpack_x8_row(kind_, weight_, row, k_ / 32, blocks.data());
+  to_float_(blocks.data(), dst, k_);
 }
 
 // The multi-row kernel for a weight type, when one exists and this CPU runs it.
@@ -182,6 +243,45 @@ void run_linear(const GgmlApi& ggml, ggml_type type, const uint8_t* weight, int6
   });
 }
 
+X8Path x8_path() {
+  return x8_best_path(g_fast_kernels, g_vnni);
+}
+
+// Q8_0x8: groups of 8 weight rows against every activation row; a whole dot stays on one thread.
+template <typename Out>
+void run_linear_x8(X8Kind kind, const uint8_t* weight, int64_t n_out, int64_t k, const uint8_t* act, int64_t m, Out* out) {
+  const int64_t blocks = k / 32, groups = n_out / kX8Rows;
+  const auto* act_blocks = reinterpret_cast<const BlockQ8_0*>(act);
+  Scratch& s = scratch();
+  if (s.act_scales.size() < static_cast<size_t>(blocks * m)) s.act_scales.resize(blocks * m);
+  if (s.act_corrections.size() < static_cast<size_t>(blocks * m)) s.act_corrections.resize(blocks * m);
+  x8_act_prepare(act_blocks, blocks, m, s.act_scales.data(), s.act_corrections.data());
+  const float* scales = s.act_scales.data();
+  const int32_t* corrections = s.act_corrections.data();
+  const X8Path path = x8_path();
+  constexpr int64_t kTileGroups = 4;
+  const int64_t group_bytes = static_cast<int64_t>(blocks * x8_block_bytes(kind));
+  const int64_t grain = std::max<int64_t>(kTileGroups, 32768 / (group_bytes * std::max<int64_t>(m, 1)));
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    if constexpr (std::is_same_v<Out, float>) {
+      x8_gemm(kind, path, weight, begin, end, act_blocks, scales, corrections, blocks, m, out + begin * kX8Rows, n_out);
+    } else {
+      thread_local std::vector<float> tile_buffer;
+      constexpr int64_t kTile = kTileGroups * kX8Rows;
+      if (tile_buffer.size() < static_cast<size_t>(kTile * m)) tile_buffer.resize(kTile * m);
+      float* tile = tile_buffer.data();  // [m, kTile], column 0 = weight row 8 * g0
+      for (int64_t g0 = begin; g0 < end; g0 += kTileGroups) {
+        const int64_t g1 = std::min(end, g0 + kTileGroups);
+        x8_gemm(kind, path, weight, g0, g1, act_blocks, scales, corrections, blocks, m, tile, kTile);
+        for (int64_t r = 0; r < m; ++r) {
+          Out* y = out + r * n_out;
+          for (int64_t n = g0 * kX8Rows; n < g1 * kX8Rows; ++n) y[n] = static_cast<Out>(tile[r * kTile + n - g0 * kX8Rows]);
+        }
+      }
+    }
+  });
+}
+
 at::Tensor ggml_linear(const at::Tensor& x, const at::Tensor& weight, int64_t weight_type) {
   const ggml_type type = checked_type(weight_type);
   TORCH_CHECK(x.device().is_cpu(), "ggml_linear: x must be on the CPU, got ", x.device());
@@ -201,7 +301,7 @@ at::Tensor ggml_linear(const at::Tensor& x, const at::Tensor& weight, int64_t we
   if (m == 0 || n_out == 0) return out;
 
   // activations in the vec_dot type, one row at a time (each row's quantization is its own)
-  const ggml_type_traits_cpu* traits = ggml.traits_cpu(type);
+  const ggml_type_traits_cpu* traits = ggml.traits_cpu(row_type(type));
   const ggml_type act_type = traits->vec_dot_type;
   const size_t act_row_bytes = ggml.row_size(act_type, k);
   Scratch& s = scratch();
@@ -224,7 +324,13 @@ at::Tensor ggml_linear(const at::Tensor& x, const at::Tensor& weight, int64_t we
   }
 
   const uint8_t* w = weight.data_ptr<uint8_t>();
-  if (x.scalar_type() == at::kFloat) {
+  if (is_x8(type)) {
+    if (x.scalar_type() == at::kFloat) {
+      run_linear_x8(x8_kind(type), w, n_out, k, s.quantized.data(), m, out.data_ptr<float>());
+    } else {
+      run_linear_x8(x8_kind(type), w, n_out, k, s.quantized.data(), m, out.data_ptr<c10::BFloat16>());
+    }
+  } else if (x.scalar_type() == at::kFloat) {
     run_linear(ggml, type, w, n_out, k, s.quantized.data(), act_row_bytes, m, out.data_ptr<float>());
   } else {
     run_linear(ggml, type, w, n_out, k, s.quantized.data(), act_row_bytes, m, out.data_ptr<c10::BFloat16>());
@@ -251,18 +357,16 @@ at::Tensor ggml_embedding(const at::Tensor& weight, int64_t weight_type, int64_t
     TORCH_CHECK(id[i] >= 0 && id[i] < vocab, "ggml_embedding: token id ", id[i], " is outside the vocabulary [0, ",
                 vocab, ")");
   }
-  const ggml_to_float_t to_float = row_to_float(ggml, type);
-  const size_t row_bytes = ggml.row_size(type, k);
-  const uint8_t* w = weight.data_ptr<uint8_t>();
+  const RowReader read(ggml, type, weight, k);
   if (dtype == at::kFloat) {
     float* y = out.data_ptr<float>();
-    for (int64_t i = 0; i < count; ++i) to_float(w + id[i] * row_bytes, y + i * k, k);
+    for (int64_t i = 0; i < count; ++i) read(id[i], y + i * k);
   } else {
     Scratch& s = scratch();
     if (s.rows.size() < static_cast<size_t>(k)) s.rows.resize(k);
     c10::BFloat16* y = out.data_ptr<c10::BFloat16>();
     for (int64_t i = 0; i < count; ++i) {
-      to_float(w + id[i] * row_bytes, s.rows.data(), k);
+      read(id[i], s.rows.data());
       for (int64_t j = 0; j < k; ++j) y[i * k + j] = static_cast<c10::BFloat16>(s.rows[j]);
     }
   }
@@ -271,6 +375,8 @@ at::Tensor ggml_embedding(const at::Tensor& weight, int64_t weight_type, int64_t
 
 at::Tensor ggml_quantize(const at::Tensor& w, int64_t weight_type) {
   const ggml_type type = checked_type(weight_type);
+  TORCH_CHECK(!is_x8(type), "ggml_quantize: ", type_label(api(), type), " is a layout, not a quantizer: quantize to ",
+              api().type_name(row_type(type)), ", then ggml_repack");
   TORCH_CHECK(w.dim() == 2, "ggml_quantize: weight must be 2-D [N, K], got shape ", w.sizes());
   const GgmlApi& ggml = api();
   const at::Tensor src = w.to(at::kFloat).contiguous();
@@ -289,20 +395,45 @@ at::Tensor ggml_dequantize(const at::Tensor& weight, int64_t weight_type, int64_
   const GgmlApi& ggml = api();
   const int64_t n = weight.size(0);
   at::Tensor out = at::empty({n, in_features}, weight.options().dtype(at::kFloat));
-  const ggml_to_float_t to_float = row_to_float(ggml, type);
-  const size_t row_bytes = ggml.row_size(type, in_features);
-  const uint8_t* w = weight.data_ptr<uint8_t>();
+  const RowReader read(ggml, type, weight, in_features);
   float* y = out.data_ptr<float>();
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) to_float(w + i * row_bytes, y + i * in_features, in_features);
+    for (int64_t i = begin; i < end; ++i) read(i, y + i * in_features);
   });
+  return out;
+}
+
+// Q8_0 / Q5_0 blocks [N, row_bytes] (N a multiple of 8) -> Q8_0x8 / Q5_0x8, the same shape.
+at::Tensor ggml_repack(const at::Tensor& weight, int64_t weight_type, int64_t in_features) {
+  const ggml_type type = checked_type(weight_type);
+  TORCH_CHECK(type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q5_0, "ggml_repack: only Q8_0 and Q5_0 weights repack ",
+              "(to Q8_0x8 / Q5_0x8), got ", type_label(api(), type));
+  check_weight(weight, type, in_features, "ggml_repack");
+  const int64_t n = weight.size(0);
+  TORCH_CHECK(n % kX8Rows == 0, "ggml_repack: interleaved weights hold groups of ", kX8Rows, " rows, got ", n, " rows");
+  at::Tensor out = at::empty_like(weight);
+  repack_x8(type == GGML_TYPE_Q8_0 ? X8Kind::kQ8_0 : X8Kind::kQ5_0, weight.data_ptr<uint8_t>(), n, in_features / 32,
+            out.data_ptr<uint8_t>());
+  return out;
+}
+
+// Q8_0x8 / Q5_0x8 [N, row_bytes] -> the Q8_0 / Q5_0 blocks [N, row_bytes] it holds (gathering rows, saving).
+at::Tensor ggml_unrepack(const at::Tensor& weight, int64_t weight_type, int64_t in_features) {
+  const ggml_type type = checked_type(weight_type);
+  TORCH_CHECK(is_x8(type), "ggml_unrepack: ", type_label(api(), type), " is not an interleaved layout");
+  check_weight(weight, type, in_features, "ggml_unrepack");
+  const int64_t n = weight.size(0), blocks = in_features / 32, row_bytes = weight.size(1);
+  at::Tensor out = at::empty_like(weight);
+  for (int64_t row = 0; row < n; ++row) {
+    unpack_x8_row(x8_kind(type), weight.data_ptr<uint8_t>(), row, blocks, out.data_ptr<uint8_t>() + row * row_bytes);
+  }
   return out;
 }
 
 }  // namespace
 
 int64_t ggml_row_bytes(int64_t weight_type, int64_t in_features) {
-  const ggml_type type = checked_type(weight_type);
+  const ggml_type type = row_type(checked_type(weight_type));
   const GgmlApi& ggml = api();
   TORCH_CHECK(in_features > 0 && in_features % ggml.blck_size(type) == 0, "in_features ", in_features,
               " is not a positive multiple of ", ggml.type_name(type), "'s block size ", ggml.blck_size(type));
@@ -356,6 +487,8 @@ TORCH_LIBRARY_FRAGMENT(specswap, m) {
   m.def("ggml_embedding(Tensor weight, int weight_type, int in_features, Tensor ids, ScalarType dtype) -> Tensor");
   m.def("ggml_quantize(Tensor weight, int weight_type) -> Tensor");
   m.def("ggml_dequantize(Tensor weight, int weight_type, int in_features) -> Tensor");
+  m.def("ggml_repack(Tensor weight, int weight_type, int in_features) -> Tensor");
+  m.def("ggml_unrepack(Tensor weight, int weight_type, int in_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specswap, CPU, m) {
@@ -363,4 +496,6 @@ TORCH_LIBRARY_IMPL(specswap, CPU, m) {
   m.impl("ggml_embedding", &specswap::quant::ggml_embedding);
   m.impl("ggml_quantize", &specswap::quant::ggml_quantize);
   m.impl("ggml_dequantize", &specswap::quant::ggml_dequantize);
+  m.impl("ggml_repack", &specswap::quant::ggml_repack);
+  m.impl("ggml_unrepack", &specswap::quant::ggml_unrepack);
 }

@@ -29,7 +29,8 @@ def test_quick_run_writes_every_cell_with_its_provenance(tmp_path, capsys):
     from specswap._core import _C
     fast = _C.ggml_fast_kernels_available()
     ours = {"ggml vec_dot"} if fast else set()  # our kernels against ggml's, where our kernels exist
-    expected_backends = {"64x256:Q8_0": {"ggml", "torch fp32", "torch bf16"} | ours,
+    layout = {"interleaved"} if quantized.repack_default() else set()  # Q8_0 repacked by eight rows
+    expected_backends = {"64x256:Q8_0": {"ggml", "torch fp32", "torch bf16"} | ours | layout,
                          "32x256:Q4_K": {"ggml", "torch fp32", "torch bf16"} | ours,
                          "32x256:Q5_K": {"ggml", "torch fp32", "torch bf16"}}  # no multi-row kernel for Q5_K
     for shape, backends in expected_backends.items():
@@ -39,6 +40,8 @@ def test_quick_run_writes_every_cell_with_its_provenance(tmp_path, capsys):
             assert one["ratio_to_one_row"] == 1.0 and one["ms"] > 0 and two["ms"] > 0
             assert two["ratio_to_one_row"] == pytest.approx(two["ms"] / one["ms"], rel=0.01, abs=0.002)
     assert cells["64x256:Q8_0", "ggml", 1]["weight_bytes"] == 64 * 272  # 8 Q8_0 blocks of 34 bytes a row
+    if layout:
+        assert cells["64x256:Q8_0", "interleaved", 1]["weight_bytes"] == 64 * 272  # the same bytes, rearranged
     table = capsys.readouterr().out
     assert "64x256:Q8_0 64x256 Q8_0" in table and "2 rows" in table
 

@@ -492,3 +492,131 @@ def test_quantized_linear_keeps_the_bias_and_names_its_type():
     assert "type=Q8_0" in repr(layer) and (layer.in_features, layer.out_features) == (64, 12)
     x = torch.randn(5, 64)
     assert torch.equal(layer(x), ggml_linear(x, layer.weight, q.ggml_type("Q8_0")) + linear.bias.detach())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the interleaved layouts (Q8_0x8, Q5_0x8: csrc/quant/x8_kernels.h)
+
+LAYOUT_SOURCES = tuple(q.REPACKED)  # Q8_0, Q5_0
+
+
+def _layout(kind: str) -> int:
+    return q.LAYOUT_TYPES[q.REPACKED[kind]]
+
+
+def _repack(blocks: torch.Tensor, kind: str, k: int) -> torch.Tensor:
+    return torch.ops.specswap.ggml_repack(blocks, q.ggml_type(kind), k)
+
+
+@pytest.mark.parametrize("kind", LAYOUT_SOURCES)
+def test_repacked_weights_hold_the_same_bytes_rearranged(kind):
+    for n, k in ((8, 32), (48, 512)):
+        blocks = q.quantize(random_weight(n, k, seed=30), kind)
+        packed = _repack(blocks, kind, k)
+        assert packed.shape == blocks.shape and packed.dtype == torch.uint8
+        assert not torch.equal(packed, blocks)
+        assert torch.equal(torch.ops.specswap.ggml_unrepack(packed, _layout(kind), k), blocks)
+        # its rows read back as the file's rows: dequantizing, and embedding look-ups
+        assert torch.equal(torch.ops.specswap.ggml_dequantize(packed, _layout(kind), k), q.dequantize(blocks, kind, k))
+        ids = torch.tensor([0, n - 1, 3, 3])
+        assert torch.equal(torch.ops.specswap.ggml_embedding(packed, _layout(kind), k, ids, torch.bfloat16),
+                           torch.ops.specswap.ggml_embedding(blocks, q.ggml_type(kind), k, ids, torch.bfloat16))
+
+
+@pytest.mark.parametrize("kind", LAYOUT_SOURCES)
+def test_layout_linear_is_within_the_activation_bound_and_agrees_with_the_plain_kernel(kind):
+    for case, (n, lead, k) in enumerate([(8, (1,), 32), (40, (3, 1), 96), (296, (2, 4), 512), (64, (17,), 256)]):
+        w = random_weight(n, k, seed=40 + case)
+        blocks = q.quantize(w, kind)
+        x = random_input(lead, k, seed=140 + case)
+        y = ggml_linear(x, _repack(blocks, kind, k), _layout(kind))
+        assert y.shape == (*lead, n) and y.dtype == torch.float32
+        w64, x64 = reference_dequantize(blocks, kind), x.reshape(-1, k).double()
+        error = (y.reshape(-1, n).double() - x64 @ w64.T).abs()
+        bound = activation_error_bound(kind, x64, w64)
+        assert (error <= bound).all(), (kind, n, lead, k, (error - bound).max().item())
+        # the same exact integer dots as ggml's vec_dot, summed in another float order: a few units of fp32
+        # rounding of sum |w| |x| apart (a wrong chunk, row or correction is off by whole terms)
+        plain = ggml_linear(x, blocks, q.ggml_type(kind)).reshape(-1, n).double()
+        scale = x.reshape(-1, k).abs() @ q.dequantize(blocks, kind, k).abs().T
+        excess = ((y.reshape(-1, n).double() - plain).abs() / (16 * 2.0 ** -24 * scale.double() + 1e-30)).max()
+        assert excess <= 1.0, (kind, n, lead, k, excess.item())
+
+
+@pytest.mark.parametrize("kind", LAYOUT_SOURCES)
+def test_layout_paths_give_the_same_bits_and_rows_are_batch_invariant(kind, fast_kernels_restored):
+    k, n = 256, 104
+    blocks = _repack(q.quantize(random_weight(n, k, seed=50), kind), kind, k)
+    x = random_input((17,), k, seed=51)
+    _C.ggml_set_fast_kernels(False)  # the scalar form: every CPU computes these bits
+    scalar = ggml_linear(x, blocks, _layout(kind))
+    alone = torch.stack([ggml_linear(x[r:r + 1], blocks, _layout(kind))[0] for r in range(17)])
+    assert torch.equal(scalar, alone)
+    if not _C.ggml_fast_kernels_available():
+        return
+    _C.ggml_set_fast_kernels(True)
+    for vnni in _vnni_settings():  # AVX2, and AVX-512 VNNI where present
+        _C.ggml_set_vnni(vnni)
+        for m in range(1, 18):  # every remainder of the eight-row passes, and two passes
+            for start in {0, 17 - m}:
+                out = ggml_linear(x[start:start + m], blocks, _layout(kind))
+                assert torch.equal(out, scalar[start:start + m]), (kind, vnni, m, start)
+
+
+@pytest.mark.parametrize("kind", LAYOUT_SOURCES)
+def test_layout_thread_count_does_not_change_the_bits(kind):
+    k, n = 256, 1200
+    blocks = _repack(q.quantize(random_weight(n, k, seed=52), kind), kind, k)
+    x = random_input((9,), k, seed=53)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [ggml_linear(x[:m], blocks, _layout(kind)) for m in (1, 9)]
+        torch.set_num_threads(2)
+        two = [ggml_linear(x[:m], blocks, _layout(kind)) for m in (1, 9)]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(one, two)), kind
+
+
+def test_quantized_linear_repacks_what_it_can_and_gathers_rows_of_a_layout(monkeypatch):
+    k = 64
+    w = random_weight(24, k, seed=54)
+    for kind in LAYOUT_SOURCES:
+        blocks = q.quantize(w, kind)
+        layer = q.QuantizedLinear(blocks, kind, k, repack=True)
+        assert layer.weight_type == _layout(kind) and layer.block_type == kind
+        assert f"type={kind} as {q.REPACKED[kind]}" in repr(layer)
+        assert torch.equal(layer.plain_blocks()[0], blocks) and layer.plain_blocks()[1] == kind
+        kept = q.QuantizedLinear(blocks, kind, k, repack=False)
+        assert kept.weight_type == q.ggml_type(kind) and torch.equal(kept.weight, blocks)
+        x = random_input((3,), k, seed=55)
+        index = torch.tensor([5, 0, 23, 7, 7, 1, 2, 3, 9, 10, 11, 12, 13, 14, 15, 16])
+        rows = layer.rows(index)  # 16 rows: repacked again, so each row's bits are the full layer's
+        assert rows.weight_type == _layout(kind)
+        assert torch.equal(rows(x), layer(x)[:, index])
+        odd = layer.rows(index[:13])  # 13 rows: kept as blocks, the plain kernel's float order
+        assert odd.weight_type == q.ggml_type(kind)
+        torch.testing.assert_close(odd(x), layer(x)[:, index[:13]], rtol=1e-5, atol=1e-5)
+    # not a multiple of 8 rows, or another type: kept as it is
+    assert q.QuantizedLinear(q.quantize(w[:12], "Q8_0"), "Q8_0", k, repack=True).weight_type == q.ggml_type("Q8_0")
+    assert q.QuantizedLinear(q.quantize(w, "Q4_0"), "Q4_0", k, repack=True).weight_type == q.ggml_type("Q4_0")
+    # the default follows the CPU capability (AVX2)
+    monkeypatch.setattr(q, "repack_default", lambda: False)
+    assert q.QuantizedLinear(q.quantize(w, "Q8_0"), "Q8_0", k).weight_type == q.ggml_type("Q8_0")
+
+
+def test_layout_errors_name_the_bad_value():
+    blocks = q.quantize(random_weight(12, 64, seed=56), "Q8_0")
+    with pytest.raises(RuntimeError, match="interleaved weights hold groups of 8 rows, got 12 rows"):
+        _repack(blocks, "Q8_0", 64)
+    with pytest.raises(RuntimeError, match="Q8_0x8 weights hold groups of 8 rows, got 12 rows"):
+        ggml_linear(torch.randn(2, 64), blocks, _layout("Q8_0"))
+    with pytest.raises(RuntimeError, match="only Q8_0 and Q5_0 weights repack .*got q4_0"):
+        _repack(q.quantize(random_weight(8, 64, seed=57), "Q4_0"), "Q4_0", 64)
+    with pytest.raises(RuntimeError, match="Q5_0x8 is a layout, not a quantizer: quantize to q5_0, then ggml_repack"):
+        torch.ops.specswap.ggml_quantize(torch.randn(8, 64), _layout("Q5_0"))
+    with pytest.raises(RuntimeError, match="ggml_unrepack: q8_0 is not an interleaved layout"):
+        torch.ops.specswap.ggml_unrepack(blocks, q.ggml_type("Q8_0"), 64)
+    with pytest.raises(RuntimeError, match=r"ggml type 1007 is not supported .*Q8_0x8 \(1008\) and Q5_0x8 \(1006\)"):
+        ggml_linear(torch.randn(2, 64), blocks, 1007)

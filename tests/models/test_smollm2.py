@@ -128,14 +128,16 @@ def native_reference(native_models, prompts):
 
 
 def test_native_model_holds_the_file_blocks(native_models):
-    from specswap.models.quantized import GGML_TYPE_NAMES, QuantizedEmbedding, QuantizedLinear
+    from specswap.models.quantized import GGML_TYPE_NAMES, QuantizedEmbedding, QuantizedLinear, repack_default
 
     model = native_models.target
     assert native_models.weights == "native"
     assert isinstance(model.model.embed_tokens, QuantizedEmbedding)
     assert model.lm_head is model.model.embed_tokens.table  # tied: one copy of the Q8_0 blocks
-    kinds = {GGML_TYPE_NAMES[m.weight_type] for m in model.modules() if isinstance(m, QuantizedLinear)}
-    assert kinds == {"Q4_1", "Q8_0"}
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    assert {m.block_type for m in layers} == {"Q4_1", "Q8_0"}
+    # the Q8_0 table interleaved by eight rows where the CPU has AVX2
+    assert {GGML_TYPE_NAMES[m.weight_type] for m in layers} == {"Q4_1", "Q8_0x8" if repack_default() else "Q8_0"}
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
 
 

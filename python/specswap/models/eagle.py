@@ -63,8 +63,7 @@ class EagleHead(nn.Module):
         self.token_map = token_map
         # rows of the shared LM head for the draft vocabulary, gathered once rather than every step
         if isinstance(self.lm_head, QuantizedLinear):  # the target's blocks: gather the draft rows' blocks
-            self._draft_lm = QuantizedLinear(self.lm_head.weight[token_map], self.lm_head.weight_type,
-                                             self.lm_head.in_features)
+            self._draft_lm = self.lm_head.rows(token_map)
             self._draft_lm_weight = None
             return
         self._draft_lm_weight = self.lm_head.weight.detach()[token_map]

@@ -25,7 +25,12 @@ GGML_TYPES: dict[str, int] = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
     "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30,
 }
-GGML_TYPE_NAMES = {number: name for name, number in GGML_TYPES.items()}
+# Q8_0 and Q5_0 interleaved by 8 rows (csrc/quant/x8_kernels.h): layouts of our own, not GGUF types, holding the
+# same bytes. Weights of these types are repacked at load time where the CPU has AVX2, for multi-row kernels
+# whose extra rows cost far less than a plain block kernel's: REPACKED maps a file type to its layout.
+REPACKED: dict[str, str] = {"Q8_0": "Q8_0x8", "Q5_0": "Q5_0x8"}
+LAYOUT_TYPES: dict[str, int] = {"Q8_0x8": 1008, "Q5_0x8": 1006}
+GGML_TYPE_NAMES = {number: name for name, number in (GGML_TYPES | LAYOUT_TYPES).items()}
 GGML_EXTRA_HINT = 'pip install "specswap[ggml]" (the libggml-python package)'
 
 
@@ -55,7 +60,10 @@ def load_ggml() -> None:
 
 
 def ggml_type(name_or_id: str | int) -> int:
-    """A ggml type id from its name ('Q8_0') or id; anything else is an error listing the supported types."""
+    """A ggml type id from its name ('Q8_0', or a layout: 'Q8_0x8') or id; anything else is an error listing the
+    supported types."""
+    if isinstance(name_or_id, str) and name_or_id in LAYOUT_TYPES:
+        return LAYOUT_TYPES[name_or_id]
     if isinstance(name_or_id, str) and name_or_id.upper() in GGML_TYPES:
         return GGML_TYPES[name_or_id.upper()]
     if isinstance(name_or_id, int) and name_or_id in GGML_TYPE_NAMES:
@@ -80,20 +88,50 @@ def row_bytes(kind: str | int, in_features: int) -> int:
     return int(_C.ggml_row_bytes(ggml_type(kind), in_features))
 
 
-class QuantizedLinear(nn.Module):
-    """A linear over ggml blocks: x [..., in_features] (fp32 or bf16) -> [..., out_features], same dtype."""
+def repack_default() -> bool:
+    """Whether Q8_0 / Q5_0 weights are repacked to Q8_0x8 by default: where the CPU capability has AVX2 (its kernels
+    are AVX2 and AVX-512 VNNI code; without AVX2 ggml's one-row vec_dot is faster than their scalar form)."""
+    return cpu_capability().avx2
 
-    def __init__(self, blocks: torch.Tensor, kind: str | int, in_features: int, bias: torch.Tensor | None = None):
+
+class QuantizedLinear(nn.Module):
+    """A linear over ggml blocks: x [..., in_features] (fp32 or bf16) -> [..., out_features], same dtype.
+
+    ``blocks`` are in the file's type ``kind``; Q8_0 and Q5_0 weights with a multiple of 8 rows are repacked to
+    their interleaved layout (``REPACKED``) when ``repack`` is true (default: ``repack_default()``).
+    ``block_type`` names the file's type, ``weight_type`` is the id of the one the weight is held in."""
+
+    def __init__(self, blocks: torch.Tensor, kind: str | int, in_features: int, bias: torch.Tensor | None = None,
+                 repack: bool | None = None):
         super().__init__()
         load_ggml()
         self.weight_type = ggml_type(kind)
+        name = GGML_TYPE_NAMES[self.weight_type]
+        self.block_type = {layout: file_type for file_type, layout in REPACKED.items()}.get(name, name)
         self.in_features, self.out_features = int(in_features), int(blocks.shape[0])
         expected = row_bytes(self.weight_type, self.in_features)
         if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != expected:
             raise ValueError(f"{GGML_TYPE_NAMES[self.weight_type]} weight for in_features={in_features} must be uint8 "
                              f"[N, {expected}], got {blocks.dtype} {tuple(blocks.shape)}")
-        self.register_buffer("weight", blocks.contiguous())
+        blocks = blocks.contiguous()
+        if (repack_default() if repack is None else repack) and name in REPACKED \
+                and self.out_features % 8 == 0:
+            blocks = torch.ops.specswap.ggml_repack(blocks, self.weight_type, self.in_features)
+            self.weight_type = LAYOUT_TYPES[REPACKED[self.block_type]]
+        self.register_buffer("weight", blocks)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def plain_blocks(self) -> tuple[torch.Tensor, str]:
+        """The weight as rows of GGUF blocks and their type name (a repacked weight gives its file's blocks)."""
+        if self.weight_type in LAYOUT_TYPES.values():
+            return torch.ops.specswap.ggml_unrepack(self.weight, self.weight_type, self.in_features), self.block_type
+        return self.weight, self.block_type
+
+    def rows(self, index: torch.Tensor) -> "QuantizedLinear":
+        """A linear over the weight rows ``index`` (say a draft vocabulary's rows of an LM head), repacked alike."""
+        blocks, kind = self.plain_blocks()
+        return QuantizedLinear(blocks[index], kind, self.in_features,
+                               repack=self.weight_type in LAYOUT_TYPES.values())
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kind: str | int) -> "QuantizedLinear":
@@ -105,8 +143,9 @@ class QuantizedLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
+        held = "" if GGML_TYPE_NAMES[self.weight_type] == self.block_type else f" as {GGML_TYPE_NAMES[self.weight_type]}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"type={GGML_TYPE_NAMES[self.weight_type]}")
+                f"type={self.block_type}{held}")
 
 
 class QuantizedEmbedding(nn.Module):
@@ -131,5 +170,5 @@ class QuantizedEmbedding(nn.Module):
         return rows * torch.tensor(self.scale, dtype=torch.float32).to(self.dtype)
 
 
-__all__ = ["GGML_TYPES", "QuantizedEmbedding", "QuantizedLinear", "dequantize", "ggml_available", "ggml_type",
+__all__ = ["GGML_TYPES", "LAYOUT_TYPES", "REPACKED", "repack_default", "QuantizedEmbedding", "QuantizedLinear", "dequantize", "ggml_available", "ggml_type",
            "load_ggml", "quantize", "row_bytes"]

@@ -1,0 +1,345 @@
+// The Q8_0x8 / Q5_0x8 kernels; x8_kernels.h gives the layouts and the arithmetic every path shares. Compiled
+// with per-function target attributes and chosen at run time, as q8_kernels.cpp.
+#include "quant/x8_kernels.h"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace specswap::quant {
+namespace {
+
+#define SPECSWAP_X8_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define SPECSWAP_X8_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+constexpr int kMaxRows = 8;  // activation rows per pass over a group's blocks
+constexpr size_t kScaleBytes = kX8Rows * sizeof(uint16_t);
+// values are stored unsigned, value + bias: the integer dot is dot(stored, x) - bias * sum(x)
+constexpr int32_t value_bias(X8Kind kind) { return kind == X8Kind::kQ8_0 ? 128 : 16; }
+
+// IEEE half to float, exact (every half is a float)
+float half_to_float(uint16_t h) {
+  const uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+  } else if (exponent == 31) {
+    magnitude = mantissa == 0 ? INFINITY : NAN;
+  } else {
+    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400), static_cast<int>(exponent) - 25);
+  }
+  return (h & 0x8000) ? -magnitude : magnitude;
+}
+
+int32_t load_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// ---- layout: the stored (unsigned) value of chunk i, byte p -------------------------------------------------
+
+uint8_t stored(X8Kind kind, const uint8_t* block, int i, int p) {
+  const uint8_t* values = block + kScaleBytes;
+  if (kind == X8Kind::kQ8_0) return values[32 * i + p];
+  const uint8_t packed = values[32 * (i % 4) + p];
+  const uint8_t low = i < 4 ? (packed & 0x0F) : (packed >> 4);
+  const uint32_t high = static_cast<uint32_t>(load_i32(values + 128 + 4 * i));
+  return static_cast<uint8_t>(low | (((high >> p) & 1u) << 4));
+}
+
+void store(X8Kind kind, uint8_t* block, int i, int p, uint8_t value) {
+  uint8_t* values = block + kScaleBytes;
+  if (kind == X8Kind::kQ8_0) {
+    values[32 * i + p] = value;
+    return;
+  }
+  uint8_t& packed = values[32 * (i % 4) + p];
+  packed = i < 4 ? static_cast<uint8_t>((packed & 0xF0) | (value & 0x0F))
+                 : static_cast<uint8_t>((packed & 0x0F) | ((value & 0x0F) << 4));
+  uint32_t high = static_cast<uint32_t>(load_i32(values + 128 + 4 * i));
+  high = (high & ~(1u << p)) | (static_cast<uint32_t>((value >> 4) & 1u) << p);
+  std::memcpy(values + 128 + 4 * i, &high, sizeof(high));
+}
+
+// a plain block's stored value v (0..31) and its scale; Q5_0: q = nibble | bit v of qh << 4 (ggml's layout)
+uint8_t plain_stored(X8Kind kind, const void* blocks, int64_t index, int v, uint16_t* d) {
+  if (kind == X8Kind::kQ8_0) {
+    const BlockQ8_0& b = static_cast<const BlockQ8_0*>(blocks)[index];
+    *d = b.d;
+    return static_cast<uint8_t>(static_cast<int>(b.qs[v]) + 128);
+  }
+  const BlockQ5_0& b = static_cast<const BlockQ5_0*>(blocks)[index];
+  *d = b.d;
+  const uint32_t high = static_cast<uint32_t>(load_i32(b.qh));
+  const uint8_t nibble = v < 16 ? (b.qs[v] & 0x0F) : (b.qs[v - 16] >> 4);
+  return static_cast<uint8_t>(nibble | (((high >> v) & 1u) << 4));
+}
+
+void plain_store(X8Kind kind, void* blocks, int64_t index, int v, uint8_t value, uint16_t d) {
+  if (kind == X8Kind::kQ8_0) {
+    BlockQ8_0& b = static_cast<BlockQ8_0*>(blocks)[index];
+    b.d = d;
+    b.qs[v] = static_cast<int8_t>(static_cast<int>(value) - 128);
+    return;
+  }
+  BlockQ5_0& b = static_cast<BlockQ5_0*>(blocks)[index];
+  b.d = d;
+  uint8_t& packed = b.qs[v % 16];
+  packed = v < 16 ? static_cast<uint8_t>((packed & 0xF0) | (value & 0x0F))
+                  : static_cast<uint8_t>((packed & 0x0F) | ((value & 0x0F) << 4));
+  uint32_t high = static_cast<uint32_t>(load_i32(b.qh));
+  high = (high & ~(1u << v)) | (static_cast<uint32_t>((value >> 4) & 1u) << v);
+  std::memcpy(b.qh, &high, sizeof(high));
+}
+
+// ---- scalar: the reference every SIMD path equals bit for bit ----------------------------------------------
+
+void x8_gemm_scalar(X8Kind kind, const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* act,
+                    const float* scales, int64_t blocks, int64_t m, float* out, int64_t stride) {
+  const size_t block_bytes = x8_block_bytes(kind);
+  const int32_t bias = value_bias(kind);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* group = packed + g * blocks * block_bytes;
+    for (int64_t r = 0; r < m; ++r) {
+      float acc[kX8Rows] = {};
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = group + b * block_bytes;
+        const int8_t* x = act[r * blocks + b].qs;
+        for (int j = 0; j < kX8Rows; ++j) {
+          uint16_t d;
+          std::memcpy(&d, block + 2 * j, sizeof(d));
+          int32_t dot = 0;
+          for (int i = 0; i < 8; ++i) {
+            for (int t = 0; t < 4; ++t) dot += (static_cast<int32_t>(stored(kind, block, i, 4 * j + t)) - bias) * x[4 * i + t];
+          }
+          const float scale = half_to_float(d) * scales[r * blocks + b];
+          acc[j] = std::fma(scale, static_cast<float>(dot), acc[j]);
+        }
+      }
+      for (int j = 0; j < kX8Rows; ++j) out[r * stride + (g - g0) * kX8Rows + j] = acc[j];
+    }
+  }
+}
+
+// ---- the 8 chunks of a block as registers --------------------------------------------------------------------
+
+// Q5_0x8's 4-bit parts: chunk t in the low nibbles of vector t, chunk t + 4 in its high nibbles
+SPECSWAP_X8_AVX2 inline __m256i load256(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+SPECSWAP_X8_AVX2 inline void nibbles(const uint8_t* values, __m256i* q) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int t = 0; t < 4; ++t) {
+    const __m256i v = load256(values + 32 * t);
+    q[t] = _mm256_and_si256(v, low);
+    q[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+  }
+}
+
+// stored (unsigned) values: VNNI's operand
+template <X8Kind kKind>
+SPECSWAP_X8_VNNI inline void chunks_unsigned(const uint8_t* block, __m256i* u) {
+  const uint8_t* values = block + kScaleBytes;
+  if constexpr (kKind == X8Kind::kQ8_0) {
+    for (int i = 0; i < 8; ++i) u[i] = load256(values + 32 * i);
+  } else {
+    nibbles(values, u);
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    for (int i = 0; i < 8; ++i) {
+      const __mmask32 high = static_cast<__mmask32>(load_i32(values + 128 + 4 * i));
+      u[i] = _mm256_mask_add_epi8(u[i], high, u[i], sixteen);
+    }
+  }
+}
+
+// signed values: AVX2's (maddubs takes |w| and x signed by w)
+template <X8Kind kKind>
+SPECSWAP_X8_AVX2 inline void chunks_signed(const uint8_t* block, __m256i* w) {
+  const uint8_t* values = block + kScaleBytes;
+  if constexpr (kKind == X8Kind::kQ8_0) {
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int i = 0; i < 8; ++i) w[i] = _mm256_xor_si256(load256(values + 32 * i), bias);
+  } else {
+    nibbles(values, w);
+    // byte p gets bit p of the chunk's word: broadcast, spread one source byte per 8 lanes, test one bit per lane
+    const __m256i spread_index =
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    for (int i = 0; i < 8; ++i) {
+      const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(load_i32(values + 128 + 4 * i)), spread_index);
+      const __m256i has_high = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+      // q - 16: the nibble - 16, plus 16 where the high bit is set
+      w[i] = _mm256_sub_epi8(_mm256_or_si256(w[i], _mm256_and_si256(has_high, sixteen)), sixteen);
+    }
+  }
+}
+
+// ---- AVX2: |w| times x signed by w (maddubs), pairs to int32 (madd), exact -----------------------------------
+
+template <X8Kind kKind, int kRows>
+SPECSWAP_X8_AVX2 void x8_rows_avx2(const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* const* act,
+                                   const float* const* xs, int64_t blocks, float* out, int64_t stride) {
+  constexpr size_t kBlockBytes = x8_block_bytes(kKind);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* group = packed + g * blocks * kBlockBytes;
+    __m256 acc[kRows];
+    for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* block = group + b * kBlockBytes;
+      const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+      __m256i w[8], wabs[8];
+      chunks_signed<kKind>(block, w);
+      for (int i = 0; i < 8; ++i) wabs[i] = _mm256_sign_epi8(w[i], w[i]);
+      for (int r = 0; r < kRows; ++r) {
+        const int8_t* x = act[r][b].qs;
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int i = 0; i < 8; i += 2) {
+          const __m256i x0 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i)), w[i]);
+          const __m256i x1 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i + 4)), w[i + 1]);
+          s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[i], x0), ones));
+          s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[i + 1], x1), ones));
+        }
+        const __m256 dots = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(ws, _mm256_set1_ps(xs[r][b])), dots, acc[r]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(out + r * stride + (g - g0) * kX8Rows, acc[r]);
+  }
+}
+
+// ---- AVX-512 VNNI: the stored unsigned values times x in one instruction, from -bias * sum(x), exact ---------
+
+template <X8Kind kKind, int kRows>
+SPECSWAP_X8_VNNI void x8_rows_vnni(const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* const* act,
+                                   const float* const* xs, const int32_t* const* sums, int64_t blocks, float* out,
+                                   int64_t stride) {
+  constexpr size_t kBlockBytes = x8_block_bytes(kKind);
+  constexpr int32_t kBias = value_bias(kKind);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* group = packed + g * blocks * kBlockBytes;
+    __m256 acc[kRows];
+    for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* block = group + b * kBlockBytes;
+      const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+      __m256i u[8];
+      chunks_unsigned<kKind>(block, u);
+      for (int r = 0; r < kRows; ++r) {
+        const int8_t* x = act[r][b].qs;
+        __m256i s0 = _mm256_set1_epi32(-kBias * sums[r][b]), s1 = _mm256_setzero_si256();
+        for (int i = 0; i < 8; i += 2) {
+          s0 = _mm256_dpbusd_epi32(s0, u[i], _mm256_set1_epi32(load_i32(x + 4 * i)));
+          s1 = _mm256_dpbusd_epi32(s1, u[i + 1], _mm256_set1_epi32(load_i32(x + 4 * i + 4)));
+        }
+        const __m256 dots = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(ws, _mm256_set1_ps(xs[r][b])), dots, acc[r]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(out + r * stride + (g - g0) * kX8Rows, acc[r]);
+  }
+}
+
+template <X8Kind kKind, int kRows>
+void x8_rows(X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* act, const float* scales,
+             const int32_t* sums, int64_t blocks, int64_t r0, float* out, int64_t stride) {
+  const BlockQ8_0* rows[kRows];
+  const float* xs[kRows];
+  const int32_t* row_sums[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    rows[r] = act + (r0 + r) * blocks;
+    xs[r] = scales + (r0 + r) * blocks;
+    row_sums[r] = sums + (r0 + r) * blocks;
+  }
+  if (path == X8Path::kVnni) {
+    x8_rows_vnni<kKind, kRows>(packed, g0, g1, rows, xs, row_sums, blocks, out, stride);
+  } else {
+    x8_rows_avx2<kKind, kRows>(packed, g0, g1, rows, xs, blocks, out, stride);
+  }
+}
+
+template <X8Kind kKind>
+void x8_gemm_simd(X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* act,
+                  const float* scales, const int32_t* sums, int64_t blocks, int64_t m, float* out, int64_t stride) {
+  for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
+    const int group = static_cast<int>(m - r0 < kMaxRows ? m - r0 : kMaxRows);
+    float* y = out + r0 * stride;
+#define SPECSWAP_ROWS(R) \
+  case R: x8_rows<kKind, R>(path, packed, g0, g1, act, scales, sums, blocks, r0, y, stride); break;
+    switch (group) {
+      SPECSWAP_ROWS(8) SPECSWAP_ROWS(7) SPECSWAP_ROWS(6) SPECSWAP_ROWS(5)
+      SPECSWAP_ROWS(4) SPECSWAP_ROWS(3) SPECSWAP_ROWS(2)
+      default: x8_rows<kKind, 1>(path, packed, g0, g1, act, scales, sums, blocks, r0, y, stride);
+    }
+#undef SPECSWAP_ROWS
+  }
+}
+
+bool vnni512_supported() {
+  __builtin_cpu_init();
+  return vnni_supported() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+
+}  // namespace
+
+void repack_x8(X8Kind kind, const void* src, int64_t rows, int64_t blocks, uint8_t* dst) {
+  const size_t block_bytes = x8_block_bytes(kind);
+  std::memset(dst, 0, static_cast<size_t>(rows / kX8Rows * blocks) * block_bytes);
+  for (int64_t g = 0; g < rows / kX8Rows; ++g) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* block = dst + (g * blocks + b) * block_bytes;
+      for (int j = 0; j < kX8Rows; ++j) {
+        const int64_t index = (g * kX8Rows + j) * blocks + b;
+        uint16_t d = 0;
+        for (int v = 0; v < 32; ++v) store(kind, block, v / 4, 4 * j + v % 4, plain_stored(kind, src, index, v, &d));
+        std::memcpy(block + 2 * j, &d, sizeof(d));
+      }
+    }
+  }
+}
+
+void unpack_x8_row(X8Kind kind, const uint8_t* packed, int64_t row, int64_t blocks, void* dst) {
+  const size_t block_bytes = x8_block_bytes(kind);
+  const int64_t g = row / kX8Rows;
+  const int j = static_cast<int>(row % kX8Rows);
+  std::memset(dst, 0, static_cast<size_t>(blocks) * block_bytes / kX8Rows);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = packed + (g * blocks + b) * block_bytes;
+    uint16_t d;
+    std::memcpy(&d, block + 2 * j, sizeof(d));
+    for (int v = 0; v < 32; ++v) plain_store(kind, dst, b, v, stored(kind, block, v / 4, 4 * j + v % 4), d);
+  }
+}
+
+void x8_act_prepare(const BlockQ8_0* act, int64_t blocks, int64_t m, float* scales, int32_t* sums) {
+  for (int64_t i = 0; i < blocks * m; ++i) {
+    scales[i] = half_to_float(act[i].d);
+    int32_t sum = 0;
+    for (int t = 0; t < 32; ++t) sum += act[i].qs[t];
+    sums[i] = sum;
+  }
+}
+
+X8Path x8_best_path(bool allow_avx2, bool allow_vnni) {
+  static const bool vnni = vnni512_supported(), avx2 = q8_kernels_supported();
+  if (allow_avx2 && allow_vnni && vnni) return X8Path::kVnni;
+  if (allow_avx2 && avx2) return X8Path::kAvx2;
+  return X8Path::kScalar;
+}
+
+void x8_gemm(X8Kind kind, X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* act,
+             const float* scales, const int32_t* sums, int64_t blocks, int64_t m, float* out, int64_t out_stride) {
+  if (path == X8Path::kScalar) {
+    x8_gemm_scalar(kind, packed, g0, g1, act, scales, blocks, m, out, out_stride);
+  } else if (kind == X8Kind::kQ8_0) {
+    x8_gemm_simd<X8Kind::kQ8_0>(path, packed, g0, g1, act, scales, sums, blocks, m, out, out_stride);
+  } else {
+    x8_gemm_simd<X8Kind::kQ5_0>(path, packed, g0, g1, act, scales, sums, blocks, m, out, out_stride);
+  }
+}
+
+}  // namespace specswap::quant
