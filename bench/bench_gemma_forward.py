@@ -7,7 +7,7 @@ A verify over k drafts is one forward of T = k + 1 tokens, so the figure that de
 each T's time relative to T = 1 ("x1"): the issue's bars are T=4 at most 1.6x and T=8 at most 2.5x. ``native``
 keeps the GGUF's blocks (``torch.ops.specswap.ggml_linear``); ``bf16`` / ``fp32`` are the dequantized weights.
 Also times start-up from the converted cache (resolve + load_model + load_tokenizer). Figures are medians over
-``--repeats`` runs after warm-up, side by side in one process: compare the ratios across machines, not the
+``--repeats`` rounds after warm-up, every cell timed once a round (round-robin), side by side in one process: compare the ratios across machines, not the
 milliseconds.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from specswap.bench.provenance import stamp, write_report
-from specswap.bench.timing import median_ms
+from specswap.bench.timing import interleaved_medians_ms
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 WEIGHTS = ("native", "bf16", "fp32")
@@ -48,14 +48,19 @@ def measure(weights: str, lengths: list[int], context: int, repeats: int) -> lis
     rows = []
     with torch.inference_mode():
         model(torch.full((1, context), 100), torch.arange(context)[None], cache, slots)
-        for length in lengths:
+        calls = {}
+        for length in lengths:  # every length's forward and LM head, timed round-robin
             ids = torch.full((1, length), 100)
             positions = torch.arange(context, context + length)[None]
             hidden = torch.randn(1, length, model.config.hidden_size, dtype=activation)
-            forward = median_ms(lambda: model(ids, positions, cache, slots, context + length), repeats)
-            head = median_ms(lambda: model.lm_head(hidden), repeats)
+            calls["forward", length] = lambda ids=ids, p=positions, n=length: model(ids, p, cache, slots, context + n)
+            calls["head", length] = lambda hidden=hidden: model.lm_head(hidden)
+        medians = interleaved_medians_ms(calls, repeats)
+        for length in lengths:
             rows.append({"weights": weights, "activation_dtype": str(activation).removeprefix("torch."),
-                         "model_bytes": model_bytes, "tokens": length, "forward_ms": round(forward, 3), "lm_head_ms": round(head, 3)})
+                         "model_bytes": model_bytes, "tokens": length,
+                         "forward_ms": round(medians["forward", length], 3),
+                         "lm_head_ms": round(medians["head", length], 3)})
     one = rows[0]
     for row in rows:
         row["forward_ratio_to_one"] = round(row["forward_ms"] / one["forward_ms"], 3)

@@ -18,7 +18,7 @@ row count's time relative to one row ("x1"). Backends, side by side in one proce
   bf16 dot products (``specswap.capability``); elsewhere torch emulates it and it is not a contender. ``--bf16 on``
   measures it anyway.
 
-Medians over ``--repeats`` calls after warm-up. The machine this runs on may be shared: compare ratios measured
+Medians over ``--repeats`` rounds after warm-up, every (backend, rows) cell of a shape timed once a round. The machine this runs on may be shared: compare ratios measured
 in one run, not milliseconds across runs.
 """
 
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from specswap.bench.provenance import stamp, write_report
 from specswap.capability import cpu_capability
-from specswap.bench.timing import median_ms
+from specswap.bench.timing import interleaved_medians_ms
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -117,17 +117,22 @@ def bench_shape(name: str, out_features: int, in_features: int, kind: str, rows:
         weight_bf16 = weight.to(torch.bfloat16)
         backends["torch bf16"] = (lambda x: F.linear(x, weight_bf16), torch.bfloat16, weight_bf16.numel() * 2)
 
+    def call(backend, fn, x):
+        def run():
+            previous = _C.ggml_set_fast_kernels(backend != "ggml vec_dot")
+            try:
+                fn(x)
+            finally:
+                _C.ggml_set_fast_kernels(previous)
+        return run
+
+    calls = {(backend, count): call(backend, fn, torch.randn(count, in_features, generator=generator).to(dtype))
+             for backend, (fn, dtype, _) in backends.items() for count in rows}
+    with torch.inference_mode():  # every (backend, rows) cell timed round-robin
+        medians = interleaved_medians_ms(calls, repeats)
     results = []
     for backend, (fn, dtype, weight_bytes) in backends.items():
-        previous = _C.ggml_set_fast_kernels(backend != "ggml vec_dot")
-        try:
-            timings = {}
-            for count in rows:
-                x = torch.randn(count, in_features, generator=generator).to(dtype)
-                with torch.inference_mode():
-                    timings[count] = median_ms(lambda x=x: fn(x), repeats)
-        finally:
-            _C.ggml_set_fast_kernels(previous)
+        timings = {count: medians[backend, count] for count in rows}
         base = timings[1]
         for count in rows:
             results.append({"shape": name, "out_features": out_features, "in_features": in_features,

@@ -1,10 +1,15 @@
-"""The one timer the benchmark scripts share: the median of repeated calls after warm-up, in milliseconds."""
+"""The timers the benchmark scripts share: medians of repeated calls after warm-up, in milliseconds.
+
+``median_ms`` times one callable; ``interleaved_medians_ms`` times several round-robin (one call of each per
+round), so a burst of load on a shared machine falls on every cell of a table alike instead of skewing the
+one cell it happens to hit.
+"""
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, Mapping
 
 
 def median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
@@ -19,3 +24,21 @@ def median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def interleaved_medians_ms(fns: Mapping[Hashable, Callable[[], Any]], repeats: int,
+                           warmup: int = 3) -> dict[Hashable, float]:
+    """Median wall time of each ``fns[key]()`` over ``repeats`` rounds, each round calling every callable once in
+    order, after ``warmup`` untimed calls of each."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[Hashable, list[float]] = {key: [] for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[key].append((time.perf_counter() - start) * 1e3)
+    return {key: statistics.median(values) for key, values in times.items()}
