@@ -18,7 +18,7 @@ row count's time relative to one row ("x1"). Backends, side by side in one proce
   bf16 dot products (``specswap.capability``); elsewhere torch emulates it and it is not a contender. ``--bf16 on``
   measures it anyway.
 
-Medians over ``--repeats`` rounds after warm-up, every (backend, rows) cell of a shape timed once a round. The machine this runs on may be shared: compare ratios measured
+Medians over ``--repeats`` rounds after warm-up, each backend's row counts timed once a round. The machine this runs on may be shared: compare ratios measured
 in one run, not milliseconds across runs.
 """
 
@@ -126,13 +126,13 @@ def bench_shape(name: str, out_features: int, in_features: int, kind: str, rows:
                 _C.ggml_set_fast_kernels(previous)
         return run
 
-    calls = {(backend, count): call(backend, fn, torch.randn(count, in_features, generator=generator).to(dtype))
-             for backend, (fn, dtype, _) in backends.items() for count in rows}
-    with torch.inference_mode():  # every (backend, rows) cell timed round-robin
-        medians = interleaved_medians_ms(calls, repeats)
     results = []
     for backend, (fn, dtype, weight_bytes) in backends.items():
-        timings = {count: medians[backend, count] for count in rows}
+        # one backend's row counts timed round-robin (its weights stay as warm in cache as with one count at a time)
+        calls = {count: call(backend, fn, torch.randn(count, in_features, generator=generator).to(dtype))
+                 for count in rows}
+        with torch.inference_mode():
+            timings = interleaved_medians_ms(calls, repeats)
         base = timings[1]
         for count in rows:
             results.append({"shape": name, "out_features": out_features, "in_features": in_features,

@@ -47,25 +47,45 @@ constexpr int kSupportedTypes[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF1
                                    GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,
                                    GGML_TYPE_Q6_K};
 
+// The interleaved layouts (x8_kernels.h): id, name, kind, and the ggml type whose rows they hold.
+struct Layout {
+  int64_t id;
+  const char* name;
+  X8Kind kind;
+  ggml_type rows;
+};
+constexpr Layout kLayouts[] = {{kTypeQ8_0x8, "Q8_0x8", X8Kind::kQ8_0, GGML_TYPE_Q8_0},
+                               {kTypeQ5_0x8, "Q5_0x8", X8Kind::kQ5_0, GGML_TYPE_Q5_0},
+                               {kTypeQ4_1x8, "Q4_1x8", X8Kind::kQ4_1, GGML_TYPE_Q4_1}};
+
+const Layout* layout_of(int64_t type) {
+  for (const Layout& layout : kLayouts) {
+    if (layout.id == type) return &layout;
+  }
+  return nullptr;
+}
+
+// the layout a plain type repacks to, or nullptr
+const Layout* layout_for(ggml_type plain) {
+  for (const Layout& layout : kLayouts) {
+    if (layout.rows == plain) return &layout;
+  }
+  return nullptr;
+}
+
 bool supported(int64_t type) {
-  return type == kTypeQ8_0x8 || type == kTypeQ5_0x8 ||
+  return layout_of(type) != nullptr ||
          std::find(std::begin(kSupportedTypes), std::end(kSupportedTypes), type) != std::end(kSupportedTypes);
 }
 
-bool is_x8(ggml_type type) {
-  return static_cast<int64_t>(type) == kTypeQ8_0x8 || static_cast<int64_t>(type) == kTypeQ5_0x8;
-}
-X8Kind x8_kind(ggml_type type) { return static_cast<int64_t>(type) == kTypeQ8_0x8 ? X8Kind::kQ8_0 : X8Kind::kQ5_0; }
+bool is_x8(ggml_type type) { return layout_of(type) != nullptr; }
+X8Kind x8_kind(ggml_type type) { return layout_of(type)->kind; }
 
-// the ggml type whose rows a type's rows hold (Q8_0x8: Q8_0 rows interleaved; Q5_0x8: Q5_0 rows)
-ggml_type row_type(ggml_type type) {
-  if (!is_x8(type)) return type;
-  return x8_kind(type) == X8Kind::kQ8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q5_0;
-}
+// the ggml type whose rows a type's rows hold (an interleaved layout: its file type's rows, rearranged)
+ggml_type row_type(ggml_type type) { return is_x8(type) ? layout_of(type)->rows : type; }
 
 const char* type_label(const GgmlApi& ggml, int64_t type) {
-  if (type == kTypeQ8_0x8) return "Q8_0x8";
-  if (type == kTypeQ5_0x8) return "Q5_0x8";
+  if (const Layout* layout = layout_of(type)) return layout->name;
   return ggml.type_name(static_cast<ggml_type>(type));
 }
 
@@ -75,8 +95,8 @@ std::string supported_names() {
     if (!names.empty()) names += ", ";
     names += g_api.loaded ? g_api.type_name(static_cast<ggml_type>(type)) : std::to_string(type);
   }
-  return names + ", Q8_0x8 (" + std::to_string(kTypeQ8_0x8) + ") and Q5_0x8 (" + std::to_string(kTypeQ5_0x8) +
-         "), interleaved by ggml_repack";
+  for (const Layout& layout : kLayouts) names += std::string(", ") + layout.name + " (" + std::to_string(layout.id) + ")";
+  return names + " (the last ones interleaved by ggml_repack)";
 }
 
 const GgmlApi& api() {
@@ -88,7 +108,7 @@ const GgmlApi& api() {
 
 ggml_type checked_type(int64_t type) {
   const GgmlApi& ggml = api();
-  const bool known = (type >= 0 && type < GGML_TYPE_COUNT) || type == kTypeQ8_0x8 || type == kTypeQ5_0x8;
+  const bool known = (type >= 0 && type < GGML_TYPE_COUNT) || layout_of(type) != nullptr;
   TORCH_CHECK(known && supported(type), "ggml type ", type,
               known ? std::string(" (") + type_label(ggml, type) + ")" : std::string(),
               " is not supported by the quantized linear; supported: ", supported_names());
@@ -153,7 +173,10 @@ struct Scratch {
   std::vector<float> rows;         // activation rows converted to fp32 (bf16 input)
   std::vector<uint8_t> quantized;  // activation rows in the weight type's vec_dot type
   std::vector<float> act_scales;   // their Q8_0 block scales as fp32 (the multi-row kernels)
-  std::vector<int32_t> act_corrections;  // Q8_0x8: -128 * each activation block's sum
+  // the interleaved kernels' activations (X8Activations)
+  std::vector<int8_t> act_values;
+  std::vector<int32_t> act_sums;
+  std::vector<float> act_mins;
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -247,24 +270,27 @@ X8Path x8_path() {
   return x8_best_path(g_fast_kernels, g_vnni);
 }
 
-// Q8_0x8: groups of 8 weight rows against every activation row; a whole dot stays on one thread.
+// Interleaved layouts: groups of 8 weight rows against every activation row; a whole dot stays on one thread.
+// act: m rows of `blocks` Q8_0 blocks (Q8_1 for Q4_1x8).
 template <typename Out>
-void run_linear_x8(X8Kind kind, const uint8_t* weight, int64_t n_out, int64_t k, const uint8_t* act, int64_t m, Out* out) {
+void run_linear_x8(X8Kind kind, const uint8_t* weight, int64_t n_out, int64_t k, const uint8_t* act, int64_t m,
+                   Out* out) {
   const int64_t blocks = k / 32, groups = n_out / kX8Rows;
-  const auto* act_blocks = reinterpret_cast<const BlockQ8_0*>(act);
+  const auto count = static_cast<size_t>(blocks * m);
   Scratch& s = scratch();
-  if (s.act_scales.size() < static_cast<size_t>(blocks * m)) s.act_scales.resize(blocks * m);
-  if (s.act_corrections.size() < static_cast<size_t>(blocks * m)) s.act_corrections.resize(blocks * m);
-  x8_act_prepare(act_blocks, blocks, m, s.act_scales.data(), s.act_corrections.data());
-  const float* scales = s.act_scales.data();
-  const int32_t* corrections = s.act_corrections.data();
+  if (s.act_scales.size() < count) s.act_scales.resize(count);
+  if (s.act_sums.size() < count) s.act_sums.resize(count), s.act_mins.resize(count);
+  if (s.act_values.size() < count * 32) s.act_values.resize(count * 32);
+  x8_act_prepare(kind == X8Kind::kQ4_1, act, blocks, m, s.act_values.data(), s.act_scales.data(), s.act_sums.data(),
+                 s.act_mins.data());
+  const X8Activations activations{s.act_values.data(), s.act_scales.data(), s.act_sums.data(), s.act_mins.data()};
   const X8Path path = x8_path();
   constexpr int64_t kTileGroups = 4;
   const int64_t group_bytes = static_cast<int64_t>(blocks * x8_block_bytes(kind));
   const int64_t grain = std::max<int64_t>(kTileGroups, 32768 / (group_bytes * std::max<int64_t>(m, 1)));
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     if constexpr (std::is_same_v<Out, float>) {
-      x8_gemm(kind, path, weight, begin, end, act_blocks, scales, corrections, blocks, m, out + begin * kX8Rows, n_out);
+      x8_gemm(kind, path, weight, begin, end, activations, blocks, m, out + begin * kX8Rows, n_out);
     } else {
       thread_local std::vector<float> tile_buffer;
       constexpr int64_t kTile = kTileGroups * kX8Rows;
@@ -272,7 +298,7 @@ void run_linear_x8(X8Kind kind, const uint8_t* weight, int64_t n_out, int64_t k,
       float* tile = tile_buffer.data();  // [m, kTile], column 0 = weight row 8 * g0
       for (int64_t g0 = begin; g0 < end; g0 += kTileGroups) {
         const int64_t g1 = std::min(end, g0 + kTileGroups);
-        x8_gemm(kind, path, weight, g0, g1, act_blocks, scales, corrections, blocks, m, tile, kTile);
+        x8_gemm(kind, path, weight, g0, g1, activations, blocks, m, tile, kTile);
         for (int64_t r = 0; r < m; ++r) {
           Out* y = out + r * n_out;
           for (int64_t n = g0 * kX8Rows; n < g1 * kX8Rows; ++n) y[n] = static_cast<Out>(tile[r * kTile + n - g0 * kX8Rows]);
@@ -403,21 +429,21 @@ at::Tensor ggml_dequantize(const at::Tensor& weight, int64_t weight_type, int64_
   return out;
 }
 
-// Q8_0 / Q5_0 blocks [N, row_bytes] (N a multiple of 8) -> Q8_0x8 / Q5_0x8, the same shape.
+// Q8_0 / Q5_0 / Q4_1 blocks [N, row_bytes] (N a multiple of 8) -> Q8_0x8 / Q5_0x8 / Q4_1x8, the same shape.
 at::Tensor ggml_repack(const at::Tensor& weight, int64_t weight_type, int64_t in_features) {
   const ggml_type type = checked_type(weight_type);
-  TORCH_CHECK(type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q5_0, "ggml_repack: only Q8_0 and Q5_0 weights repack ",
-              "(to Q8_0x8 / Q5_0x8), got ", type_label(api(), type));
+  const Layout* layout = layout_for(type);
+  TORCH_CHECK(layout != nullptr, "ggml_repack: only Q8_0, Q5_0 and Q4_1 weights repack (to Q8_0x8 / Q5_0x8 / ",
+              "Q4_1x8), got ", type_label(api(), type));
   check_weight(weight, type, in_features, "ggml_repack");
   const int64_t n = weight.size(0);
   TORCH_CHECK(n % kX8Rows == 0, "ggml_repack: interleaved weights hold groups of ", kX8Rows, " rows, got ", n, " rows");
   at::Tensor out = at::empty_like(weight);
-  repack_x8(type == GGML_TYPE_Q8_0 ? X8Kind::kQ8_0 : X8Kind::kQ5_0, weight.data_ptr<uint8_t>(), n, in_features / 32,
-            out.data_ptr<uint8_t>());
+  repack_x8(layout->kind, weight.data_ptr<uint8_t>(), n, in_features / 32, out.data_ptr<uint8_t>());
   return out;
 }
 
-// Q8_0x8 / Q5_0x8 [N, row_bytes] -> the Q8_0 / Q5_0 blocks [N, row_bytes] it holds (gathering rows, saving).
+// An interleaved layout [N, row_bytes] -> the file type's blocks [N, row_bytes] it holds (gathering rows, saving).
 at::Tensor ggml_unrepack(const at::Tensor& weight, int64_t weight_type, int64_t in_features) {
   const ggml_type type = checked_type(weight_type);
   TORCH_CHECK(is_x8(type), "ggml_unrepack: ", type_label(api(), type), " is not an interleaved layout");

@@ -14,9 +14,10 @@ namespace {
 #define SPECSWAP_X8_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 constexpr int kMaxRows = 8;  // activation rows per pass over a group's blocks
-constexpr size_t kScaleBytes = kX8Rows * sizeof(uint16_t);
+// the block header: 8 fp16 scales, and for Q4_1 then 8 fp16 mins
+constexpr size_t header_bytes(X8Kind kind) { return kX8Rows * sizeof(uint16_t) * (kind == X8Kind::kQ4_1 ? 2 : 1); }
 // values are stored unsigned, value + bias: the integer dot is dot(stored, x) - bias * sum(x)
-constexpr int32_t value_bias(X8Kind kind) { return kind == X8Kind::kQ8_0 ? 128 : 16; }
+constexpr int32_t value_bias(X8Kind kind) { return kind == X8Kind::kQ8_0 ? 128 : kind == X8Kind::kQ5_0 ? 16 : 0; }
 
 // IEEE half to float, exact (every half is a float)
 float half_to_float(uint16_t h) {
@@ -41,16 +42,17 @@ int32_t load_i32(const void* p) {
 // ---- layout: the stored (unsigned) value of chunk i, byte p -------------------------------------------------
 
 uint8_t stored(X8Kind kind, const uint8_t* block, int i, int p) {
-  const uint8_t* values = block + kScaleBytes;
+  const uint8_t* values = block + header_bytes(kind);
   if (kind == X8Kind::kQ8_0) return values[32 * i + p];
   const uint8_t packed = values[32 * (i % 4) + p];
   const uint8_t low = i < 4 ? (packed & 0x0F) : (packed >> 4);
+  if (kind == X8Kind::kQ4_1) return low;
   const uint32_t high = static_cast<uint32_t>(load_i32(values + 128 + 4 * i));
   return static_cast<uint8_t>(low | (((high >> p) & 1u) << 4));
 }
 
 void store(X8Kind kind, uint8_t* block, int i, int p, uint8_t value) {
-  uint8_t* values = block + kScaleBytes;
+  uint8_t* values = block + header_bytes(kind);
   if (kind == X8Kind::kQ8_0) {
     values[32 * i + p] = value;
     return;
@@ -58,17 +60,25 @@ void store(X8Kind kind, uint8_t* block, int i, int p, uint8_t value) {
   uint8_t& packed = values[32 * (i % 4) + p];
   packed = i < 4 ? static_cast<uint8_t>((packed & 0xF0) | (value & 0x0F))
                  : static_cast<uint8_t>((packed & 0x0F) | ((value & 0x0F) << 4));
+  if (kind == X8Kind::kQ4_1) return;
   uint32_t high = static_cast<uint32_t>(load_i32(values + 128 + 4 * i));
   high = (high & ~(1u << p)) | (static_cast<uint32_t>((value >> 4) & 1u) << p);
   std::memcpy(values + 128 + 4 * i, &high, sizeof(high));
 }
 
-// a plain block's stored value v (0..31) and its scale; Q5_0: q = nibble | bit v of qh << 4 (ggml's layout)
-uint8_t plain_stored(X8Kind kind, const void* blocks, int64_t index, int v, uint16_t* d) {
+// a plain block's stored value v (0..31) and its scale (and Q4_1's min); Q5_0: q = nibble | bit v of qh << 4,
+// Q4_1: q = nibble (ggml's layouts)
+uint8_t plain_stored(X8Kind kind, const void* blocks, int64_t index, int v, uint16_t* d, uint16_t* m) {
   if (kind == X8Kind::kQ8_0) {
     const BlockQ8_0& b = static_cast<const BlockQ8_0*>(blocks)[index];
     *d = b.d;
     return static_cast<uint8_t>(static_cast<int>(b.qs[v]) + 128);
+  }
+  if (kind == X8Kind::kQ4_1) {
+    const BlockQ4_1& b = static_cast<const BlockQ4_1*>(blocks)[index];
+    *d = b.d;
+    *m = b.m;
+    return v < 16 ? (b.qs[v] & 0x0F) : (b.qs[v - 16] >> 4);
   }
   const BlockQ5_0& b = static_cast<const BlockQ5_0*>(blocks)[index];
   *d = b.d;
@@ -77,11 +87,20 @@ uint8_t plain_stored(X8Kind kind, const void* blocks, int64_t index, int v, uint
   return static_cast<uint8_t>(nibble | (((high >> v) & 1u) << 4));
 }
 
-void plain_store(X8Kind kind, void* blocks, int64_t index, int v, uint8_t value, uint16_t d) {
+void plain_store(X8Kind kind, void* blocks, int64_t index, int v, uint8_t value, uint16_t d, uint16_t m) {
   if (kind == X8Kind::kQ8_0) {
     BlockQ8_0& b = static_cast<BlockQ8_0*>(blocks)[index];
     b.d = d;
     b.qs[v] = static_cast<int8_t>(static_cast<int>(value) - 128);
+    return;
+  }
+  if (kind == X8Kind::kQ4_1) {
+    BlockQ4_1& b = static_cast<BlockQ4_1*>(blocks)[index];
+    b.d = d;
+    b.m = m;
+    uint8_t& packed = b.qs[v % 16];
+    packed = v < 16 ? static_cast<uint8_t>((packed & 0xF0) | (value & 0x0F))
+                    : static_cast<uint8_t>((packed & 0x0F) | ((value & 0x0F) << 4));
     return;
   }
   BlockQ5_0& b = static_cast<BlockQ5_0*>(blocks)[index];
@@ -96,8 +115,8 @@ void plain_store(X8Kind kind, void* blocks, int64_t index, int v, uint8_t value,
 
 // ---- scalar: the reference every SIMD path equals bit for bit ----------------------------------------------
 
-void x8_gemm_scalar(X8Kind kind, const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* act,
-                    const float* scales, int64_t blocks, int64_t m, float* out, int64_t stride) {
+void x8_gemm_scalar(X8Kind kind, const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
+                    int64_t blocks, int64_t m, float* out, int64_t stride) {
   const size_t block_bytes = x8_block_bytes(kind);
   const int32_t bias = value_bias(kind);
   for (int64_t g = g0; g < g1; ++g) {
@@ -106,16 +125,18 @@ void x8_gemm_scalar(X8Kind kind, const uint8_t* packed, int64_t g0, int64_t g1, 
       float acc[kX8Rows] = {};
       for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* block = group + b * block_bytes;
-        const int8_t* x = act[r * blocks + b].qs;
+        const int8_t* x = act.qs + (r * blocks + b) * 32;
         for (int j = 0; j < kX8Rows; ++j) {
-          uint16_t d;
+          uint16_t d, min;
           std::memcpy(&d, block + 2 * j, sizeof(d));
+          std::memcpy(&min, block + 16 + 2 * j, sizeof(min));
           int32_t dot = 0;
           for (int i = 0; i < 8; ++i) {
             for (int t = 0; t < 4; ++t) dot += (static_cast<int32_t>(stored(kind, block, i, 4 * j + t)) - bias) * x[4 * i + t];
           }
-          const float scale = half_to_float(d) * scales[r * blocks + b];
+          const float scale = half_to_float(d) * act.scales[r * blocks + b];
           acc[j] = std::fma(scale, static_cast<float>(dot), acc[j]);
+          if (kind == X8Kind::kQ4_1) acc[j] = std::fma(half_to_float(min), act.mins[r * blocks + b], acc[j]);
         }
       }
       for (int j = 0; j < kX8Rows; ++j) out[r * stride + (g - g0) * kX8Rows + j] = acc[j];
@@ -142,9 +163,11 @@ SPECSWAP_X8_AVX2 inline void nibbles(const uint8_t* values, __m256i* q) {
 // stored (unsigned) values: VNNI's operand
 template <X8Kind kKind>
 SPECSWAP_X8_VNNI inline void chunks_unsigned(const uint8_t* block, __m256i* u) {
-  const uint8_t* values = block + kScaleBytes;
+  const uint8_t* values = block + header_bytes(kKind);
   if constexpr (kKind == X8Kind::kQ8_0) {
     for (int i = 0; i < 8; ++i) u[i] = load256(values + 32 * i);
+  } else if constexpr (kKind == X8Kind::kQ4_1) {
+    nibbles(values, u);
   } else {
     nibbles(values, u);
     const __m256i sixteen = _mm256_set1_epi8(16);
@@ -158,10 +181,12 @@ SPECSWAP_X8_VNNI inline void chunks_unsigned(const uint8_t* block, __m256i* u) {
 // signed values: AVX2's (maddubs takes |w| and x signed by w)
 template <X8Kind kKind>
 SPECSWAP_X8_AVX2 inline void chunks_signed(const uint8_t* block, __m256i* w) {
-  const uint8_t* values = block + kScaleBytes;
+  const uint8_t* values = block + header_bytes(kKind);
   if constexpr (kKind == X8Kind::kQ8_0) {
     const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int i = 0; i < 8; ++i) w[i] = _mm256_xor_si256(load256(values + 32 * i), bias);
+  } else if constexpr (kKind == X8Kind::kQ4_1) {
+    nibbles(values, w);  // 0..15: non-negative, so |w| = w and x keeps its sign
   } else {
     nibbles(values, w);
     // byte p gets bit p of the chunk's word: broadcast, spread one source byte per 8 lanes, test one bit per lane
@@ -180,9 +205,21 @@ SPECSWAP_X8_AVX2 inline void chunks_signed(const uint8_t* block, __m256i* w) {
 
 // ---- AVX2: |w| times x signed by w (maddubs), pairs to int32 (madd), exact -----------------------------------
 
+// After a block's integer dots: acc += (d_w * d_x) * dot, then for Q4_1 acc += m_w * s_x (its min term).
+template <X8Kind kKind>
+SPECSWAP_X8_AVX2 inline __m256 add_block(__m256 acc, const uint8_t* block, __m256 ws, __m256i dot,
+                                         const X8Activations& act, int64_t index) {
+  acc = _mm256_fmadd_ps(_mm256_mul_ps(ws, _mm256_set1_ps(act.scales[index])), _mm256_cvtepi32_ps(dot), acc);
+  if constexpr (kKind == X8Kind::kQ4_1) {
+    const __m256 wm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
+    acc = _mm256_fmadd_ps(wm, _mm256_set1_ps(act.mins[index]), acc);
+  }
+  return acc;
+}
+
 template <X8Kind kKind, int kRows>
-SPECSWAP_X8_AVX2 void x8_rows_avx2(const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* const* act,
-                                   const float* const* xs, int64_t blocks, float* out, int64_t stride) {
+SPECSWAP_X8_AVX2 void x8_rows_avx2(const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
+                                   int64_t r0, int64_t blocks, float* out, int64_t stride) {
   constexpr size_t kBlockBytes = x8_block_bytes(kKind);
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = g0; g < g1; ++g) {
@@ -196,7 +233,8 @@ SPECSWAP_X8_AVX2 void x8_rows_avx2(const uint8_t* packed, int64_t g0, int64_t g1
       chunks_signed<kKind>(block, w);
       for (int i = 0; i < 8; ++i) wabs[i] = _mm256_sign_epi8(w[i], w[i]);
       for (int r = 0; r < kRows; ++r) {
-        const int8_t* x = act[r][b].qs;
+        const int64_t index = (r0 + r) * blocks + b;
+        const int8_t* x = act.qs + index * 32;
         __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
         for (int i = 0; i < 8; i += 2) {
           const __m256i x0 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i)), w[i]);
@@ -204,8 +242,7 @@ SPECSWAP_X8_AVX2 void x8_rows_avx2(const uint8_t* packed, int64_t g0, int64_t g1
           s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[i], x0), ones));
           s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[i + 1], x1), ones));
         }
-        const __m256 dots = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(ws, _mm256_set1_ps(xs[r][b])), dots, acc[r]);
+        acc[r] = add_block<kKind>(acc[r], block, ws, _mm256_add_epi32(s0, s1), act, index);
       }
     }
     for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(out + r * stride + (g - g0) * kX8Rows, acc[r]);
@@ -223,9 +260,8 @@ SPECSWAP_X8_VNNI inline __m256i dpbusd_broadcast(__m256i acc, __m256i u, const i
 }
 
 template <X8Kind kKind, int kRows>
-SPECSWAP_X8_VNNI void x8_rows_vnni(const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* const* act,
-                                   const float* const* xs, const int32_t* const* sums, int64_t blocks, float* out,
-                                   int64_t stride) {
+SPECSWAP_X8_VNNI void x8_rows_vnni(const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
+                                   int64_t r0, int64_t blocks, float* out, int64_t stride) {
   constexpr size_t kBlockBytes = x8_block_bytes(kKind);
   constexpr int32_t kBias = value_bias(kKind);
   for (int64_t g = g0; g < g1; ++g) {
@@ -238,50 +274,39 @@ SPECSWAP_X8_VNNI void x8_rows_vnni(const uint8_t* packed, int64_t g0, int64_t g1
       __m256i u[8];
       chunks_unsigned<kKind>(block, u);
       for (int r = 0; r < kRows; ++r) {
-        const int8_t* x = act[r][b].qs;
-        __m256i s0 = _mm256_set1_epi32(-kBias * sums[r][b]), s1 = _mm256_setzero_si256();
+        const int64_t index = (r0 + r) * blocks + b;
+        const int8_t* x = act.qs + index * 32;
+        __m256i s0 = kBias == 0 ? _mm256_setzero_si256() : _mm256_set1_epi32(-kBias * act.sums[index]);
+        __m256i s1 = _mm256_setzero_si256();
         for (int i = 0; i < 8; i += 2) {
           s0 = dpbusd_broadcast(s0, u[i], x + 4 * i);
           s1 = dpbusd_broadcast(s1, u[i + 1], x + 4 * i + 4);
         }
-        const __m256 dots = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(ws, _mm256_set1_ps(xs[r][b])), dots, acc[r]);
+        acc[r] = add_block<kKind>(acc[r], block, ws, _mm256_add_epi32(s0, s1), act, index);
       }
     }
     for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(out + r * stride + (g - g0) * kX8Rows, acc[r]);
   }
 }
 
-template <X8Kind kKind, int kRows>
-void x8_rows(X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* act, const float* scales,
-             const int32_t* sums, int64_t blocks, int64_t r0, float* out, int64_t stride) {
-  const BlockQ8_0* rows[kRows];
-  const float* xs[kRows];
-  const int32_t* row_sums[kRows];
-  for (int r = 0; r < kRows; ++r) {
-    rows[r] = act + (r0 + r) * blocks;
-    xs[r] = scales + (r0 + r) * blocks;
-    row_sums[r] = sums + (r0 + r) * blocks;
-  }
-  if (path == X8Path::kVnni) {
-    x8_rows_vnni<kKind, kRows>(packed, g0, g1, rows, xs, row_sums, blocks, out, stride);
-  } else {
-    x8_rows_avx2<kKind, kRows>(packed, g0, g1, rows, xs, blocks, out, stride);
-  }
-}
-
 template <X8Kind kKind>
-void x8_gemm_simd(X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* act,
-                  const float* scales, const int32_t* sums, int64_t blocks, int64_t m, float* out, int64_t stride) {
+void x8_gemm_simd(X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
+                  int64_t blocks, int64_t m, float* out, int64_t stride) {
   for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
     const int group = static_cast<int>(m - r0 < kMaxRows ? m - r0 : kMaxRows);
     float* y = out + r0 * stride;
-#define SPECSWAP_ROWS(R) \
-  case R: x8_rows<kKind, R>(path, packed, g0, g1, act, scales, sums, blocks, r0, y, stride); break;
+#define SPECSWAP_ROWS(R)                                                       \
+  case R:                                                                      \
+    if (path == X8Path::kVnni) {                                               \
+      x8_rows_vnni<kKind, R>(packed, g0, g1, act, r0, blocks, y, stride);      \
+    } else {                                                                   \
+      x8_rows_avx2<kKind, R>(packed, g0, g1, act, r0, blocks, y, stride);      \
+    }                                                                          \
+    break;
     switch (group) {
       SPECSWAP_ROWS(8) SPECSWAP_ROWS(7) SPECSWAP_ROWS(6) SPECSWAP_ROWS(5)
-      SPECSWAP_ROWS(4) SPECSWAP_ROWS(3) SPECSWAP_ROWS(2)
-      default: x8_rows<kKind, 1>(path, packed, g0, g1, act, scales, sums, blocks, r0, y, stride);
+      SPECSWAP_ROWS(4) SPECSWAP_ROWS(3) SPECSWAP_ROWS(2) SPECSWAP_ROWS(1)
+      default: break;
     }
 #undef SPECSWAP_ROWS
   }
@@ -302,9 +327,12 @@ void repack_x8(X8Kind kind, const void* src, int64_t rows, int64_t blocks, uint8
       uint8_t* block = dst + (g * blocks + b) * block_bytes;
       for (int j = 0; j < kX8Rows; ++j) {
         const int64_t index = (g * kX8Rows + j) * blocks + b;
-        uint16_t d = 0;
-        for (int v = 0; v < 32; ++v) store(kind, block, v / 4, 4 * j + v % 4, plain_stored(kind, src, index, v, &d));
+        uint16_t d = 0, min = 0;
+        for (int v = 0; v < 32; ++v) {
+          store(kind, block, v / 4, 4 * j + v % 4, plain_stored(kind, src, index, v, &d, &min));
+        }
         std::memcpy(block + 2 * j, &d, sizeof(d));
+        if (kind == X8Kind::kQ4_1) std::memcpy(block + 16 + 2 * j, &min, sizeof(min));
       }
     }
   }
@@ -317,17 +345,30 @@ void unpack_x8_row(X8Kind kind, const uint8_t* packed, int64_t row, int64_t bloc
   std::memset(dst, 0, static_cast<size_t>(blocks) * block_bytes / kX8Rows);
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = packed + (g * blocks + b) * block_bytes;
-    uint16_t d;
+    uint16_t d, min = 0;
     std::memcpy(&d, block + 2 * j, sizeof(d));
-    for (int v = 0; v < 32; ++v) plain_store(kind, dst, b, v, stored(kind, block, v / 4, 4 * j + v % 4), d);
+    if (kind == X8Kind::kQ4_1) std::memcpy(&min, block + 16 + 2 * j, sizeof(min));
+    for (int v = 0; v < 32; ++v) plain_store(kind, dst, b, v, stored(kind, block, v / 4, 4 * j + v % 4), d, min);
   }
 }
 
-void x8_act_prepare(const BlockQ8_0* act, int64_t blocks, int64_t m, float* scales, int32_t* sums) {
+void x8_act_prepare(bool q8_1, const void* act, int64_t blocks, int64_t m, int8_t* qs, float* scales, int32_t* sums,
+                    float* mins) {
   for (int64_t i = 0; i < blocks * m; ++i) {
-    scales[i] = half_to_float(act[i].d);
+    const int8_t* values;
+    if (q8_1) {
+      const BlockQ8_1& block = static_cast<const BlockQ8_1*>(act)[i];
+      scales[i] = half_to_float(block.d);
+      mins[i] = half_to_float(block.s);
+      values = block.qs;
+    } else {
+      const BlockQ8_0& block = static_cast<const BlockQ8_0*>(act)[i];
+      scales[i] = half_to_float(block.d);
+      values = block.qs;
+    }
+    std::memcpy(qs + i * 32, values, 32);
     int32_t sum = 0;
-    for (int t = 0; t < 32; ++t) sum += act[i].qs[t];
+    for (int t = 0; t < 32; ++t) sum += values[t];
     sums[i] = sum;
   }
 }
@@ -339,14 +380,16 @@ X8Path x8_best_path(bool allow_avx2, bool allow_vnni) {
   return X8Path::kScalar;
 }
 
-void x8_gemm(X8Kind kind, X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* act,
-             const float* scales, const int32_t* sums, int64_t blocks, int64_t m, float* out, int64_t out_stride) {
+void x8_gemm(X8Kind kind, X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
+             int64_t blocks, int64_t m, float* out, int64_t out_stride) {
   if (path == X8Path::kScalar) {
-    x8_gemm_scalar(kind, packed, g0, g1, act, scales, blocks, m, out, out_stride);
+    x8_gemm_scalar(kind, packed, g0, g1, act, blocks, m, out, out_stride);
   } else if (kind == X8Kind::kQ8_0) {
-    x8_gemm_simd<X8Kind::kQ8_0>(path, packed, g0, g1, act, scales, sums, blocks, m, out, out_stride);
+    x8_gemm_simd<X8Kind::kQ8_0>(path, packed, g0, g1, act, blocks, m, out, out_stride);
+  } else if (kind == X8Kind::kQ5_0) {
+    x8_gemm_simd<X8Kind::kQ5_0>(path, packed, g0, g1, act, blocks, m, out, out_stride);
   } else {
-    x8_gemm_simd<X8Kind::kQ5_0>(path, packed, g0, g1, act, scales, sums, blocks, m, out, out_stride);
+    x8_gemm_simd<X8Kind::kQ4_1>(path, packed, g0, g1, act, blocks, m, out, out_stride);
   }
 }
 

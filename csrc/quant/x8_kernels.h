@@ -1,5 +1,5 @@
-// Q8_0 and Q5_0 weights interleaved by eight rows ("Q8_0x8", "Q5_0x8"), repacked once at load time, and their
-// multi-row kernels.
+// Q8_0, Q5_0 and Q4_1 weights interleaved by eight rows ("Q8_0x8", "Q5_0x8", "Q4_1x8"), repacked once at load
+// time, and their multi-row kernels.
 //
 // A plain block-format kernel computes one weight row against one activation row per block: an integer dot into
 // eight lanes, then a float scale, multiply-add and (at the end) a horizontal sum, all per (weight row, activation
@@ -8,16 +8,18 @@
 // (one convert, scale, multiply-add) is shared by those eight rows: per activation row and block it is one
 // eighth of the plain kernel's. Verifying k + 1 tokens then costs much less than k + 1 single-row passes.
 //
-// Layout, per group of 8 weight rows and per block b of 32 values: 8 fp16 scales (rows 0..7), then the values as
-// 8 chunks; chunk i holds values 4i..4i+3 of rows 0..7 in row order (byte p: row p / 4, value 4i + p % 4).
+// Layout, per group of 8 weight rows and per block b of 32 values: 8 fp16 scales (rows 0..7; Q4_1: then its 8
+// fp16 mins), then the values as 8 chunks; chunk i holds values 4i..4i+3 of rows 0..7 in row order (byte p: row p / 4, value 4i + p % 4).
 //   Q8_0x8: chunk i is 32 bytes of value + 128. 272 bytes, the 8 rows' Q8_0 bytes.
 //   Q5_0x8: the 5-bit q = value + 16: 4 vectors of 32 bytes, vector t holding chunk t's low 4 bits in its low
 //   nibbles and chunk t + 4's in its high nibbles, then 8 32-bit words, word i holding bit 4 of chunk i's bytes
 //   (bit p for byte p). 176 bytes, the 8 rows' Q5_0 bytes.
+//   Q4_1x8: the 4-bit q as Q5_0x8's 4 vectors (no high bits). 160 bytes, the 8 rows' Q4_1 bytes.
 // So a repacked tensor has the plain tensor's shape [N, row_bytes].
 //
 // Arithmetic (every path, every CPU): out[n] = sum over blocks b, in order, of fma(d_w * d_x, float(dot_b), .)
-// starting from 0, where dot_b is the exact integer dot of block b. The integer dot is exact in every variant
+// starting from 0, where dot_b is the exact integer dot of block b (Q4_1 then adds fma(m_w, s_x, .), its min term
+// against the activation block's stored sum, as ggml's vec_dot uses it). The integer dot is exact in every variant
 // (VNNI, AVX2, scalar), so a row's bits depend on nothing but its own weights and activation: batch-invariant,
 // thread-invariant, and the same on a CPU without AVX-512 or AVX2. The float order differs from ggml's vec_dot
 // (it sums eight lanes per block and adds them at the end), so values agree with it to float rounding.
@@ -32,29 +34,41 @@ namespace specswap::quant {
 
 constexpr int64_t kX8Rows = 8;
 // Type ids of the interleaved layouts in the ggml_* operators (not ggml types: ggml's ids stay below 100).
+constexpr int64_t kTypeQ4_1x8 = 1003;
 constexpr int64_t kTypeQ5_0x8 = 1006;
 constexpr int64_t kTypeQ8_0x8 = 1008;
 
-enum class X8Kind { kQ8_0, kQ5_0 };
+enum class X8Kind { kQ8_0, kQ5_0, kQ4_1 };
 // bytes of one block of 8 interleaved rows
 constexpr size_t x8_block_bytes(X8Kind kind) {
-  return kX8Rows * (kind == X8Kind::kQ8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ5_0));
+  return kX8Rows * (kind == X8Kind::kQ8_0 ? sizeof(BlockQ8_0) : kind == X8Kind::kQ5_0 ? sizeof(BlockQ5_0)
+                                                                                       : sizeof(BlockQ4_1));
 }
 
-// rows % 8 == 0; src: rows x blocks plain blocks (row-major, BlockQ8_0 or BlockQ5_0), dst: the same bytes interleaved.
+// rows % 8 == 0; src: rows x blocks plain blocks (row-major, BlockQ8_0 / BlockQ5_0 / BlockQ4_1), dst: the same
+// bytes interleaved.
 void repack_x8(X8Kind kind, const void* src, int64_t rows, int64_t blocks, uint8_t* dst);
-// One row of an interleaved tensor back to its `blocks` plain blocks (BlockQ8_0 or BlockQ5_0).
+// One row of an interleaved tensor back to its `blocks` plain blocks.
 void unpack_x8_row(X8Kind kind, const uint8_t* packed, int64_t row, int64_t blocks, void* dst);
 
-// Per activation row and block: the fp32 scale and the sum of its values (for the unsigned storage's correction).
-void x8_act_prepare(const BlockQ8_0* act, int64_t blocks, int64_t m, float* scales, int32_t* sums);
+// The activation rows as the kernels read them, index r * blocks + b: the block's 32 values at qs + 32 index, its
+// fp32 scale, the sum of its values (the unsigned storage's correction) and, for Q4_1, its stored sum s (fp32).
+struct X8Activations {
+  const int8_t* qs;
+  const float* scales;
+  const int32_t* sums;
+  const float* mins;  // Q4_1 only
+};
+// From m rows of `blocks` Q8_0 blocks, or Q8_1 blocks (q8_1: Q4_1's activation type, which also fills mins).
+void x8_act_prepare(bool q8_1, const void* act, int64_t blocks, int64_t m, int8_t* qs, float* scales, int32_t* sums,
+                    float* mins);
 
 enum class X8Path { kScalar, kAvx2, kVnni };
 // kVnni needs AVX-512 F/BW/VL/VNNI; kAvx2 AVX2, FMA and F16C.
 X8Path x8_best_path(bool allow_avx2, bool allow_vnni);
 
 // out[r * out_stride + n - 8 g0] for groups [g0, g1) of 8 weight rows (n in [8 g0, 8 g1)), activation rows [0, m).
-void x8_gemm(X8Kind kind, X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_0* act,
-             const float* scales, const int32_t* sums, int64_t blocks, int64_t m, float* out, int64_t out_stride);
+void x8_gemm(X8Kind kind, X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
+             int64_t blocks, int64_t m, float* out, int64_t out_stride);
 
 }  // namespace specswap::quant

@@ -497,7 +497,7 @@ def test_quantized_linear_keeps_the_bias_and_names_its_type():
 # ---------------------------------------------------------------------------------------------------------
 # the interleaved layouts (Q8_0x8, Q5_0x8: csrc/quant/x8_kernels.h)
 
-LAYOUT_SOURCES = tuple(q.REPACKED)  # Q8_0, Q5_0
+LAYOUT_SOURCES = tuple(q.REPACKED)  # Q8_0, Q5_0, Q4_1
 
 
 def _layout(kind: str) -> int:
@@ -612,11 +612,12 @@ def test_layout_errors_name_the_bad_value():
         _repack(blocks, "Q8_0", 64)
     with pytest.raises(RuntimeError, match="Q8_0x8 weights hold groups of 8 rows, got 12 rows"):
         ggml_linear(torch.randn(2, 64), blocks, _layout("Q8_0"))
-    with pytest.raises(RuntimeError, match="only Q8_0 and Q5_0 weights repack .*got q4_0"):
+    with pytest.raises(RuntimeError, match="only Q8_0, Q5_0 and Q4_1 weights repack .*got q4_0"):
         _repack(q.quantize(random_weight(8, 64, seed=57), "Q4_0"), "Q4_0", 64)
     with pytest.raises(RuntimeError, match="Q5_0x8 is a layout, not a quantizer: quantize to q5_0, then ggml_repack"):
         torch.ops.specswap.ggml_quantize(torch.randn(8, 64), _layout("Q5_0"))
     with pytest.raises(RuntimeError, match="ggml_unrepack: q8_0 is not an interleaved layout"):
         torch.ops.specswap.ggml_unrepack(blocks, q.ggml_type("Q8_0"), 64)
-    with pytest.raises(RuntimeError, match=r"ggml type 1007 is not supported .*Q8_0x8 \(1008\) and Q5_0x8 \(1006\)"):
+    with pytest.raises(RuntimeError, match=r"ggml type 1007 is not supported .*Q8_0x8 \(1008\), Q5_0x8 \(1006\), "
+                                           r"Q4_1x8 \(1003\)"):
         ggml_linear(torch.randn(2, 64), blocks, 1007)

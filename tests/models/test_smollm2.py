@@ -136,8 +136,9 @@ def test_native_model_holds_the_file_blocks(native_models):
     assert model.lm_head is model.model.embed_tokens.table  # tied: one copy of the Q8_0 blocks
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     assert {m.block_type for m in layers} == {"Q4_1", "Q8_0"}
-    # the Q8_0 table interleaved by eight rows where the CPU has AVX2
-    assert {GGML_TYPE_NAMES[m.weight_type] for m in layers} == {"Q4_1", "Q8_0x8" if repack_default() else "Q8_0"}
+    # interleaved by eight rows where the CPU has AVX2
+    assert {GGML_TYPE_NAMES[m.weight_type] for m in layers} == ({"Q4_1x8", "Q8_0x8"} if repack_default() else
+                                                                {"Q4_1", "Q8_0"})
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
 
 
