@@ -44,6 +44,8 @@ class AdaptiveSpeculativeParams {
   // request, measured against the tokens emitted since (GoodputPolicy::shadow;
   // taken at tier 0 only, by goodput only). Never switches by itself.
   void shadow(std::span<const int> accept_lengths, int steps);
+  // The drafter sends shadows at tier 0 (goodput then leaves blind_zero_margin off).
+  void expect_shadows() noexcept { goodput_.expect_shadows(); }
 
   int current_steps() const noexcept { return candidates_[index_]; }
   // EMA of the batch-mean accepted draft tokens (sglang's signal; kept for

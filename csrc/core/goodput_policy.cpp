@@ -140,6 +140,12 @@ void GoodputPolicy::shadow(std::span<const int> accept_lengths, int steps) {
   shadow_depth_ = std::min(steps, AdaptiveConfig::kMaxSteps);
   observe_acceptance(accept_lengths, shadow_depth_);
   shadow_fresh_ = true;
+  shadow_seen_ = true;
+}
+
+double GoodputPolicy::credited(std::size_t j, double goodput) const noexcept {
+  if (candidates_[j] != 0 || current_steps() == 0 || shadow_seen_) return goodput;
+  return goodput / (1.0 + config_.blind_zero_margin);
 }
 
 std::size_t GoodputPolicy::phase_change_target() const noexcept {
@@ -151,7 +157,7 @@ std::size_t GoodputPolicy::phase_change_target() const noexcept {
   std::size_t best = index_;
   double best_goodput = fast_current * kPhaseChangeGain;
   for (std::size_t j = 0; j < candidates_.size(); ++j) {
-    const double goodput = tokens(fast_, candidates_[j]) / scratch_[j];
+    const double goodput = credited(j, tokens(fast_, candidates_[j]) / scratch_[j]);
     if (goodput >= best_goodput) best_goodput = goodput, best = j;
   }
   return best;
@@ -166,7 +172,7 @@ bool GoodputPolicy::decide(double min_gain) {
   std::size_t best = index_;
   double best_goodput = current;
   for (std::size_t j = 0; j < candidates_.size(); ++j) {
-    const double goodput = tokens(slow_, candidates_[j]) / scratch_[j];
+    const double goodput = credited(j, tokens(slow_, candidates_[j]) / scratch_[j]);
     // While up moves are blocked after bounces, only a large predicted gain
     // lifts the block: the guard is for a model that over-promised by a
     // little, not for a workload whose acceptance has changed (a new phase).

@@ -31,6 +31,8 @@ class GoodputPolicy {
   // its blind spot: while they arrive, tier 0 decides as any tier does and
   // needs no probes. No allocation.
   void shadow(std::span<const int> accept_lengths, int steps);
+  // The drafter will send shadow observations at tier 0 (it is not blind there): blind_zero_margin is off.
+  void expect_shadows() noexcept { shadow_seen_ = true; }
 
   std::size_t index() const noexcept { return index_; }
   // The estimate decisions use (EMA weight config.ema_alpha).
@@ -53,6 +55,9 @@ class GoodputPolicy {
   int observed_depth() const noexcept { return current_steps() > 0 ? current_steps() : shadow_depth_; }
   // Whether tier 0 saw shadow observations since the last decision.
   bool shadowed() const noexcept { return current_steps() == 0 && shadow_fresh_; }
+  // The goodput a decision from the current tier credits candidate j with: tier 0's discounted by
+  // blind_zero_margin from a drafting tier while the drafter is blind there.
+  double credited(std::size_t j, double goodput) const noexcept;
   void observe(std::span<const int> accept_lengths, double round_seconds, bool sampled);
   // Both acceptance estimates take a verify's (or shadow's) accepted lengths at `steps`.
   void observe_acceptance(std::span<const int> accept_lengths, int steps);
@@ -81,6 +86,7 @@ class GoodputPolicy {
   std::vector<double> position_scratch_;  // per-batch counts
   int shadow_depth_ = 0;                  // steps of the last shadow observations
   bool shadow_fresh_ = false;             // shadow observations since the last decision
+  bool shadow_seen_ = false;              // any shadow observation ever (the drafter is not blind at tier 0)
   // oscillation guard: an up move followed at once by a down move is a
   // bounce; each bounce in a row doubles how many decisions refuse up moves.
   std::uint64_t decisions_ = 0;

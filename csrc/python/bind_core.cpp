@@ -242,6 +242,9 @@ void bind_core(py::module_& m) {
            py::arg("accept_lengths"), py::arg("steps"),
            "What deterministic drafts of `steps` tokens would have accepted per request, measured against "
            "the tokens emitted since; taken at tier 0 by goodput (sglang ignores it), never a switch by itself.")
+      .def("expect_shadows", &AdaptiveSpeculativeParams::expect_shadows,
+           "The drafter sends shadow observations at tier 0 (NGRAM): it is not blind there, so goodput does "
+           "not hold tier 0 back by blind_zero_margin.")
       .def_property_readonly("current_steps", &AdaptiveSpeculativeParams::current_steps)
       .def_property_readonly("ema", &AdaptiveSpeculativeParams::ema)
       .def_property_readonly("alpha", &AdaptiveSpeculativeParams::alpha,

@@ -39,6 +39,8 @@ class AdaptiveController:
         self.worker = worker
         self.config = load_adaptive_config(config)
         self.params = AdaptiveSpeculativeParams(int(worker.speculative_num_steps), self.config)
+        if getattr(getattr(worker, "drafter", None), "shadow_steps", 0):  # NGRAM: it sees at tier 0
+            self.params.expect_shadows()
         self.pool = StatePool()
 
     @property

@@ -27,6 +27,7 @@ def test_full_file_round_trip(tmp_path):
         "cost_prior_slope": 0.25,
         "probe_rounds": 0,
         "probe_interval": 20,
+        "blind_zero_margin": 0.05,
         "acceptance_model": "positional",
     }
     config = load_adaptive_config(write(tmp_path, values))

@@ -137,3 +137,28 @@ def test_round_seconds_reach_the_goodput_policy_and_stats():
     assert stats["alpha"] == controller.alpha == pytest.approx(4 / 5)
     assert stats["measured_costs"] == {"greedy": {2: {3: 0.25}}, "sampled": {2: {3: 0.5}}}
     assert stats["cost_estimates"][3] == 0.25
+
+
+def test_a_drafter_with_shadows_is_not_held_back_from_tier_zero():
+    # tier 1 at alpha 0 and 1.15x tier 0's cost: tier 0 predicts 15% more goodput, under the blind margin (25%)
+    config = {"policy": "goodput", "candidate_steps": [0, 1], "probe_rounds": 0, "blind_zero_margin": 0.25,
+              **FAST}
+
+    class Drafter:
+        shadow_steps = 4  # NGRAM's: it looks up drafts at tier 0 and reports what they would have accepted
+
+    def tiers(with_shadows):
+        worker = RecordingWorker(1)
+        if with_shadows:
+            worker.drafter = Drafter()
+        controller = AdaptiveController(worker, config)
+        worker.apply_runtime_state(controller.init_states())
+        visited = []
+        for _ in range(6):
+            steps = controller.current_steps
+            visited.append(steps)
+            worker.apply_runtime_state(controller.on_verify_complete([0, 0], 1.0 if steps == 0 else 1.15))
+        return visited
+
+    assert tiers(with_shadows=False) == [1] * 6  # blind at tier 0 (EAGLE): held back
+    assert tiers(with_shadows=True)[1] == 0      # the first decision goes

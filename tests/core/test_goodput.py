@@ -302,6 +302,24 @@ def test_shadow_observations_replace_tier_zero_probes():
     assert blind_tiers[:4] == [0] * 4, blind_tiers
 
 
+def test_blind_zero_margin_holds_a_blind_drafter_off_tier_zero_unless_it_clearly_wins():
+    # tier 1 costs 1.15x tier 0; at alpha 0.05 tier 0 predicts 1 / 0.913 = 9.5% more goodput, at alpha 0 15%
+    cost = linear_cost(1.0, 0.15)
+
+    def settle(alpha, margin, shadows=False):
+        params = goodput(1, candidate_steps=[0, 1], probe_interval=40, blind_zero_margin=margin)
+        if shadows:
+            params.expect_shadows()
+        return run(params, alpha, cost, 120, random.Random(5))[-60:]
+
+    assert settle(0.05, 0.0).count(0) >= 50  # no margin: off to tier 0, but for probes
+    assert settle(0.05, 0.25) == [1] * 60     # blind (EAGLE): a 9.5% gain is not worth going blind for
+    assert settle(0.0, 0.25) == [1] * 60      # nor 15%
+    assert settle(0.0, 0.10).count(0) >= 50   # a smaller margin than the gain: it goes
+    # a drafter that sees at tier 0 (NGRAM's shadows) is not held back
+    assert settle(0.05, 0.25, shadows=True).count(0) >= 50
+
+
 def test_shadow_observations_are_ignored_off_tier_zero_and_by_sglang():
     params = goodput(3, **quiet(ema_alpha=1.0))
     params.update([3, 3])
