@@ -235,14 +235,31 @@ SPECSWAP_X8_AVX2 void x8_rows_avx2(const uint8_t* packed, int64_t g0, int64_t g1
       for (int r = 0; r < kRows; ++r) {
         const int64_t index = (r0 + r) * blocks + b;
         const int8_t* x = act.qs + index * 32;
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        for (int i = 0; i < 8; i += 2) {
-          const __m256i x0 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i)), w[i]);
-          const __m256i x1 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i + 4)), w[i + 1]);
-          s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[i], x0), ones));
-          s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[i + 1], x1), ones));
+        __m256i dot;
+        if constexpr (kKind == X8Kind::kQ8_0) {
+          // |w| <= 128: a maddubs pair sum reaches 32512, so each goes to int32 at once
+          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+          for (int i = 0; i < 8; i += 2) {
+            const __m256i x0 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i)), w[i]);
+            const __m256i x1 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i + 4)), w[i + 1]);
+            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[i], x0), ones));
+            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[i + 1], x1), ones));
+          }
+          dot = _mm256_add_epi32(s0, s1);
+        } else {
+          // |w| <= 16 (Q5_0; Q4_1: 15) and |x| <= 127 (ggml's Q8 activations): a pair sum is at most
+          // 2 * 16 * 127 = 4064, so the 8 chunks' pair sums add up exactly in int16 (at most 32512) and go to
+          // int32 once
+          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+          for (int i = 0; i < 8; i += 2) {
+            const __m256i x0 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i)), w[i]);
+            const __m256i x1 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i + 4)), w[i + 1]);
+            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(wabs[i], x0));
+            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(wabs[i + 1], x1));
+          }
+          dot = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
         }
-        acc[r] = add_block<kKind>(acc[r], block, ws, _mm256_add_epi32(s0, s1), act, index);
+        acc[r] = add_block<kKind>(acc[r], block, ws, dot, act, index);
       }
     }
     for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(out + r * stride + (g - g0) * kX8Rows, acc[r]);
