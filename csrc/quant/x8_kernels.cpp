@@ -217,53 +217,39 @@ SPECSWAP_X8_AVX2 inline __m256 add_block(__m256 acc, const uint8_t* block, __m25
   return acc;
 }
 
-template <X8Kind kKind, int kRows>
-SPECSWAP_X8_AVX2 void x8_rows_avx2(const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
-                                   int64_t r0, int64_t blocks, float* out, int64_t stride) {
-  constexpr size_t kBlockBytes = x8_block_bytes(kKind);
+// A block's chunks as the AVX2 dot takes them: the signed values and their magnitudes.
+struct Avx2Block {
+  __m256i w[8], wabs[8];
+};
+
+template <X8Kind kKind>
+SPECSWAP_X8_AVX2 inline void prepare(const uint8_t* block, Avx2Block* s) {
+  chunks_signed<kKind>(block, s->w);
+  for (int i = 0; i < 8; ++i) s->wabs[i] = _mm256_sign_epi8(s->w[i], s->w[i]);
+}
+
+// The exact integer dots of one activation block (32 values at x) with the block's eight rows.
+template <X8Kind kKind>
+SPECSWAP_X8_AVX2 inline __m256i row_dot(const Avx2Block& s, const int8_t* x, const X8Activations&, int64_t) {
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* group = packed + g * blocks * kBlockBytes;
-    __m256 acc[kRows];
-    for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* block = group + b * kBlockBytes;
-      const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-      __m256i w[8], wabs[8];
-      chunks_signed<kKind>(block, w);
-      for (int i = 0; i < 8; ++i) wabs[i] = _mm256_sign_epi8(w[i], w[i]);
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t index = (r0 + r) * blocks + b;
-        const int8_t* x = act.qs + index * 32;
-        __m256i dot;
-        if constexpr (kKind == X8Kind::kQ8_0) {
-          // |w| <= 128: a maddubs pair sum reaches 32512, so each goes to int32 at once
-          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-          for (int i = 0; i < 8; i += 2) {
-            const __m256i x0 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i)), w[i]);
-            const __m256i x1 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i + 4)), w[i + 1]);
-            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[i], x0), ones));
-            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[i + 1], x1), ones));
-          }
-          dot = _mm256_add_epi32(s0, s1);
-        } else {
-          // |w| <= 16 (Q5_0; Q4_1: 15) and |x| <= 127 (ggml's Q8 activations): a pair sum is at most
-          // 2 * 16 * 127 = 4064, so the 8 chunks' pair sums add up exactly in int16 (at most 32512) and go to
-          // int32 once
-          __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-          for (int i = 0; i < 8; i += 2) {
-            const __m256i x0 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i)), w[i]);
-            const __m256i x1 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i + 4)), w[i + 1]);
-            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(wabs[i], x0));
-            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(wabs[i + 1], x1));
-          }
-          dot = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
-        }
-        acc[r] = add_block<kKind>(acc[r], block, ws, dot, act, index);
-      }
+  __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+  for (int i = 0; i < 8; i += 2) {
+    const __m256i x0 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i)), s.w[i]);
+    const __m256i x1 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i + 4)), s.w[i + 1]);
+    if constexpr (kKind == X8Kind::kQ8_0) {
+      // |w| <= 128: a maddubs pair sum reaches 32512, so each goes to int32 at once
+      s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(s.wabs[i], x0), ones));
+      s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(s.wabs[i + 1], x1), ones));
+    } else {
+      // |w| <= 16 (Q5_0; Q4_1: 15) and |x| <= 127 (ggml's Q8 activations): a pair sum is at most
+      // 2 * 16 * 127 = 4064, so the 8 chunks' pair sums add up exactly in int16 (at most 32512) and go to
+      // int32 once
+      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(s.wabs[i], x0));
+      s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(s.wabs[i + 1], x1));
     }
-    for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(out + r * stride + (g - g0) * kX8Rows, acc[r]);
   }
+  if constexpr (kKind == X8Kind::kQ8_0) return _mm256_add_epi32(s0, s1);
+  return _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
 }
 
 // ---- AVX-512 VNNI: the stored unsigned values times x in one instruction, from -bias * sum(x), exact ---------
@@ -276,35 +262,59 @@ SPECSWAP_X8_VNNI inline __m256i dpbusd_broadcast(__m256i acc, __m256i u, const i
   return acc;
 }
 
-template <X8Kind kKind, int kRows>
-SPECSWAP_X8_VNNI void x8_rows_vnni(const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
-                                   int64_t r0, int64_t blocks, float* out, int64_t stride) {
-  constexpr size_t kBlockBytes = x8_block_bytes(kKind);
-  constexpr int32_t kBias = value_bias(kKind);
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* group = packed + g * blocks * kBlockBytes;
-    __m256 acc[kRows];
-    for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* block = group + b * kBlockBytes;
-      const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-      __m256i u[8];
-      chunks_unsigned<kKind>(block, u);
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t index = (r0 + r) * blocks + b;
-        const int8_t* x = act.qs + index * 32;
-        __m256i s0 = kBias == 0 ? _mm256_setzero_si256() : _mm256_set1_epi32(-kBias * act.sums[index]);
-        __m256i s1 = _mm256_setzero_si256();
-        for (int i = 0; i < 8; i += 2) {
-          s0 = dpbusd_broadcast(s0, u[i], x + 4 * i);
-          s1 = dpbusd_broadcast(s1, u[i + 1], x + 4 * i + 4);
-        }
-        acc[r] = add_block<kKind>(acc[r], block, ws, _mm256_add_epi32(s0, s1), act, index);
-      }
-    }
-    for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(out + r * stride + (g - g0) * kX8Rows, acc[r]);
-  }
+// A block's chunks as the VNNI dot takes them: the stored unsigned values.
+struct VnniBlock {
+  __m256i u[8];
+};
+
+template <X8Kind kKind>
+SPECSWAP_X8_VNNI inline void prepare(const uint8_t* block, VnniBlock* s) {
+  chunks_unsigned<kKind>(block, s->u);
 }
+
+template <X8Kind kKind>
+SPECSWAP_X8_VNNI inline __m256i row_dot(const VnniBlock& s, const int8_t* x, const X8Activations& act,
+                                        int64_t index) {
+  constexpr int32_t kBias = value_bias(kKind);
+  __m256i s0 = kBias == 0 ? _mm256_setzero_si256() : _mm256_set1_epi32(-kBias * act.sums[index]);
+  __m256i s1 = _mm256_setzero_si256();
+  for (int i = 0; i < 8; i += 2) {
+    s0 = dpbusd_broadcast(s0, s.u[i], x + 4 * i);
+    s1 = dpbusd_broadcast(s1, s.u[i + 1], x + 4 * i + 4);
+  }
+  return _mm256_add_epi32(s0, s1);
+}
+
+// ---- the kernels: groups of 8 weight rows against kRows activation rows, one skeleton per instruction set ----
+
+// out[r * stride + 8 (g - g0) + j] for groups [g0, g1) and activation rows [r0, r0 + kRows).
+#define SPECSWAP_X8_ROWS(NAME, TARGET, BLOCK)                                                                    \
+  template <X8Kind kKind, int kRows>                                                                           \
+  TARGET void NAME(const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act, int64_t r0,        \
+                   int64_t blocks, float* out, int64_t stride) {                                               \
+    constexpr size_t kBlockBytes = x8_block_bytes(kKind);                                                      \
+    for (int64_t g = g0; g < g1; ++g) {                                                                        \
+      const uint8_t* group = packed + g * blocks * kBlockBytes;                                                \
+      __m256 acc[kRows];                                                                                       \
+      for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();                                            \
+      for (int64_t b = 0; b < blocks; ++b) {                                                                   \
+        const uint8_t* block = group + b * kBlockBytes;                                                        \
+        const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));           \
+        BLOCK chunks;                                                                                          \
+        prepare<kKind>(block, &chunks);                                                                        \
+        for (int r = 0; r < kRows; ++r) {                                                                      \
+          const int64_t index = (r0 + r) * blocks + b;                                                         \
+          const __m256i dot = row_dot<kKind>(chunks, act.qs + index * 32, act, index);                         \
+          acc[r] = add_block<kKind>(acc[r], block, ws, dot, act, index);                                       \
+        }                                                                                                      \
+      }                                                                                                        \
+      for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(out + r * stride + (g - g0) * kX8Rows, acc[r]);         \
+    }                                                                                                          \
+  }
+
+SPECSWAP_X8_ROWS(x8_rows_avx2, SPECSWAP_X8_AVX2, Avx2Block)
+SPECSWAP_X8_ROWS(x8_rows_vnni, SPECSWAP_X8_VNNI, VnniBlock)
+#undef SPECSWAP_X8_ROWS
 
 template <X8Kind kKind>
 void x8_gemm_simd(X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
