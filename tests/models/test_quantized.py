@@ -4,7 +4,9 @@
   matmul, within a bound derived from how ggml quantizes the activations (``activation_error_bound``);
 - dtypes in and out; batch invariance (a row's bits do not depend on the rows beside it, nor on the thread
   count); our multi-row kernels against ggml's own vec_dot, bit for bit; CPU tape replay against eager;
-- errors that name the bad value; the embedding's rows and scale.
+- errors that name the bad value; the embedding's rows and scale;
+- the interleaved layouts (Q8_0x8, Q5_0x8, Q4_1x8): the same bytes rearranged, the activation bound and the plain
+  kernel's values to fp32 rounding, the VNNI, AVX2 and scalar forms bit for bit, batch and thread invariance.
 """
 
 from __future__ import annotations
