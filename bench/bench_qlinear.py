@@ -107,7 +107,7 @@ def bench_shape(name: str, out_features: int, in_features: int, kind: str, rows:
     type_id = quantized.ggml_type(kind)
     backends: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], torch.dtype, int]] = {}
     layer = quantized.QuantizedLinear(blocks, kind, in_features)
-    if layer.weight_type != type_id:  # repacked
+    if layer.repacked:
         backends["interleaved"] = (layer, torch.float32, layer.weight.numel())
     backends["ggml"] = (lambda x: torch.ops.specswap.ggml_linear(x, blocks, type_id), torch.float32, blocks.numel())
     if kind in FAST_TYPES and _C.ggml_fast_kernels_available():
@@ -117,22 +117,16 @@ def bench_shape(name: str, out_features: int, in_features: int, kind: str, rows:
         weight_bf16 = weight.to(torch.bfloat16)
         backends["torch bf16"] = (lambda x: F.linear(x, weight_bf16), torch.bfloat16, weight_bf16.numel() * 2)
 
-    def call(backend, fn, x):
-        def run():
-            previous = _C.ggml_set_fast_kernels(backend != "ggml vec_dot")
-            try:
-                fn(x)
-            finally:
-                _C.ggml_set_fast_kernels(previous)
-        return run
-
     results = []
     for backend, (fn, dtype, weight_bytes) in backends.items():
         # one backend's row counts timed round-robin (its weights stay as warm in cache as with one count at a time)
-        calls = {count: call(backend, fn, torch.randn(count, in_features, generator=generator).to(dtype))
-                 for count in rows}
-        with torch.inference_mode():
-            timings = interleaved_medians_ms(calls, repeats)
+        inputs = {count: torch.randn(count, in_features, generator=generator).to(dtype) for count in rows}
+        previous = _C.ggml_set_fast_kernels(backend != "ggml vec_dot")
+        try:
+            with torch.inference_mode():
+                timings = interleaved_medians_ms({count: (lambda x=x: fn(x)) for count, x in inputs.items()}, repeats)
+        finally:
+            _C.ggml_set_fast_kernels(previous)
         base = timings[1]
         for count in rows:
             results.append({"shape": name, "out_features": out_features, "in_features": in_features,

@@ -144,10 +144,7 @@ ggml_to_float_t row_to_float(const GgmlApi& ggml, ggml_type type) {
   return to_float;
 }
 
-// Scratch, below; RowReader reads one weight row as fp32 (interleaved rows are first gathered back into blocks).
-struct Scratch;
-Scratch& scratch();
-
+// Reads one weight row as fp32 (interleaved rows are first gathered back into their file type's blocks).
 class RowReader {
  public:
   RowReader(const GgmlApi& ggml, ggml_type type, const at::Tensor& weight, int64_t k)

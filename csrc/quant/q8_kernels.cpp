@@ -2,6 +2,7 @@
 // activations); q8_kernels.h says why and what the bits equal. Compiled with per-function target attributes
 // and chosen at run time, so the extension itself needs no AVX2 to load.
 #include "quant/q8_kernels.h"
+#include "quant/simd_bits.h"
 
 #include <immintrin.h>
 
@@ -63,12 +64,7 @@ SPECSWAP_AVX2 inline __m256i unpack(const uint8_t* block, float* scale) {
       *scale = half_to_float(b->d);
       uint32_t high;
       std::memcpy(&high, b->qh, sizeof(high));
-      // byte j gets bit j of `high`: broadcast, spread one source byte per 8 lanes, test one bit per lane
-      const __m256i spread = _mm256_shuffle_epi8(
-          _mm256_set1_epi32(static_cast<int>(high)),
-          _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
-      const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-      const __m256i has_high = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+      const __m256i has_high = bits_to_bytes(high);  // byte j: bit j of `high`
       // value - 16: with the high bit, nibble + 16 - 16 = nibble; without it, nibble - 16 = nibble | 0xF0
       return _mm256_or_si256(nibbles, _mm256_andnot_si256(has_high, _mm256_set1_epi8(static_cast<char>(0xF0))));
     }

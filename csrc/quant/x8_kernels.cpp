@@ -1,6 +1,7 @@
-// The Q8_0x8 / Q5_0x8 kernels; x8_kernels.h gives the layouts and the arithmetic every path shares. Compiled
+// The Q8_0x8 / Q5_0x8 / Q4_1x8 kernels; x8_kernels.h gives the layouts and the arithmetic every path shares. Compiled
 // with per-function target attributes and chosen at run time, as q8_kernels.cpp.
 #include "quant/x8_kernels.h"
+#include "quant/simd_bits.h"
 
 #include <immintrin.h>
 
@@ -41,6 +42,19 @@ int32_t load_i32(const void* p) {
 
 // ---- layout: the stored (unsigned) value of chunk i, byte p -------------------------------------------------
 
+// the low (`high` false) or high nibble of a byte set to the low 4 bits of `value`
+void set_nibble(uint8_t& byte, bool high, uint8_t value) {
+  byte = high ? static_cast<uint8_t>((byte & 0x0F) | ((value & 0x0F) << 4))
+              : static_cast<uint8_t>((byte & 0xF0) | (value & 0x0F));
+}
+
+// bit `index` of the little-endian 32-bit word at `word` set to `bit`
+void set_bit(uint8_t* word, int index, unsigned bit) {
+  uint32_t bits = static_cast<uint32_t>(load_i32(word));
+  bits = (bits & ~(1u << index)) | ((bit & 1u) << index);
+  std::memcpy(word, &bits, sizeof(bits));
+}
+
 uint8_t stored(X8Kind kind, const uint8_t* block, int i, int p) {
   const uint8_t* values = block + header_bytes(kind);
   if (kind == X8Kind::kQ8_0) return values[32 * i + p];
@@ -57,13 +71,8 @@ void store(X8Kind kind, uint8_t* block, int i, int p, uint8_t value) {
     values[32 * i + p] = value;
     return;
   }
-  uint8_t& packed = values[32 * (i % 4) + p];
-  packed = i < 4 ? static_cast<uint8_t>((packed & 0xF0) | (value & 0x0F))
-                 : static_cast<uint8_t>((packed & 0x0F) | ((value & 0x0F) << 4));
-  if (kind == X8Kind::kQ4_1) return;
-  uint32_t high = static_cast<uint32_t>(load_i32(values + 128 + 4 * i));
-  high = (high & ~(1u << p)) | (static_cast<uint32_t>((value >> 4) & 1u) << p);
-  std::memcpy(values + 128 + 4 * i, &high, sizeof(high));
+  set_nibble(values[32 * (i % 4) + p], i >= 4, value);
+  if (kind == X8Kind::kQ5_0) set_bit(values + 128 + 4 * i, p, value >> 4);
 }
 
 // a plain block's stored value v (0..31) and its scale (and Q4_1's min); Q5_0: q = nibble | bit v of qh << 4,
@@ -98,19 +107,13 @@ void plain_store(X8Kind kind, void* blocks, int64_t index, int v, uint8_t value,
     BlockQ4_1& b = static_cast<BlockQ4_1*>(blocks)[index];
     b.d = d;
     b.m = m;
-    uint8_t& packed = b.qs[v % 16];
-    packed = v < 16 ? static_cast<uint8_t>((packed & 0xF0) | (value & 0x0F))
-                    : static_cast<uint8_t>((packed & 0x0F) | ((value & 0x0F) << 4));
+    set_nibble(b.qs[v % 16], v >= 16, value);
     return;
   }
   BlockQ5_0& b = static_cast<BlockQ5_0*>(blocks)[index];
   b.d = d;
-  uint8_t& packed = b.qs[v % 16];
-  packed = v < 16 ? static_cast<uint8_t>((packed & 0xF0) | (value & 0x0F))
-                  : static_cast<uint8_t>((packed & 0x0F) | ((value & 0x0F) << 4));
-  uint32_t high = static_cast<uint32_t>(load_i32(b.qh));
-  high = (high & ~(1u << v)) | (static_cast<uint32_t>((value >> 4) & 1u) << v);
-  std::memcpy(b.qh, &high, sizeof(high));
+  set_nibble(b.qs[v % 16], v >= 16, value);
+  set_bit(b.qh, v, value >> 4);
 }
 
 // ---- scalar: the reference every SIMD path equals bit for bit ----------------------------------------------
@@ -166,14 +169,14 @@ SPECSWAP_X8_VNNI inline void chunks_unsigned(const uint8_t* block, __m256i* u) {
   const uint8_t* values = block + header_bytes(kKind);
   if constexpr (kKind == X8Kind::kQ8_0) {
     for (int i = 0; i < 8; ++i) u[i] = load256(values + 32 * i);
-  } else if constexpr (kKind == X8Kind::kQ4_1) {
-    nibbles(values, u);
   } else {
     nibbles(values, u);
-    const __m256i sixteen = _mm256_set1_epi8(16);
-    for (int i = 0; i < 8; ++i) {
-      const __mmask32 high = static_cast<__mmask32>(load_i32(values + 128 + 4 * i));
-      u[i] = _mm256_mask_add_epi8(u[i], high, u[i], sixteen);
+    if constexpr (kKind == X8Kind::kQ5_0) {  // plus 16 where the fifth bit is set
+      const __m256i sixteen = _mm256_set1_epi8(16);
+      for (int i = 0; i < 8; ++i) {
+        const __mmask32 high = static_cast<__mmask32>(load_i32(values + 128 + 4 * i));
+        u[i] = _mm256_mask_add_epi8(u[i], high, u[i], sixteen);
+      }
     }
   }
 }
@@ -185,20 +188,15 @@ SPECSWAP_X8_AVX2 inline void chunks_signed(const uint8_t* block, __m256i* w) {
   if constexpr (kKind == X8Kind::kQ8_0) {
     const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int i = 0; i < 8; ++i) w[i] = _mm256_xor_si256(load256(values + 32 * i), bias);
-  } else if constexpr (kKind == X8Kind::kQ4_1) {
-    nibbles(values, w);  // 0..15: non-negative, so |w| = w and x keeps its sign
   } else {
-    nibbles(values, w);
-    // byte p gets bit p of the chunk's word: broadcast, spread one source byte per 8 lanes, test one bit per lane
-    const __m256i spread_index =
-        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000);
-    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-    const __m256i sixteen = _mm256_set1_epi8(16);
-    for (int i = 0; i < 8; ++i) {
-      const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(load_i32(values + 128 + 4 * i)), spread_index);
-      const __m256i has_high = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-      // q - 16: the nibble - 16, plus 16 where the high bit is set
-      w[i] = _mm256_sub_epi8(_mm256_or_si256(w[i], _mm256_and_si256(has_high, sixteen)), sixteen);
+    nibbles(values, w);  // Q4_1: 0..15, non-negative, so |w| = w and x keeps its sign
+    if constexpr (kKind == X8Kind::kQ5_0) {
+      const __m256i sixteen = _mm256_set1_epi8(16);
+      for (int i = 0; i < 8; ++i) {
+        // q - 16: the nibble - 16, plus 16 where the fifth bit is set (byte p: bit p of the chunk's word)
+        const __m256i has_high = bits_to_bytes(static_cast<uint32_t>(load_i32(values + 128 + 4 * i)));
+        w[i] = _mm256_sub_epi8(_mm256_or_si256(w[i], _mm256_and_si256(has_high, sixteen)), sixteen);
+      }
     }
   }
 }

@@ -587,11 +587,11 @@ def test_quantized_linear_repacks_what_it_can_and_gathers_rows_of_a_layout(monke
     for kind in LAYOUT_SOURCES:
         blocks = q.quantize(w, kind)
         layer = q.QuantizedLinear(blocks, kind, k, repack=True)
-        assert layer.weight_type == _layout(kind) and layer.block_type == kind
+        assert layer.weight_type == _layout(kind) and layer.block_type == kind and layer.repacked
         assert f"type={kind} as {q.REPACKED[kind]}" in repr(layer)
         assert torch.equal(layer.plain_blocks()[0], blocks) and layer.plain_blocks()[1] == kind
         kept = q.QuantizedLinear(blocks, kind, k, repack=False)
-        assert kept.weight_type == q.ggml_type(kind) and torch.equal(kept.weight, blocks)
+        assert kept.weight_type == q.ggml_type(kind) and torch.equal(kept.weight, blocks) and not kept.repacked
         x = random_input((3,), k, seed=55)
         index = torch.tensor([5, 0, 23, 7, 7, 1, 2, 3, 9, 10, 11, 12, 13, 14, 15, 16])
         rows = layer.rows(index)  # 16 rows: repacked again, so each row's bits are the full layer's

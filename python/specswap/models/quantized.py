@@ -30,6 +30,7 @@ GGML_TYPES: dict[str, int] = {
 # whose extra rows cost far less than a plain block kernel's: REPACKED maps a file type to its layout.
 REPACKED: dict[str, str] = {"Q8_0": "Q8_0x8", "Q5_0": "Q5_0x8", "Q4_1": "Q4_1x8"}
 LAYOUT_TYPES: dict[str, int] = {"Q8_0x8": 1008, "Q5_0x8": 1006, "Q4_1x8": 1003}
+FILE_TYPE_OF_LAYOUT: dict[str, str] = {layout: file_type for file_type, layout in REPACKED.items()}
 GGML_TYPE_NAMES = {number: name for name, number in (GGML_TYPES | LAYOUT_TYPES).items()}
 GGML_EXTRA_HINT = 'pip install "specswap[ggml]" (the libggml-python package)'
 
@@ -107,7 +108,7 @@ class QuantizedLinear(nn.Module):
         load_ggml()
         self.weight_type = ggml_type(kind)
         name = GGML_TYPE_NAMES[self.weight_type]
-        self.block_type = {layout: file_type for file_type, layout in REPACKED.items()}.get(name, name)
+        self.block_type = FILE_TYPE_OF_LAYOUT.get(name, name)
         self.in_features, self.out_features = int(in_features), int(blocks.shape[0])
         expected = row_bytes(self.weight_type, self.in_features)
         if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != expected:
@@ -121,17 +122,21 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("weight", blocks)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
+    @property
+    def repacked(self) -> bool:
+        """Whether the weight is held in an interleaved layout (``LAYOUT_TYPES``)."""
+        return GGML_TYPE_NAMES[self.weight_type] in FILE_TYPE_OF_LAYOUT
+
     def plain_blocks(self) -> tuple[torch.Tensor, str]:
         """The weight as rows of GGUF blocks and their type name (a repacked weight gives its file's blocks)."""
-        if self.weight_type in LAYOUT_TYPES.values():
+        if self.repacked:
             return torch.ops.specswap.ggml_unrepack(self.weight, self.weight_type, self.in_features), self.block_type
         return self.weight, self.block_type
 
     def rows(self, index: torch.Tensor) -> "QuantizedLinear":
         """A linear over the weight rows ``index`` (say a draft vocabulary's rows of an LM head), repacked alike."""
         blocks, kind = self.plain_blocks()
-        return QuantizedLinear(blocks[index], kind, self.in_features,
-                               repack=self.weight_type in LAYOUT_TYPES.values())
+        return QuantizedLinear(blocks[index], kind, self.in_features, repack=self.repacked)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kind: str | int) -> "QuantizedLinear":
@@ -143,7 +148,7 @@ class QuantizedLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
-        held = "" if GGML_TYPE_NAMES[self.weight_type] == self.block_type else f" as {GGML_TYPE_NAMES[self.weight_type]}"
+        held = f" as {GGML_TYPE_NAMES[self.weight_type]}" if self.repacked else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"type={self.block_type}{held}")
 
@@ -170,5 +175,5 @@ class QuantizedEmbedding(nn.Module):
         return rows * torch.tensor(self.scale, dtype=torch.float32).to(self.dtype)
 
 
-__all__ = ["GGML_TYPES", "LAYOUT_TYPES", "REPACKED", "repack_default", "QuantizedEmbedding", "QuantizedLinear", "dequantize", "ggml_available", "ggml_type",
+__all__ = ["FILE_TYPE_OF_LAYOUT", "GGML_TYPES", "LAYOUT_TYPES", "REPACKED", "repack_default", "QuantizedEmbedding", "QuantizedLinear", "dequantize", "ggml_available", "ggml_type",
            "load_ggml", "quantize", "row_bytes"]
