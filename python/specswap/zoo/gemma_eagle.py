@@ -246,7 +246,9 @@ def heldout_top1(target, head: EagleHead, windows: torch.Tensor, recipe: GemmaEa
 # ------------------------------------------------------------------------------------------------ driver
 
 def train(minutes: float, work: Path, out: Path, recipe: GemmaEagleRecipe = GemmaEagleRecipe(),
-          target_name: str = DEFAULT_TARGET) -> dict:
+          target_name: str = DEFAULT_TARGET, init: Path | None = None) -> dict:
+    """Train (or resume) a head in ``work``; ``init``: a saved head to start from instead of a fresh one (same
+    target, same draft vocabulary: its token map must equal the one this work directory's data derives)."""
     torch.set_num_threads(recipe.threads)
     deadline = time.monotonic() + minutes * 60
     work.mkdir(parents=True, exist_ok=True)
@@ -279,8 +281,15 @@ def train(minutes: float, work: Path, out: Path, recipe: GemmaEagleRecipe = Gemm
         optimizer.load_state_dict(checkpoint["optimizer"])
         state = checkpoint["state"]
         print(f"resuming at round {state['round']}, step {state['step']}", file=sys.stderr)
+    elif init is not None:
+        state["init"] = start_from(head, init, target, token_map)
     head.set_token_map(token_map)
     draft_lm_weight = target.lm_head.weight.detach()[token_map].float()  # [Vd, H]
+    if state.get("init") is not None and state["best"] is None:  # the starting head is the one to beat
+        top1 = heldout_top1(target, head, data["heldout"], recipe)
+        state["best"] = {"step": 0, **top1}
+        state["init"]["heldout_top1"] = top1
+        print(f"starting head {init}: held-out top-1 {top1}", file=sys.stderr)
     shards = sorted(work.glob("features-*.pt"))
     tokens_list = [torch.load(s)["tokens"] for s in shards]
     features_list = [torch.load(s)["hidden"] for s in shards]
@@ -338,6 +347,20 @@ def train(minutes: float, work: Path, out: Path, recipe: GemmaEagleRecipe = Gemm
             "train_seconds": round(state["seconds"], 1)}
 
 
+def start_from(head: EagleHead, init: Path, target, token_map: torch.Tensor) -> dict:
+    """Load the saved head in ``init`` into the fresh ``head`` (fp32); what it was, for the training record."""
+    from specswap.models import load_eagle_head  # noqa: PLC0415
+    start = load_eagle_head(init, target)
+    if start.token_map is None or not torch.equal(start.token_map.cpu(), token_map):
+        raise ValueError(f"{init}: the head's draft vocabulary is not the one this work directory's data derives "
+                         f"(token maps differ); start it from a head trained on the same corpus and draft_vocab")
+    head.load_state_dict({name: value.float() for name, value in start.state_dict().items()})
+    record_file = Path(init) / "training_record.json"
+    record = json.loads(record_file.read_text()) if record_file.is_file() else {}
+    return {"from": str(init), "steps": record.get("steps"), "feature_tokens": record.get("feature_tokens"),
+            "train_seconds": record.get("train_seconds")}
+
+
 def ship(head: EagleHead, out: Path, recipe: GemmaEagleRecipe, state: dict, data: dict,
          target_name: str = DEFAULT_TARGET) -> None:
     save_eagle_head(head, out, dtype=getattr(torch, recipe.save_dtype))
@@ -351,6 +374,8 @@ def ship(head: EagleHead, out: Path, recipe: GemmaEagleRecipe, state: dict, data
         "best": state["best"], "evals": state["evals"], "loss_curve": state["curve"],
         "steps": state["step"], "feature_tokens": state["feature_tokens"],
         "train_seconds": round(state["seconds"], 1),
+        # a head started from another (--init): that head's own training, and its held-out top-1 here
+        "init": state.get("init"),
         "recipe": asdict(recipe), "data": data["summary"],
         "sources": ["CPython stdlib .py files -> code; stdlib docstrings and licence texts -> prose",
                     "plus windows continued by the target's own greedy tokens"],
@@ -424,7 +449,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--minutes", type=float, default=100.0, help="wall-clock budget of this run")
     parser.add_argument("--work", type=Path, help="resumable work directory (default ~/.cache/specswap/<target>-eagle-run)")
     parser.add_argument("--out", type=Path, help="the head's directory (default python/specswap/zoo/weights/<target>-eagle)")
-    parser.add_argument("--planned-steps", type=int)
+    parser.add_argument("--planned-steps", type=int, help="length of the learning-rate schedule")
+    parser.add_argument("--lr", type=float, help=f"peak learning rate (default {GemmaEagleRecipe.lr})")
+    parser.add_argument("--init", type=Path,
+                        help="start from this saved head (same target and draft vocabulary) instead of a fresh one; "
+                             "it is the head to beat: only a better one is written to --out")
     parser.add_argument("--measure", action="store_true",
                         help="only measure the acceptance of the head in --out (recorded in its training_record.json)")
     parser.add_argument("--prompts-per-domain", type=int, default=4,
@@ -443,7 +472,9 @@ def main(argv: list[str] | None = None) -> None:
     recipe = GemmaEagleRecipe()
     if args.planned_steps:
         recipe = replace(recipe, planned_steps=args.planned_steps)
-    print(json.dumps(train(args.minutes, work, out, recipe, args.target), indent=2))
+    if args.lr:
+        recipe = replace(recipe, lr=args.lr)
+    print(json.dumps(train(args.minutes, work, out, recipe, args.target, init=args.init), indent=2))
 
 
 if __name__ == "__main__":
