@@ -56,7 +56,9 @@ struct Layout {
 };
 constexpr Layout kLayouts[] = {{kTypeQ8_0x8, "Q8_0x8", X8Kind::kQ8_0, GGML_TYPE_Q8_0},
                                {kTypeQ5_0x8, "Q5_0x8", X8Kind::kQ5_0, GGML_TYPE_Q5_0},
-                               {kTypeQ4_1x8, "Q4_1x8", X8Kind::kQ4_1, GGML_TYPE_Q4_1}};
+                               {kTypeQ4_1x8, "Q4_1x8", X8Kind::kQ4_1, GGML_TYPE_Q4_1},
+                               {kTypeQ4_Kx8, "Q4_Kx8", X8Kind::kQ4_K, GGML_TYPE_Q4_K},
+                               {kTypeQ6_Kx8, "Q6_Kx8", X8Kind::kQ6_K, GGML_TYPE_Q6_K}};
 
 const Layout* layout_of(int64_t type) {
   for (const Layout& layout : kLayouts) {
@@ -185,9 +187,9 @@ void RowReader::operator()(int64_t row, float* dst) const {
     to_float_(weight_ + row * row_bytes_, dst, k_);
     return;
   }
-  thread_local std::vector<BlockQ8_0> blocks;  // room for a row of either kind's blocks
-  if (blocks.size() < static_cast<size_t>(k_ / 32)) blocks.resize(k_ / 32);
-  unpack_x8_row(kind_, weight_, row, k_ / 32, blocks.data());
+  thread_local std::vector<uint8_t> blocks;  // a row of the file type's blocks
+  if (blocks.size() < row_bytes_) blocks.resize(row_bytes_);
+  unpack_x8_row(kind_, weight_, row, k_ / x8_block_values(kind_), blocks.data());
   to_float_(blocks.data(), dst, k_);
 }
 
@@ -268,26 +270,37 @@ X8Path x8_path() {
 }
 
 // Interleaved layouts: groups of 8 weight rows against every activation row; a whole dot stays on one thread.
-// act: m rows of `blocks` Q8_0 blocks (Q8_1 for Q4_1x8).
+// act: m rows of `blocks` Q8_0 blocks (Q8_1 for Q4_1x8, Q8_K for Q4_Kx8 / Q6_Kx8, read in place).
 template <typename Out>
 void run_linear_x8(X8Kind kind, const uint8_t* weight, int64_t n_out, int64_t k, const uint8_t* act, int64_t m,
                    Out* out) {
-  const int64_t blocks = k / 32, groups = n_out / kX8Rows;
-  const auto count = static_cast<size_t>(blocks * m);
-  Scratch& s = scratch();
-  if (s.act_scales.size() < count) s.act_scales.resize(count);
-  if (s.act_sums.size() < count) s.act_sums.resize(count), s.act_mins.resize(count);
-  if (s.act_values.size() < count * 32) s.act_values.resize(count * 32);
-  x8_act_prepare(kind == X8Kind::kQ4_1, act, blocks, m, s.act_values.data(), s.act_scales.data(), s.act_sums.data(),
-                 s.act_mins.data());
-  const X8Activations activations{s.act_values.data(), s.act_scales.data(), s.act_sums.data(), s.act_mins.data()};
+  const int64_t blocks = k / x8_block_values(kind), groups = n_out / kX8Rows;
+  X8Activations activations{};
+  if (!x8_is_k(kind)) {
+    const auto count = static_cast<size_t>(blocks * m);
+    Scratch& s = scratch();
+    if (s.act_scales.size() < count) s.act_scales.resize(count);
+    if (s.act_sums.size() < count) s.act_sums.resize(count), s.act_mins.resize(count);
+    if (s.act_values.size() < count * 32) s.act_values.resize(count * 32);
+    x8_act_prepare(kind == X8Kind::kQ4_1, act, blocks, m, s.act_values.data(), s.act_scales.data(),
+                   s.act_sums.data(), s.act_mins.data());
+    activations = X8Activations{s.act_values.data(), s.act_scales.data(), s.act_sums.data(), s.act_mins.data()};
+  }
+  const auto* act_k = reinterpret_cast<const BlockQ8_K*>(act);
   const X8Path path = x8_path();
+  const auto gemm = [&](int64_t g0, int64_t g1, float* y, int64_t stride) {
+    if (x8_is_k(kind)) {
+      x8k_gemm(kind, path, weight, g0, g1, act_k, blocks, m, y, stride);
+    } else {
+      x8_gemm(kind, path, weight, g0, g1, activations, blocks, m, y, stride);
+    }
+  };
   constexpr int64_t kTileGroups = 4;
   const int64_t group_bytes = static_cast<int64_t>(blocks * x8_block_bytes(kind));
   const int64_t grain = std::max<int64_t>(kTileGroups, 32768 / (group_bytes * std::max<int64_t>(m, 1)));
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     if constexpr (std::is_same_v<Out, float>) {
-      x8_gemm(kind, path, weight, begin, end, activations, blocks, m, out + begin * kX8Rows, n_out);
+      gemm(begin, end, out + begin * kX8Rows, n_out);
     } else {
       thread_local std::vector<float> tile_buffer;
       constexpr int64_t kTile = kTileGroups * kX8Rows;
@@ -295,7 +308,7 @@ void run_linear_x8(X8Kind kind, const uint8_t* weight, int64_t n_out, int64_t k,
       float* tile = tile_buffer.data();  // [m, kTile], column 0 = weight row 8 * g0
       for (int64_t g0 = begin; g0 < end; g0 += kTileGroups) {
         const int64_t g1 = std::min(end, g0 + kTileGroups);
-        x8_gemm(kind, path, weight, g0, g1, activations, blocks, m, tile, kTile);
+        gemm(g0, g1, tile, kTile);
         for (int64_t r = 0; r < m; ++r) {
           Out* y = out + r * n_out;
           for (int64_t n = g0 * kX8Rows; n < g1 * kX8Rows; ++n) y[n] = static_cast<Out>(tile[r * kTile + n - g0 * kX8Rows]);
@@ -426,17 +439,19 @@ at::Tensor ggml_dequantize(const at::Tensor& weight, int64_t weight_type, int64_
   return out;
 }
 
-// Q8_0 / Q5_0 / Q4_1 blocks [N, row_bytes] (N a multiple of 8) -> Q8_0x8 / Q5_0x8 / Q4_1x8, the same shape.
+// Q8_0 / Q5_0 / Q4_1 / Q4_K / Q6_K blocks [N, row_bytes] (N a multiple of 8) -> their interleaved layout, the
+// same shape.
 at::Tensor ggml_repack(const at::Tensor& weight, int64_t weight_type, int64_t in_features) {
   const ggml_type type = checked_type(weight_type);
   const Layout* layout = layout_for(type);
-  TORCH_CHECK(layout != nullptr, "ggml_repack: only Q8_0, Q5_0 and Q4_1 weights repack (to Q8_0x8 / Q5_0x8 / ",
-              "Q4_1x8), got ", type_label(api(), type));
+  TORCH_CHECK(layout != nullptr, "ggml_repack: only Q8_0, Q5_0, Q4_1, Q4_K and Q6_K weights repack (to Q8_0x8 / ",
+              "Q5_0x8 / Q4_1x8 / Q4_Kx8 / Q6_Kx8), got ", type_label(api(), type));
   check_weight(weight, type, in_features, "ggml_repack");
   const int64_t n = weight.size(0);
   TORCH_CHECK(n % kX8Rows == 0, "ggml_repack: interleaved weights hold groups of ", kX8Rows, " rows, got ", n, " rows");
   at::Tensor out = at::empty_like(weight);
-  repack_x8(layout->kind, weight.data_ptr<uint8_t>(), n, in_features / 32, out.data_ptr<uint8_t>());
+  repack_x8(layout->kind, weight.data_ptr<uint8_t>(), n, in_features / x8_block_values(layout->kind),
+            out.data_ptr<uint8_t>());
   return out;
 }
 
@@ -445,7 +460,7 @@ at::Tensor ggml_unrepack(const at::Tensor& weight, int64_t weight_type, int64_t 
   const ggml_type type = checked_type(weight_type);
   TORCH_CHECK(is_x8(type), "ggml_unrepack: ", type_label(api(), type), " is not an interleaved layout");
   check_weight(weight, type, in_features, "ggml_unrepack");
-  const int64_t n = weight.size(0), blocks = in_features / 32, row_bytes = weight.size(1);
+  const int64_t n = weight.size(0), blocks = in_features / x8_block_values(x8_kind(type)), row_bytes = weight.size(1);
   at::Tensor out = at::empty_like(weight);
   for (int64_t row = 0; row < n; ++row) {
     unpack_x8_row(x8_kind(type), weight.data_ptr<uint8_t>(), row, blocks, out.data_ptr<uint8_t>() + row * row_bytes);

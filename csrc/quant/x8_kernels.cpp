@@ -345,6 +345,7 @@ bool vnni512_supported() {
 }  // namespace
 
 void repack_x8(X8Kind kind, const void* src, int64_t rows, int64_t blocks, uint8_t* dst) {
+  if (x8_is_k(kind)) return repack_x8k(kind, src, rows, blocks, dst);
   const size_t block_bytes = x8_block_bytes(kind);
   std::memset(dst, 0, static_cast<size_t>(rows / kX8Rows * blocks) * block_bytes);
   for (int64_t g = 0; g < rows / kX8Rows; ++g) {
@@ -364,6 +365,7 @@ void repack_x8(X8Kind kind, const void* src, int64_t rows, int64_t blocks, uint8
 }
 
 void unpack_x8_row(X8Kind kind, const uint8_t* packed, int64_t row, int64_t blocks, void* dst) {
+  if (x8_is_k(kind)) return unpack_x8k_row(kind, packed, row, blocks, dst);
   const size_t block_bytes = x8_block_bytes(kind);
   const int64_t g = row / kX8Rows;
   const int j = static_cast<int>(row % kX8Rows);

@@ -497,9 +497,14 @@ def test_quantized_linear_keeps_the_bias_and_names_its_type():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the interleaved layouts (Q8_0x8, Q5_0x8: csrc/quant/x8_kernels.h)
+# the interleaved layouts (Q8_0x8, Q5_0x8, Q4_1x8, Q4_Kx8, Q6_Kx8: csrc/quant/x8_kernels.h)
 
-LAYOUT_SOURCES = tuple(q.REPACKED)  # Q8_0, Q5_0, Q4_1
+LAYOUT_SOURCES = tuple(q.REPACKED)  # Q8_0, Q5_0, Q4_1, Q4_K, Q6_K
+
+
+def _width(kind: str, k: int) -> int:
+    """k, or for a K-quant (256 values a block) k rounded up to a multiple of 256."""
+    return -(-k // 256) * 256 if kind.endswith("_K") else k
 
 
 def _layout(kind: str) -> int:
@@ -512,7 +517,7 @@ def _repack(blocks: torch.Tensor, kind: str, k: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind", LAYOUT_SOURCES)
 def test_repacked_weights_hold_the_same_bytes_rearranged(kind):
-    for n, k in ((8, 32), (48, 512)):
+    for n, k in ((8, _width(kind, 32)), (48, 512)):
         blocks = q.quantize(random_weight(n, k, seed=30), kind)
         packed = _repack(blocks, kind, k)
         assert packed.shape == blocks.shape and packed.dtype == torch.uint8
@@ -528,6 +533,7 @@ def test_repacked_weights_hold_the_same_bytes_rearranged(kind):
 @pytest.mark.parametrize("kind", LAYOUT_SOURCES)
 def test_layout_linear_is_within_the_activation_bound_and_agrees_with_the_plain_kernel(kind):
     for case, (n, lead, k) in enumerate([(8, (1,), 32), (40, (3, 1), 96), (296, (2, 4), 512), (64, (17,), 256)]):
+        k = _width(kind, k)
         w = random_weight(n, k, seed=40 + case)
         blocks = q.quantize(w, kind)
         x = random_input(lead, k, seed=140 + case)
@@ -582,9 +588,9 @@ def test_layout_thread_count_does_not_change_the_bits(kind):
 
 
 def test_quantized_linear_repacks_what_it_can_and_gathers_rows_of_a_layout(monkeypatch):
-    k = 64
-    w = random_weight(24, k, seed=54)
     for kind in LAYOUT_SOURCES:
+        k = _width(kind, 64)
+        w = random_weight(24, k, seed=54)
         blocks = q.quantize(w, kind)
         layer = q.QuantizedLinear(blocks, kind, k, repack=True)
         assert layer.weight_type == _layout(kind) and layer.block_type == kind and layer.repacked
@@ -601,6 +607,8 @@ def test_quantized_linear_repacks_what_it_can_and_gathers_rows_of_a_layout(monke
         assert odd.weight_type == q.ggml_type(kind)
         torch.testing.assert_close(odd(x), layer(x)[:, index[:13]], rtol=1e-5, atol=1e-5)
     # not a multiple of 8 rows, or another type: kept as it is
+    k = 64
+    w = random_weight(24, k, seed=54)
     assert q.QuantizedLinear(q.quantize(w[:12], "Q8_0"), "Q8_0", k, repack=True).weight_type == q.ggml_type("Q8_0")
     assert q.QuantizedLinear(q.quantize(w, "Q4_0"), "Q4_0", k, repack=True).weight_type == q.ggml_type("Q4_0")
     # the default follows the CPU capability (AVX2)
@@ -614,12 +622,12 @@ def test_layout_errors_name_the_bad_value():
         _repack(blocks, "Q8_0", 64)
     with pytest.raises(RuntimeError, match="Q8_0x8 weights hold groups of 8 rows, got 12 rows"):
         ggml_linear(torch.randn(2, 64), blocks, _layout("Q8_0"))
-    with pytest.raises(RuntimeError, match="only Q8_0, Q5_0 and Q4_1 weights repack .*got q4_0"):
+    with pytest.raises(RuntimeError, match="only Q8_0, Q5_0, Q4_1, Q4_K and Q6_K weights repack .*got q4_0"):
         _repack(q.quantize(random_weight(8, 64, seed=57), "Q4_0"), "Q4_0", 64)
     with pytest.raises(RuntimeError, match="Q5_0x8 is a layout, not a quantizer: quantize to q5_0, then ggml_repack"):
         torch.ops.specswap.ggml_quantize(torch.randn(8, 64), _layout("Q5_0"))
     with pytest.raises(RuntimeError, match="ggml_unrepack: q8_0 is not an interleaved layout"):
         torch.ops.specswap.ggml_unrepack(blocks, q.ggml_type("Q8_0"), 64)
     with pytest.raises(RuntimeError, match=r"ggml type 1007 is not supported .*Q8_0x8 \(1008\), Q5_0x8 \(1006\), "
-                                           r"Q4_1x8 \(1003\)"):
+                                           r"Q4_1x8 \(1003\), Q4_Kx8 \(1012\), Q6_Kx8 \(1014\)"):
         ggml_linear(torch.randn(2, 64), blocks, 1007)

@@ -25,11 +25,11 @@ GGML_TYPES: dict[str, int] = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
     "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30,
 }
-# Q8_0, Q5_0 and Q4_1 interleaved by 8 rows (csrc/quant/x8_kernels.h): layouts of our own, not GGUF types,
+# Q8_0, Q5_0, Q4_1, Q4_K and Q6_K interleaved by 8 rows (csrc/quant/x8_kernels.h): layouts of our own, not GGUF types,
 # holding the same bytes. Weights of these types are repacked at load time where the CPU has AVX2, for multi-row kernels
 # whose extra rows cost far less than a plain block kernel's: REPACKED maps a file type to its layout.
-REPACKED: dict[str, str] = {"Q8_0": "Q8_0x8", "Q5_0": "Q5_0x8", "Q4_1": "Q4_1x8"}
-LAYOUT_TYPES: dict[str, int] = {"Q8_0x8": 1008, "Q5_0x8": 1006, "Q4_1x8": 1003}
+REPACKED: dict[str, str] = {"Q8_0": "Q8_0x8", "Q5_0": "Q5_0x8", "Q4_1": "Q4_1x8", "Q4_K": "Q4_Kx8", "Q6_K": "Q6_Kx8"}
+LAYOUT_TYPES: dict[str, int] = {"Q8_0x8": 1008, "Q5_0x8": 1006, "Q4_1x8": 1003, "Q4_Kx8": 1012, "Q6_Kx8": 1014}
 FILE_TYPE_OF_LAYOUT: dict[str, str] = {layout: file_type for file_type, layout in REPACKED.items()}
 GGML_TYPE_NAMES = {number: name for name, number in (GGML_TYPES | LAYOUT_TYPES).items()}
 GGML_EXTRA_HINT = 'pip install "specswap[ggml]" (the libggml-python package)'
@@ -90,7 +90,7 @@ def row_bytes(kind: str | int, in_features: int) -> int:
 
 
 def repack_default() -> bool:
-    """Whether Q8_0 / Q5_0 / Q4_1 weights are repacked (``REPACKED``) by default: where the CPU capability has AVX2 (its kernels
+    """Whether Q8_0 / Q5_0 / Q4_1 / Q4_K / Q6_K weights are repacked (``REPACKED``) by default: where the CPU capability has AVX2 (its kernels
     are AVX2 and AVX-512 VNNI code; without AVX2 ggml's one-row vec_dot is faster than their scalar form)."""
     return cpu_capability().avx2
 
@@ -98,7 +98,7 @@ def repack_default() -> bool:
 class QuantizedLinear(nn.Module):
     """A linear over ggml blocks: x [..., in_features] (fp32 or bf16) -> [..., out_features], same dtype.
 
-    ``blocks`` are in the file's type ``kind``; Q8_0, Q5_0 and Q4_1 weights with a multiple of 8 rows are repacked to
+    ``blocks`` are in the file's type ``kind``; weights of a ``REPACKED`` type with a multiple of 8 rows are repacked to
     their interleaved layout (``REPACKED``) when ``repack`` is true (default: ``repack_default()``).
     ``block_type`` names the file's type, ``weight_type`` is the id of the one the weight is held in."""
 
