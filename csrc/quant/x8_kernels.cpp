@@ -181,21 +181,21 @@ SPECSWAP_X8_VNNI inline void chunks_unsigned(const uint8_t* block, __m256i* u) {
   }
 }
 
-// signed values: AVX2's (maddubs takes |w| and x signed by w)
+// AVX2's operands. Q8_0: the signed values (maddubs takes |w| and x signed by w: an unsigned Q8_0 value times x
+// could overflow maddubs' int16 pair sum). Q5_0 and Q4_1: the stored unsigned values, as VNNI's.
 template <X8Kind kKind>
-SPECSWAP_X8_AVX2 inline void chunks_signed(const uint8_t* block, __m256i* w) {
+SPECSWAP_X8_AVX2 inline void chunks_avx2(const uint8_t* block, __m256i* w) {
   const uint8_t* values = block + header_bytes(kKind);
   if constexpr (kKind == X8Kind::kQ8_0) {
     const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int i = 0; i < 8; ++i) w[i] = _mm256_xor_si256(load256(values + 32 * i), bias);
   } else {
-    nibbles(values, w);  // Q4_1: 0..15, non-negative, so |w| = w and x keeps its sign
+    nibbles(values, w);
     if constexpr (kKind == X8Kind::kQ5_0) {
       const __m256i sixteen = _mm256_set1_epi8(16);
-      for (int i = 0; i < 8; ++i) {
-        // q - 16: the nibble - 16, plus 16 where the fifth bit is set (byte p: bit p of the chunk's word)
+      for (int i = 0; i < 8; ++i) {  // plus 16 where the fifth bit is set (byte p: bit p of the chunk's word)
         const __m256i has_high = bits_to_bytes(static_cast<uint32_t>(load_i32(values + 128 + 4 * i)));
-        w[i] = _mm256_sub_epi8(_mm256_or_si256(w[i], _mm256_and_si256(has_high, sixteen)), sixteen);
+        w[i] = _mm256_or_si256(w[i], _mm256_and_si256(has_high, sixteen));
       }
     }
   }
@@ -215,39 +215,49 @@ SPECSWAP_X8_AVX2 inline __m256 add_block(__m256 acc, const uint8_t* block, __m25
   return acc;
 }
 
-// A block's chunks as the AVX2 dot takes them: the signed values and their magnitudes.
+// A block's chunks as the AVX2 dot takes them (chunks_avx2), and for Q8_0 their magnitudes.
 struct Avx2Block {
   __m256i w[8], wabs[8];
 };
 
 template <X8Kind kKind>
 SPECSWAP_X8_AVX2 inline void prepare(const uint8_t* block, Avx2Block* s) {
-  chunks_signed<kKind>(block, s->w);
-  for (int i = 0; i < 8; ++i) s->wabs[i] = _mm256_sign_epi8(s->w[i], s->w[i]);
+  chunks_avx2<kKind>(block, s->w);
+  if constexpr (kKind == X8Kind::kQ8_0) {
+    for (int i = 0; i < 8; ++i) s->wabs[i] = _mm256_sign_epi8(s->w[i], s->w[i]);
+  }
 }
+
+// activation values 4i..4i+3 in every 32-bit lane
+SPECSWAP_X8_AVX2 inline __m256i broadcast4(const int8_t* x, int i) { return _mm256_set1_epi32(load_i32(x + 4 * i)); }
 
 // The exact integer dots of one activation block (32 values at x) with the block's eight rows.
 template <X8Kind kKind>
-SPECSWAP_X8_AVX2 inline __m256i row_dot(const Avx2Block& s, const int8_t* x, const X8Activations&, int64_t) {
+SPECSWAP_X8_AVX2 inline __m256i row_dot(const Avx2Block& s, const int8_t* x, const X8Activations& act,
+                                        int64_t index) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-  for (int i = 0; i < 8; i += 2) {
-    const __m256i x0 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i)), s.w[i]);
-    const __m256i x1 = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * i + 4)), s.w[i + 1]);
-    if constexpr (kKind == X8Kind::kQ8_0) {
-      // |w| <= 128: a maddubs pair sum reaches 32512, so each goes to int32 at once
+  if constexpr (kKind == X8Kind::kQ8_0) {
+    // |w| <= 128: a maddubs pair sum reaches 32512, so each goes to int32 at once
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    for (int i = 0; i < 8; i += 2) {
+      const __m256i x0 = _mm256_sign_epi8(broadcast4(x, i), s.w[i]), x1 = _mm256_sign_epi8(broadcast4(x, i + 1), s.w[i + 1]);
       s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(s.wabs[i], x0), ones));
       s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(s.wabs[i + 1], x1), ones));
-    } else {
-      // |w| <= 16 (Q5_0; Q4_1: 15) and |x| <= 127 (ggml's Q8 activations): a pair sum is at most
-      // 2 * 16 * 127 = 4064, so the 8 chunks' pair sums add up exactly in int16 (at most 32512) and go to
-      // int32 once
-      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(s.wabs[i], x0));
-      s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(s.wabs[i + 1], x1));
     }
+    return _mm256_add_epi32(s0, s1);
+  } else {
+    // stored values u <= 31 (Q5_0; Q4_1: 15) times x, |x| <= 127 (ggml's Q8 activations): a pair sum is at most
+    // 2 * 31 * 127 = 7874, so four chunks' pair sums add exactly in int16 (Q4_1: all eight, at most 30480)
+    __m256i s0 = _mm256_maddubs_epi16(s.w[0], broadcast4(x, 0)), s1 = _mm256_maddubs_epi16(s.w[4], broadcast4(x, 4));
+    for (int i = 1; i < 4; ++i) {
+      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(s.w[i], broadcast4(x, i)));
+      s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(s.w[i + 4], broadcast4(x, i + 4)));
+    }
+    if constexpr (kKind == X8Kind::kQ4_1) return _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+    // Q5_0: the stored value is value + 16, so the dot is dot(stored, x) - 16 * sum(x)
+    const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
+    return _mm256_sub_epi32(dot, _mm256_set1_epi32(value_bias(kKind) * act.sums[index]));
   }
-  if constexpr (kKind == X8Kind::kQ8_0) return _mm256_add_epi32(s0, s1);
-  return _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
 }
 
 // ---- AVX-512 VNNI: the stored unsigned values times x in one instruction, from -bias * sum(x), exact ---------
