@@ -54,6 +54,7 @@ MODEL = "gemma-3-270m"
 LOOKUP_TOKENS = 10  # llama.cpp prompt lookup's num_pred_tokens, as in transformers' prompt_lookup_num_tokens=10
 INSTALL_HINT = "pip install llama-cpp-python"
 DEFAULT_ADAPTIVE_CONFIG = _REPOSITORY / "configs" / "goodput.json"
+DEFAULT_EAGLE_ADAPTIVE_CONFIG = _REPOSITORY / "configs" / "goodput-eagle.json"
 LLAMACPP, SPECSWAP = "llama.cpp", "specswap"
 PLAIN = "plain"
 TARGET_ONLY = "target-only"
@@ -73,10 +74,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--algorithms", nargs="+", default=["NGRAM", "EAGLE"], choices=["NGRAM", "EAGLE"],
                         help="specswap drafters (target-only always runs)")
     parser.add_argument("--ngram-steps", type=int, nargs="*", default=[1, 3, 7], help="NGRAM static tiers")
-    parser.add_argument("--eagle-steps", type=int, nargs="*", default=[1, 3], help="EAGLE static tiers")
+    parser.add_argument("--eagle-steps", type=int, nargs="*", default=[1, 2, 3], help="EAGLE static tiers")
     parser.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive rows")
     parser.add_argument("--adaptive-config", default=str(DEFAULT_ADAPTIVE_CONFIG),
-                        help="policy config of the adaptive rows (default: configs/goodput.json)")
+                        help="policy config of NGRAM's adaptive rows (default: configs/goodput.json)")
+    parser.add_argument("--eagle-adaptive-config", default=str(DEFAULT_EAGLE_ADAPTIVE_CONFIG),
+                        help="policy config of EAGLE's adaptive rows (default: configs/goodput-eagle.json)")
     parser.add_argument("--skip-llamacpp", action="store_true", help="run only the specswap side")
     parser.add_argument("--disable-graphs", action="store_true", help="run specswap's engines eagerly")
     parser.add_argument("--json", help="write every result, with command, cpu and commit, to this file")
@@ -187,9 +190,10 @@ def specswap_modes(args) -> dict[str, dict[str, Any]]:
         for k in steps:
             modes[f"{algorithm.lower()} static-{k}"] = dict(speculative_algorithm=algorithm, speculative_num_steps=k)
         if not args.no_adaptive:
+            config = args.eagle_adaptive_config if algorithm == "EAGLE" else args.adaptive_config
             modes[f"{algorithm.lower()} adaptive"] = dict(speculative_algorithm=algorithm, speculative_num_steps=3,
                                                           speculative_adaptive=True,
-                                                          speculative_adaptive_config=args.adaptive_config)
+                                                          speculative_adaptive_config=config)
     return modes
 
 

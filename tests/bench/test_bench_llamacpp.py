@@ -19,6 +19,7 @@ def test_defaults_and_flags(bench):
     assert (args.sets, args.num_prompts, args.new_tokens, args.threads) == (["code", "repeat", "prose"], 4, 96, [1])
     assert args.temperatures == [0.0, 1.0] and not args.skip_llamacpp and args.json is None
     assert Path(args.adaptive_config).name == "goodput.json" and Path(args.adaptive_config).is_file()
+    assert Path(args.eagle_adaptive_config).name == "goodput-eagle.json" and Path(args.eagle_adaptive_config).is_file()
     args = bench.parse_args(["--num-prompts", "1", "--new-tokens", "16", "--sets", "code", "--threads", "1", "2", "2",
                              "--skip-llamacpp", "--json", "out.json"])
     assert (args.num_prompts, args.new_tokens, args.sets, args.threads) == (1, 16, ["code"], [1, 2])
@@ -33,24 +34,22 @@ def test_bad_arguments_are_refused(bench, argv, capsys):
     assert argv[0] in capsys.readouterr().err
 
 
-def test_prompt_sets_come_from_bench_engine(bench):
+def test_prompt_sets_are_bench_engines_report_set(bench):
     import bench_engine
-    report = hasattr(bench_engine, "REPORT_CODE_PROMPTS")
-    assert bench.PROMPT_SET == ("report" if report else "tune")
-    prefix = "REPORT_" if report else ""
-    assert bench.SETS == {"code": getattr(bench_engine, f"{prefix}CODE_PROMPTS"),
-                          "repeat": getattr(bench_engine, f"{prefix}REPEAT_PROMPTS"),
-                          "prose": getattr(bench_engine, f"{prefix}PROSE_PROMPTS")}
+    assert bench.PROMPT_SET == "report"
+    assert bench.SETS == {"code": bench_engine.REPORT_CODE_PROMPTS, "repeat": bench_engine.REPORT_REPEAT_PROMPTS,
+                          "prose": bench_engine.REPORT_PROSE_PROMPTS}
     assert all(len(prompts) >= 4 for prompts in bench.SETS.values())
 
 
 def test_modes(bench):
     modes = bench.specswap_modes(bench.parse_args([]))
     assert list(modes) == ["target-only", "ngram static-1", "ngram static-3", "ngram static-7", "ngram adaptive",
-                           "eagle static-1", "eagle static-3", "eagle adaptive"]
+                           "eagle static-1", "eagle static-2", "eagle static-3", "eagle adaptive"]
     assert modes["target-only"] == {"speculative_algorithm": None}
     assert modes["eagle adaptive"]["speculative_adaptive"] is True
-    assert modes["eagle adaptive"]["speculative_adaptive_config"].endswith("goodput.json")
+    assert modes["eagle adaptive"]["speculative_adaptive_config"].endswith("goodput-eagle.json")
+    assert modes["ngram adaptive"]["speculative_adaptive_config"].endswith("goodput.json")
     modes = bench.specswap_modes(bench.parse_args(["--algorithms", "NGRAM", "--ngram-steps", "3", "--no-adaptive"]))
     assert list(modes) == ["target-only", "ngram static-3"]
 

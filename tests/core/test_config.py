@@ -1,6 +1,8 @@
-"""Adaptive config loading: every bad input raises ValueError naming the key and the valid range."""
+"""Adaptive config loading: every bad input raises ValueError naming the key and the valid range; the shipped
+configs load."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +165,10 @@ def test_schema_is_the_config_table():
         if field["kind"] in ("integer", "number") and field["low"] > float("-inf"):
             with pytest.raises(ValueError, match=__import__("re").escape(field["valid"])):
                 AdaptiveConfig(**{field["name"]: type(field["default"])(field["low"] - 1)})
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.json")),
+                         ids=lambda p: p.name)
+def test_shipped_configs_load_with_tier_zero_among_the_candidates(path):
+    config = load_adaptive_config(path)
+    assert config.policy == "goodput" and 0 in config.candidate_steps and config.probe_interval == 100
