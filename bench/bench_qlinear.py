@@ -7,7 +7,7 @@ Speculation pays only when verifying k + 1 rows costs little more than one row, 
 row count's time relative to one row ("x1"). Backends, side by side in one process on the same random weights
 (quantized with ggml's own quantizer):
 
-- ``interleaved``: Q8_0 / Q5_0 / Q4_1 weights repacked by eight rows (Q8_0x8 / Q5_0x8 / Q4_1x8), as the models
+- ``interleaved``: Q8_0 / Q5_0 / Q4_1 / Q4_K / Q6_K weights repacked by eight rows (``Q8_0x8`` ...), as the models
   hold them where the CPU has AVX2 (``specswap.models.quantized.REPACKED``);
 - ``ggml``: ``torch.ops.specswap.ggml_linear`` over the file's blocks (our multi-row kernels for Q8_0 / Q5_0 /
   Q4_0 / Q4_1 / Q4_K / Q6_K where the CPU has AVX2, with the AVX-512 VNNI integer dot for the first four where

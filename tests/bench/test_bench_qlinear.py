@@ -29,9 +29,9 @@ def test_quick_run_writes_every_cell_with_its_provenance(tmp_path, capsys):
     from specswap._core import _C
     fast = _C.ggml_fast_kernels_available()
     ours = {"ggml vec_dot"} if fast else set()  # our kernels against ggml's, where our kernels exist
-    layout = {"interleaved"} if quantized.repack_default() else set()  # Q8_0 repacked by eight rows
+    layout = {"interleaved"} if quantized.repack_default() else set()  # Q8_0 and Q4_K repacked by eight rows
     expected_backends = {"64x256:Q8_0": {"ggml", "torch fp32", "torch bf16"} | ours | layout,
-                         "32x256:Q4_K": {"ggml", "torch fp32", "torch bf16"} | ours,
+                         "32x256:Q4_K": {"ggml", "torch fp32", "torch bf16"} | ours | layout,
                          "32x256:Q5_K": {"ggml", "torch fp32", "torch bf16"}}  # no multi-row kernel for Q5_K
     for shape, backends in expected_backends.items():
         assert {b for s, b, _ in cells if s == shape} == backends, shape
