@@ -2,6 +2,7 @@
 // with per-function target attributes and chosen at run time, as q8_kernels.cpp.
 #include "quant/x8_kernels.h"
 #include "quant/simd_bits.h"
+#include "quant/x8_common.h"
 
 #include <immintrin.h>
 
@@ -10,6 +11,8 @@
 
 namespace specswap::quant {
 namespace {
+
+using x8::dpbusd_broadcast, x8::half_to_float, x8::load256, x8::load_i32, x8::nibbles, x8::set_nibble;
 
 #define SPECSWAP_X8_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SPECSWAP_X8_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -20,33 +23,9 @@ constexpr size_t header_bytes(X8Kind kind) { return kX8Rows * sizeof(uint16_t) *
 // values are stored unsigned, value + bias: the integer dot is dot(stored, x) - bias * sum(x)
 constexpr int32_t value_bias(X8Kind kind) { return kind == X8Kind::kQ8_0 ? 128 : kind == X8Kind::kQ5_0 ? 16 : 0; }
 
-// IEEE half to float, exact (every half is a float)
-float half_to_float(uint16_t h) {
-  const uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-  float magnitude;
-  if (exponent == 0) {
-    magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-  } else if (exponent == 31) {
-    magnitude = mantissa == 0 ? INFINITY : NAN;
-  } else {
-    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400), static_cast<int>(exponent) - 25);
-  }
-  return (h & 0x8000) ? -magnitude : magnitude;
-}
-
-int32_t load_i32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
 
 // ---- layout: the stored (unsigned) value of chunk i, byte p -------------------------------------------------
 
-// the low (`high` false) or high nibble of a byte set to the low 4 bits of `value`
-void set_nibble(uint8_t& byte, bool high, uint8_t value) {
-  byte = high ? static_cast<uint8_t>((byte & 0x0F) | ((value & 0x0F) << 4))
-              : static_cast<uint8_t>((byte & 0xF0) | (value & 0x0F));
-}
 
 // bit `index` of the little-endian 32-bit word at `word` set to `bit`
 void set_bit(uint8_t* word, int index, unsigned bit) {
@@ -149,19 +128,6 @@ void x8_gemm_scalar(X8Kind kind, const uint8_t* packed, int64_t g0, int64_t g1, 
 
 // ---- the 8 chunks of a block as registers --------------------------------------------------------------------
 
-// Q5_0x8's 4-bit parts: chunk t in the low nibbles of vector t, chunk t + 4 in its high nibbles
-SPECSWAP_X8_AVX2 inline __m256i load256(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-
-SPECSWAP_X8_AVX2 inline void nibbles(const uint8_t* values, __m256i* q) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int t = 0; t < 4; ++t) {
-    const __m256i v = load256(values + 32 * t);
-    q[t] = _mm256_and_si256(v, low);
-    q[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-  }
-}
 
 // stored (unsigned) values: VNNI's operand
 template <X8Kind kKind>
@@ -262,13 +228,6 @@ SPECSWAP_X8_AVX2 inline __m256i row_dot(const Avx2Block& s, const int8_t* x, con
 
 // ---- AVX-512 VNNI: the stored unsigned values times x in one instruction, from -bias * sum(x), exact ---------
 
-// acc + the dot of u's bytes with the 4 signed bytes at x, broadcast to every lane. One instruction with an
-// embedded broadcast ({1to8}) of its memory operand: GCC emits a separate broadcast for
-// _mm256_dpbusd_epi32(acc, u, _mm256_set1_epi32(load)), which cost the 8-row LM head a fifth of its time.
-SPECSWAP_X8_VNNI inline __m256i dpbusd_broadcast(__m256i acc, __m256i u, const int8_t* x) {
-  asm("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(x)));
-  return acc;
-}
 
 // A block's chunks as the VNNI dot takes them: the stored unsigned values.
 struct VnniBlock {

@@ -6,10 +6,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "quant/x8_common.h"
 #include "quant/x8_kernels.h"
 
 namespace specswap::quant {
 namespace {
+
+using x8::dpbusd_broadcast, x8::half_to_float, x8::load256, x8::load_i32, x8::nibbles, x8::set_nibble;
 
 #define SPECSWAP_X8K_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SPECSWAP_X8K_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -22,24 +25,6 @@ constexpr size_t kQ4kMins = 16, kQ4kLow = 32, kQ4kHigh = 96, kQ4kValues = 128;
 constexpr size_t kQ6kScales = 16, kQ6kLow = 144, kQ6kHigh = 1168;
 static_assert(kQ4kValues + 1024 == 8 * sizeof(BlockQ4_K) && kQ6kHigh + 512 == 8 * sizeof(BlockQ6_K));
 
-float half_to_float(uint16_t h) {
-  const uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-  float magnitude;
-  if (exponent == 0) {
-    magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-  } else if (exponent == 31) {
-    magnitude = mantissa == 0 ? INFINITY : NAN;
-  } else {
-    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400), static_cast<int>(exponent) - 25);
-  }
-  return (h & 0x8000) ? -magnitude : magnitude;
-}
-
-int32_t load_i32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
 
 // ---- one row of a block, unpacked: what both the plain blocks and the layout hold ----------------------------
 
@@ -137,10 +122,7 @@ int scale_entry(int j, int p) { return 8 * j + p; }
 int min_entry(int j, int p) { return 16 * (j / 2) + 2 * p + j % 2; }
 
 uint8_t get_nibble(const uint8_t* base, size_t byte, bool high) { return high ? base[byte] >> 4 : base[byte] & 0x0F; }
-void put_nibble(uint8_t* base, size_t byte, bool high, uint8_t value) {
-  base[byte] = high ? static_cast<uint8_t>((base[byte] & 0x0F) | ((value & 0x0F) << 4))
-                    : static_cast<uint8_t>((base[byte] & 0xF0) | (value & 0x0F));
-}
+void put_nibble(uint8_t* base, size_t byte, bool high, uint8_t value) { set_nibble(base[byte], high, value); }
 // the 2-bit field at bits [2 * part, 2 * part + 2) of the high-bits nibble of entry e (entries 32.. in high nibbles)
 uint8_t get_high2(const uint8_t* high, int e, int part) {
   return static_cast<uint8_t>((get_nibble(high, e % 32, e >= 32) >> (2 * part)) & 3);
@@ -240,19 +222,6 @@ void gemm_scalar(X8Kind kind, const uint8_t* packed, int64_t g0, int64_t g1, con
 
 // ---- SIMD: a group's block unpacked once, then every activation row ------------------------------------------
 
-SPECSWAP_X8K_AVX2 inline __m256i load256(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-
-// a 32-value group's 8 chunks of 4-bit parts (vector t: chunk t low, chunk t + 4 high)
-SPECSWAP_X8K_AVX2 inline void nibbles(const uint8_t* values, __m256i* q) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int t = 0; t < 4; ++t) {
-    const __m256i v = load256(values + 32 * t);
-    q[t] = _mm256_and_si256(v, low);
-    q[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-  }
-}
 
 // Q6_Kx8: a group's 8 chunks of stored values 0..63 (low 4 bits | high 2 bits << 4)
 SPECSWAP_X8K_AVX2 inline void six_bit(const uint8_t* block, int group, __m256i* q) {
@@ -341,11 +310,6 @@ SPECSWAP_X8K_AVX2 inline __m256i scaled_dot_avx2(const __m256i* u, int half, con
   }
 }
 
-// VNNI: one instruction a chunk, the activation bytes as an embedded broadcast (see x8_kernels.cpp)
-SPECSWAP_X8K_VNNI inline __m256i dpbusd_broadcast(__m256i acc, __m256i u, const int8_t* x) {
-  asm("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(x)));
-  return acc;
-}
 
 template <X8Kind kKind>
 SPECSWAP_X8K_VNNI inline __m256i scaled_dot_vnni(const __m256i* u, int half, const BlockQ8_K& x, int G, __m256i scale) {
