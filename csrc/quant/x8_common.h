@@ -60,4 +60,22 @@ __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) inline __m256i dpbus
   return acc;
 }
 
+// Activation rows [0, m) in passes of up to 8, each a call of pass.template operator()<R>(r0) with R its row count
+// as a constant, so the kernel keeps R rows' accumulators in registers.
+template <typename Pass>
+inline void in_row_passes(int64_t m, Pass&& pass) {
+  for (int64_t r0 = 0; r0 < m; r0 += 8) {
+    switch (m - r0 < 8 ? m - r0 : 8) {
+      case 8: pass.template operator()<8>(r0); break;
+      case 7: pass.template operator()<7>(r0); break;
+      case 6: pass.template operator()<6>(r0); break;
+      case 5: pass.template operator()<5>(r0); break;
+      case 4: pass.template operator()<4>(r0); break;
+      case 3: pass.template operator()<3>(r0); break;
+      case 2: pass.template operator()<2>(r0); break;
+      default: pass.template operator()<1>(r0); break;
+    }
+  }
+}
+
 }  // namespace specswap::quant::x8

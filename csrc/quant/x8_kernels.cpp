@@ -17,7 +17,6 @@ using x8::dpbusd_broadcast, x8::half_to_float, x8::load256, x8::load_i32, x8::ni
 #define SPECSWAP_X8_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SPECSWAP_X8_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
-constexpr int kMaxRows = 8;  // activation rows per pass over a group's blocks
 // the block header: 8 fp16 scales, and for Q4_1 then 8 fp16 mins
 constexpr size_t header_bytes(X8Kind kind) { return kX8Rows * sizeof(uint16_t) * (kind == X8Kind::kQ4_1 ? 2 : 1); }
 // values are stored unsigned, value + bias: the integer dot is dot(stored, x) - bias * sum(x)
@@ -286,24 +285,14 @@ SPECSWAP_X8_ROWS(x8_rows_vnni, SPECSWAP_X8_VNNI, VnniBlock)
 template <X8Kind kKind>
 void x8_gemm_simd(X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
                   int64_t blocks, int64_t m, float* out, int64_t stride) {
-  for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
-    const int group = static_cast<int>(m - r0 < kMaxRows ? m - r0 : kMaxRows);
+  x8::in_row_passes(m, [&]<int kRows>(int64_t r0) {
     float* y = out + r0 * stride;
-#define SPECSWAP_ROWS(R)                                                       \
-  case R:                                                                      \
-    if (path == X8Path::kVnni) {                                               \
-      x8_rows_vnni<kKind, R>(packed, g0, g1, act, r0, blocks, y, stride);      \
-    } else {                                                                   \
-      x8_rows_avx2<kKind, R>(packed, g0, g1, act, r0, blocks, y, stride);      \
-    }                                                                          \
-    break;
-    switch (group) {
-      SPECSWAP_ROWS(8) SPECSWAP_ROWS(7) SPECSWAP_ROWS(6) SPECSWAP_ROWS(5)
-      SPECSWAP_ROWS(4) SPECSWAP_ROWS(3) SPECSWAP_ROWS(2) SPECSWAP_ROWS(1)
-      default: break;
+    if (path == X8Path::kVnni) {
+      x8_rows_vnni<kKind, kRows>(packed, g0, g1, act, r0, blocks, y, stride);
+    } else {
+      x8_rows_avx2<kKind, kRows>(packed, g0, g1, act, r0, blocks, y, stride);
     }
-#undef SPECSWAP_ROWS
-  }
+  });
 }
 
 bool vnni512_supported() {

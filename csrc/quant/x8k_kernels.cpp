@@ -17,8 +17,6 @@ using x8::dpbusd_broadcast, x8::half_to_float, x8::load256, x8::load_i32, x8::ni
 #define SPECSWAP_X8K_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SPECSWAP_X8K_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
-constexpr int kMaxRows = 8;  // activation rows per pass over a group's blocks
-
 // Q4_Kx8 block offsets: d, dmin, the scales' and mins' low nibbles, their high bits, the values
 constexpr size_t kQ4kMins = 16, kQ4kLow = 32, kQ4kHigh = 96, kQ4kValues = 128;
 // Q6_Kx8: d, scales, the values' low 4 bits, their high 2 bits
@@ -390,24 +388,14 @@ SPECSWAP_X8K_ROWS(rows_vnni, SPECSWAP_X8K_VNNI, scaled_dot_vnni)
 template <X8Kind kKind>
 void gemm_simd(X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const BlockQ8_K* act, int64_t blocks,
                int64_t m, float* out, int64_t stride) {
-  for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
-    const int rows = static_cast<int>(m - r0 < kMaxRows ? m - r0 : kMaxRows);
+  x8::in_row_passes(m, [&]<int kRows>(int64_t r0) {
     float* y = out + r0 * stride;
-#define SPECSWAP_ROWS(R)                                                     \
-  case R:                                                                    \
-    if (path == X8Path::kVnni) {                                             \
-      rows_vnni<kKind, R>(packed, g0, g1, act, r0, blocks, y, stride);       \
-    } else {                                                                 \
-      rows_avx2<kKind, R>(packed, g0, g1, act, r0, blocks, y, stride);       \
-    }                                                                        \
-    break;
-    switch (rows) {
-      SPECSWAP_ROWS(8) SPECSWAP_ROWS(7) SPECSWAP_ROWS(6) SPECSWAP_ROWS(5)
-      SPECSWAP_ROWS(4) SPECSWAP_ROWS(3) SPECSWAP_ROWS(2) SPECSWAP_ROWS(1)
-      default: break;
+    if (path == X8Path::kVnni) {
+      rows_vnni<kKind, kRows>(packed, g0, g1, act, r0, blocks, y, stride);
+    } else {
+      rows_avx2<kKind, kRows>(packed, g0, g1, act, r0, blocks, y, stride);
     }
-#undef SPECSWAP_ROWS
-  }
+  });
 }
 
 }  // namespace
