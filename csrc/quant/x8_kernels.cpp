@@ -289,6 +289,11 @@ void x8_gemm_simd(X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, co
     float* y = out + r0 * stride;
     if (path == X8Path::kVnni) {
       x8_rows_vnni<kKind, kRows>(packed, g0, g1, act, r0, blocks, y, stride);
+    } else if constexpr (kKind == X8Kind::kQ8_0 && kRows > 4) {
+      // AVX2's Q8_0 block takes 16 of its 16 vector registers (the values and their magnitudes): past 4 rows
+      // the accumulators spill, so two passes (each row's arithmetic, and so its bits, unchanged)
+      x8_rows_avx2<kKind, 4>(packed, g0, g1, act, r0, blocks, y, stride);
+      x8_rows_avx2<kKind, kRows - 4>(packed, g0, g1, act, r0 + 4, blocks, y + 4 * stride, stride);
     } else {
       x8_rows_avx2<kKind, kRows>(packed, g0, g1, act, r0, blocks, y, stride);
     }
