@@ -22,9 +22,7 @@ constexpr size_t header_bytes(X8Kind kind) { return kX8Rows * sizeof(uint16_t) *
 // values are stored unsigned, value + bias: the integer dot is dot(stored, x) - bias * sum(x)
 constexpr int32_t value_bias(X8Kind kind) { return kind == X8Kind::kQ8_0 ? 128 : kind == X8Kind::kQ5_0 ? 16 : 0; }
 
-
 // ---- layout: the stored (unsigned) value of chunk i, byte p -------------------------------------------------
-
 
 // bit `index` of the little-endian 32-bit word at `word` set to `bit`
 void set_bit(uint8_t* word, int index, unsigned bit) {
@@ -127,7 +125,6 @@ void x8_gemm_scalar(X8Kind kind, const uint8_t* packed, int64_t g0, int64_t g1, 
 
 // ---- the 8 chunks of a block as registers --------------------------------------------------------------------
 
-
 // stored (unsigned) values: VNNI's operand
 template <X8Kind kKind>
 SPECSWAP_X8_VNNI inline void chunks_unsigned(const uint8_t* block, __m256i* u) {
@@ -226,7 +223,6 @@ SPECSWAP_X8_AVX2 inline __m256i row_dot(const Avx2Block& s, const int8_t* x, con
 }
 
 // ---- AVX-512 VNNI: the stored unsigned values times x in one instruction, from -bias * sum(x), exact ---------
-
 
 // A block's chunks as the VNNI dot takes them: the stored unsigned values.
 struct VnniBlock {

@@ -23,7 +23,6 @@ constexpr size_t kQ4kMins = 16, kQ4kLow = 32, kQ4kHigh = 96, kQ4kValues = 128;
 constexpr size_t kQ6kScales = 16, kQ6kLow = 144, kQ6kHigh = 1168;
 static_assert(kQ4kValues + 1024 == 8 * sizeof(BlockQ4_K) && kQ6kHigh + 512 == 8 * sizeof(BlockQ6_K));
 
-
 // ---- one row of a block, unpacked: what both the plain blocks and the layout hold ----------------------------
 
 struct KRow {
@@ -220,7 +219,6 @@ void gemm_scalar(X8Kind kind, const uint8_t* packed, int64_t g0, int64_t g1, con
 
 // ---- SIMD: a group's block unpacked once, then every activation row ------------------------------------------
 
-
 // Q6_Kx8: a group's 8 chunks of stored values 0..63 (low 4 bits | high 2 bits << 4)
 SPECSWAP_X8K_AVX2 inline void six_bit(const uint8_t* block, int group, __m256i* q) {
   nibbles(block + kQ6kLow + 128 * group, q);
@@ -308,7 +306,6 @@ SPECSWAP_X8K_AVX2 inline __m256i scaled_dot_avx2(const __m256i* u, int half, con
   }
 }
 
-
 template <X8Kind kKind>
 SPECSWAP_X8K_VNNI inline __m256i scaled_dot_vnni(const __m256i* u, int half, const BlockQ8_K& x, int G, __m256i scale) {
   if constexpr (kKind == X8Kind::kQ4_K) {
@@ -367,11 +364,13 @@ SPECSWAP_X8K_VNNI inline __m256i scaled_dot_vnni(const __m256i* u, int half, con
           }                                                                                                      \
         }                                                                                                        \
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));             \
+        [[maybe_unused]] const __m256 dmin = kKind == X8Kind::kQ4_K                                              \
+            ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQ4kMins)))              \
+            : _mm256_setzero_ps();                                                                               \
         for (int r = 0; r < kRows; ++r) {                                                                        \
           const __m256 dx = _mm256_set1_ps(x[r * blocks].d);                                                     \
           acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[r]), acc[r]);                  \
           if constexpr (kKind == X8Kind::kQ4_K) {                                                                \
-            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQ4kMins))); \
             acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(q4k_min_term(mins, x[r * blocks])), \
                                       acc[r]);                                                                   \
           }                                                                                                      \
