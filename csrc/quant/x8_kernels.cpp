@@ -143,27 +143,22 @@ SPECSWAP_X8_VNNI inline void chunks_unsigned(const uint8_t* block, __m256i* u) {
   }
 }
 
-// AVX2's operands. Q8_0: the signed values (maddubs takes |w| and x signed by w: an unsigned Q8_0 value times x
-// could overflow maddubs' int16 pair sum). Q5_0 and Q4_1: the stored unsigned values, as VNNI's.
+// AVX2's operands for Q5_0 and Q4_1: the stored unsigned values, as VNNI's (Q8_0: q8_0_rows_avx2).
 template <X8Kind kKind>
 SPECSWAP_X8_AVX2 inline void chunks_avx2(const uint8_t* block, __m256i* w) {
+  static_assert(kKind != X8Kind::kQ8_0);
   const uint8_t* values = block + header_bytes(kKind);
-  if constexpr (kKind == X8Kind::kQ8_0) {
-    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-    for (int i = 0; i < 8; ++i) w[i] = _mm256_xor_si256(load256(values + 32 * i), bias);
-  } else {
-    nibbles(values, w);
-    if constexpr (kKind == X8Kind::kQ5_0) {
-      const __m256i sixteen = _mm256_set1_epi8(16);
-      for (int i = 0; i < 8; ++i) {  // plus 16 where the fifth bit is set (byte p: bit p of the chunk's word)
-        const __m256i has_high = bits_to_bytes(static_cast<uint32_t>(load_i32(values + 128 + 4 * i)));
-        w[i] = _mm256_or_si256(w[i], _mm256_and_si256(has_high, sixteen));
-      }
+  nibbles(values, w);
+  if constexpr (kKind == X8Kind::kQ5_0) {
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    for (int i = 0; i < 8; ++i) {  // plus 16 where the fifth bit is set (byte p: bit p of the chunk's word)
+      const __m256i has_high = bits_to_bytes(static_cast<uint32_t>(load_i32(values + 128 + 4 * i)));
+      w[i] = _mm256_or_si256(w[i], _mm256_and_si256(has_high, sixteen));
     }
   }
 }
 
-// ---- AVX2: |w| times x signed by w (maddubs), pairs to int32 (madd), exact -----------------------------------
+// ---- AVX2: unsigned stored values times x (maddubs), pairs to int32 (madd), exact ---------------------------
 
 // After a block's integer dots: acc += (d_w * d_x) * dot, then for Q4_1 acc += m_w * s_x (its min term).
 template <X8Kind kKind>
@@ -177,17 +172,14 @@ SPECSWAP_X8_AVX2 inline __m256 add_block(__m256 acc, const uint8_t* block, __m25
   return acc;
 }
 
-// A block's chunks as the AVX2 dot takes them (chunks_avx2), and for Q8_0 their magnitudes.
+// A block's chunks as the AVX2 dot takes them (chunks_avx2).
 struct Avx2Block {
-  __m256i w[8], wabs[8];
+  __m256i w[8];
 };
 
 template <X8Kind kKind>
 SPECSWAP_X8_AVX2 inline void prepare(const uint8_t* block, Avx2Block* s) {
   chunks_avx2<kKind>(block, s->w);
-  if constexpr (kKind == X8Kind::kQ8_0) {
-    for (int i = 0; i < 8; ++i) s->wabs[i] = _mm256_sign_epi8(s->w[i], s->w[i]);
-  }
 }
 
 // activation values 4i..4i+3 in every 32-bit lane
@@ -198,28 +190,17 @@ template <X8Kind kKind>
 SPECSWAP_X8_AVX2 inline __m256i row_dot(const Avx2Block& s, const int8_t* x, const X8Activations& act,
                                         int64_t index) {
   const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (kKind == X8Kind::kQ8_0) {
-    // |w| <= 128: a maddubs pair sum reaches 32512, so each goes to int32 at once
-    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-    for (int i = 0; i < 8; i += 2) {
-      const __m256i x0 = _mm256_sign_epi8(broadcast4(x, i), s.w[i]), x1 = _mm256_sign_epi8(broadcast4(x, i + 1), s.w[i + 1]);
-      s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(s.wabs[i], x0), ones));
-      s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(s.wabs[i + 1], x1), ones));
-    }
-    return _mm256_add_epi32(s0, s1);
-  } else {
-    // stored values u <= 31 (Q5_0; Q4_1: 15) times x, |x| <= 127 (ggml's Q8 activations): a pair sum is at most
-    // 2 * 31 * 127 = 7874, so four chunks' pair sums add exactly in int16 (Q4_1: all eight, at most 30480)
-    __m256i s0 = _mm256_maddubs_epi16(s.w[0], broadcast4(x, 0)), s1 = _mm256_maddubs_epi16(s.w[4], broadcast4(x, 4));
-    for (int i = 1; i < 4; ++i) {
-      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(s.w[i], broadcast4(x, i)));
-      s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(s.w[i + 4], broadcast4(x, i + 4)));
-    }
-    if constexpr (kKind == X8Kind::kQ4_1) return _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
-    // Q5_0: the stored value is value + 16, so the dot is dot(stored, x) - 16 * sum(x)
-    const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
-    return _mm256_sub_epi32(dot, _mm256_set1_epi32(value_bias(kKind) * act.sums[index]));
+  // stored values u <= 31 (Q5_0; Q4_1: 15) times x, |x| <= 127 (ggml's Q8 activations): a pair sum is at most
+  // 2 * 31 * 127 = 7874, so four chunks' pair sums add exactly in int16 (Q4_1: all eight, at most 30480)
+  __m256i s0 = _mm256_maddubs_epi16(s.w[0], broadcast4(x, 0)), s1 = _mm256_maddubs_epi16(s.w[4], broadcast4(x, 4));
+  for (int i = 1; i < 4; ++i) {
+    s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(s.w[i], broadcast4(x, i)));
+    s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(s.w[i + 4], broadcast4(x, i + 4)));
   }
+  if constexpr (kKind == X8Kind::kQ4_1) return _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+  // Q5_0: the stored value is value + 16, so the dot is dot(stored, x) - 16 * sum(x)
+  const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
+  return _mm256_sub_epi32(dot, _mm256_set1_epi32(value_bias(kKind) * act.sums[index]));
 }
 
 // ---- AVX-512 VNNI: the stored unsigned values times x in one instruction, from -bias * sum(x), exact ---------
@@ -278,6 +259,40 @@ SPECSWAP_X8_ROWS(x8_rows_avx2, SPECSWAP_X8_AVX2, Avx2Block)
 SPECSWAP_X8_ROWS(x8_rows_vnni, SPECSWAP_X8_VNNI, VnniBlock)
 #undef SPECSWAP_X8_ROWS
 
+// Q8_0 on AVX2, chunk by chunk: chunk i's values and their magnitudes are formed once and advance every
+// activation row's exact int32 dot, so up to 4 rows' dots and float accumulators stay in AVX2's 16 registers
+// (prepare + row_dot would hold the whole block's 16 vectors). The same integer dots and float operations as the
+// other forms, so the same bits.
+template <int kRows>
+SPECSWAP_X8_AVX2 void q8_0_rows_avx2(const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
+                                     int64_t r0, int64_t blocks, float* out, int64_t stride) {
+  constexpr size_t kBlockBytes = x8_block_bytes(X8Kind::kQ8_0);
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* group = packed + g * blocks * kBlockBytes;
+    __m256 acc[kRows];
+    for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* block = group + b * kBlockBytes;
+      const uint8_t* values = block + header_bytes(X8Kind::kQ8_0);
+      __m256i dot[kRows];
+      for (int r = 0; r < kRows; ++r) dot[r] = _mm256_setzero_si256();
+      for (int i = 0; i < 8; ++i) {
+        const __m256i w = _mm256_xor_si256(load256(values + 32 * i), bias), magnitude = _mm256_sign_epi8(w, w);
+        for (int r = 0; r < kRows; ++r) {
+          const __m256i x = _mm256_sign_epi8(broadcast4(act.qs + ((r0 + r) * blocks + b) * 32, i), w);
+          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), ones));
+        }
+      }
+      const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+      for (int r = 0; r < kRows; ++r) {
+        acc[r] = add_block<X8Kind::kQ8_0>(acc[r], block, ws, dot[r], act, (r0 + r) * blocks + b);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(out + r * stride + (g - g0) * kX8Rows, acc[r]);
+  }
+}
+
 template <X8Kind kKind>
 void x8_gemm_simd(X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, const X8Activations& act,
                   int64_t blocks, int64_t m, float* out, int64_t stride) {
@@ -285,11 +300,8 @@ void x8_gemm_simd(X8Path path, const uint8_t* packed, int64_t g0, int64_t g1, co
     float* y = out + r0 * stride;
     if (path == X8Path::kVnni) {
       x8_rows_vnni<kKind, kRows>(packed, g0, g1, act, r0, blocks, y, stride);
-    } else if constexpr (kKind == X8Kind::kQ8_0 && kRows > 4) {
-      // AVX2's Q8_0 block takes 16 of its 16 vector registers (the values and their magnitudes): past 4 rows
-      // the accumulators spill, so two passes (each row's arithmetic, and so its bits, unchanged)
-      x8_rows_avx2<kKind, 4>(packed, g0, g1, act, r0, blocks, y, stride);
-      x8_rows_avx2<kKind, kRows - 4>(packed, g0, g1, act, r0 + 4, blocks, y + 4 * stride, stride);
+    } else if constexpr (kKind == X8Kind::kQ8_0) {
+      q8_0_rows_avx2<kRows>(packed, g0, g1, act, r0, blocks, y, stride);
     } else {
       x8_rows_avx2<kKind, kRows>(packed, g0, g1, act, r0, blocks, y, stride);
     }
