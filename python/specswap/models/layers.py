@@ -226,14 +226,21 @@ class Attention(nn.Module):
                                                  enable_gqa=gqa)
         else:
             write_kv(key_buffer, value_buffer, slots, plan.write_positions, k, v)
-            # past + new keys of each request's slot: [B, kv_heads, L, D]
-            keys = key_buffer[slots, :, :plan.key_length].to(q.dtype)
-            values = value_buffer[slots, :, :plan.key_length].to(q.dtype)
-            if self.batch_invariant and q.dtype == torch.float32:
-                out = torch.ops.specswap.invariant_attention(q, keys, values, plan.mask, self.scale)
+            invariant = self.batch_invariant and q.dtype == torch.float32
+            if invariant and key_buffer.dtype == torch.float32:
+                # the first L positions of each row's slot, read in place
+                out = torch.ops.specswap.invariant_attention(q, key_buffer, value_buffer, slots, plan.mask,
+                                                             self.scale)
             else:
-                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask, scale=self.scale,
-                                                     enable_gqa=gqa)
+                # past + new keys of each request's slot: [B, kv_heads, L, D]
+                keys = key_buffer[slots, :, :plan.key_length].to(q.dtype)
+                values = value_buffer[slots, :, :plan.key_length].to(q.dtype)
+                if invariant:  # a cache of another dtype: its rows converted, as rows 0..B-1
+                    rows = torch.arange(batch, device=q.device)
+                    out = torch.ops.specswap.invariant_attention(q, keys, values, rows, plan.mask, self.scale)
+                else:
+                    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask, scale=self.scale,
+                                                         enable_gqa=gqa)
         # out: [B, heads, T, D] -> [B, T, heads * D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim))
 
