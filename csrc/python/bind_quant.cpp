@@ -1,5 +1,5 @@
 // Quantized weights: the operators themselves (torch.ops.specswap.ggml_*)
-// register with the dispatcher; here are ggml's loader and switches, and the invariant attention's. ggml is
+// register with the dispatcher; here are ggml's loader and switches, and simd_math's. ggml is
 // loaded at run time, so a build without it still imports.
 #include "python/bindings.h"
 
@@ -7,7 +7,7 @@
 
 #include <atomic>
 
-#include "quant/invariant_attention.h"
+#include "quant/simd_math.h"
 
 #ifdef SPECSWAP_WITH_GGML
 #include "quant/ggml_api.h"
@@ -37,8 +37,9 @@ int64_t parallel_threads_used(int64_t tasks) {
 void bind_quant(py::module_& m) {
   m.def("parallel_threads_used", &parallel_threads_used, py::arg("tasks"),
         "Distinct intra-op threads one at::parallel_for over `tasks` tasks ran on (a build check).");
-  m.def("invariant_attention_set_simd", &quant::invariant_attention_set_simd, py::arg("enabled"),
-        "The AVX2 form of invariant_attention on (default where AVX2 exists) or off; same bits. Returns the previous.");
+  m.def("simd_math_set", &quant::simd_math::set_simd, py::arg("enabled"),
+        "The AVX2 forms of invariant_attention and gated_activation on (default where AVX2 exists) or off; same "
+        "bits. Returns the previous setting.");
 #ifdef SPECSWAP_WITH_GGML
   m.attr("with_ggml") = true;
   m.def("ggml_load", &quant::ggml_load, py::arg("library_dir"),

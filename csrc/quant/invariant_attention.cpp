@@ -9,7 +9,7 @@
 // Row b reads the first L positions of cache slot slots[b] in place (no gathered copy of the keys and values);
 // H is a multiple of KVH (grouped-query attention). Per query, in this order: the scores of the allowed keys
 // (q . k over D: 8 lanes of products summed in order, then the lanes summed in order, times the scale), their
-// maximum, the weights exp(score - max) summed in key order, the values summed in key order with those weights,
+// maximum, the weights exp(score - max) (simd_math.h's exp, whose two forms give the same bits) summed in key order, the values summed in key order with those weights,
 // times 1 / sum. The AVX2 form does the same float operations (separate multiplies and adds, never fused), only
 // several keys' lanes or several output lanes at once, so every CPU gives the same bits.
 #include <ATen/ATen.h>
@@ -17,6 +17,8 @@
 #include <torch/library.h>
 
 #include <immintrin.h>
+
+#include "quant/simd_math.h"
 
 #include <cmath>
 #include <limits>
@@ -117,15 +119,15 @@ SPECSWAP_ATTN_AVX2 void weighted_sum_avx2(const float* value0, int64_t value_str
   }
 }
 
-bool avx2_supported() {
-  static const bool supported = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return supported;
+// scores[i] = exp(scores[i] - best), eight at a time
+SPECSWAP_ATTN_AVX2 void exp_shifted_avx2(float* scores, int64_t count, float best) {
+  const __m256 shift = _mm256_set1_ps(best);
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm256_storeu_ps(scores + i, simd_math::exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i), shift)));
+  }
+  for (; i < count; ++i) scores[i] = simd_math::exp(scores[i] - best);
 }
-
-bool g_simd = true;  // invariant_attention_set_simd: tests compare the two forms
 
 at::Tensor invariant_attention(const at::Tensor& q, const at::Tensor& key_buffer, const at::Tensor& value_buffer,
                                const at::Tensor& slots, const at::Tensor& mask, double scale) {
@@ -167,7 +169,7 @@ at::Tensor invariant_attention(const at::Tensor& q, const at::Tensor& key_buffer
   float* op = out.data_ptr<float>();
   const int64_t group = heads / kv_heads;
   const float s = static_cast<float>(scale);
-  const bool simd = g_simd && avx2_supported();
+  const bool simd = simd_math::simd_enabled();
   at::parallel_for(0, batch * heads * length, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;
     thread_local std::vector<int32_t> allowed;
@@ -196,11 +198,13 @@ at::Tensor invariant_attention(const at::Tensor& q, const at::Tensor& key_buffer
       }
       float best = -std::numeric_limits<float>::infinity();
       for (int64_t i = 0; i < count; ++i) best = std::max(best, scores[i]);
-      float total = 0.0f;
-      for (int64_t i = 0; i < count; ++i) {
-        scores[i] = std::exp(scores[i] - best);
-        total += scores[i];
+      if (simd) {
+        exp_shifted_avx2(scores.data(), count, best);
+      } else {
+        for (int64_t i = 0; i < count; ++i) scores[i] = simd_math::exp(scores[i] - best);
       }
+      float total = 0.0f;
+      for (int64_t i = 0; i < count; ++i) total += scores[i];
       if (simd) {
         weighted_sum_avx2(value0, value_buffer.stride(2), allowed.data(), scores.data(), count, dim, result);
       } else {
@@ -214,12 +218,6 @@ at::Tensor invariant_attention(const at::Tensor& q, const at::Tensor& key_buffer
 }
 
 }  // namespace
-
-bool invariant_attention_set_simd(bool enabled) {
-  const bool previous = g_simd;
-  g_simd = enabled;
-  return previous;
-}
 
 }  // namespace specswap::quant
 

@@ -39,9 +39,9 @@ def _reference(q, key_buffer, value_buffer, slots, mask, scale):
 
 @pytest.fixture
 def simd_restored():
-    previous = _C.invariant_attention_set_simd(True)
+    previous = _C.simd_math_set(True)
     yield
-    _C.invariant_attention_set_simd(previous)
+    _C.simd_math_set(previous)
 
 
 @pytest.mark.parametrize("dim", [256, 44, 5])  # Gemma's head dim; a tail after the 8-lane blocks; tail only
@@ -50,7 +50,7 @@ def test_matches_float64_attention_and_both_forms_give_the_same_bits(dim, simd_r
     scale = dim ** -0.5
     outs = []
     for simd in (False, True):
-        _C.invariant_attention_set_simd(simd)
+        _C.simd_math_set(simd)
         outs.append(torch.ops.specswap.invariant_attention(q, key_buffer, value_buffer, slots, mask, scale))
     torch.testing.assert_close(outs[0].double(), _reference(q, key_buffer, value_buffer, slots, mask, scale),
                                rtol=1e-5, atol=1e-5)

@@ -24,6 +24,8 @@ ACTIVATIONS = {
     "silu": F.silu,
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
 }
+# torch.ops.specswap.gated_activation's name for each (fp32 inference on the CPU)
+FUSED_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 class RMSNorm(nn.Module):
@@ -48,7 +50,7 @@ class RMSNorm(nn.Module):
 
 
     def _fused(self, x: torch.Tensor) -> bool:
-        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or not _fused_norm_available():
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or not _fused_ops_available():
             return False
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return False
@@ -57,13 +59,14 @@ class RMSNorm(nn.Module):
 
 
 @functools.cache
-def _fused_norm_available() -> bool:
-    """Whether specswap._C (loaded here on first use) registered torch.ops.specswap.rms_norm."""
+def _fused_ops_available() -> bool:
+    """Whether specswap._C (loaded here on first use) registered torch.ops.specswap's rms_norm and
+    gated_activation."""
     try:
         from .. import _core  # noqa: F401, PLC0415
     except ImportError:
         return False
-    return hasattr(torch.ops.specswap, "rms_norm")
+    return hasattr(torch.ops.specswap, "rms_norm") and hasattr(torch.ops.specswap, "gated_activation")
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -257,8 +260,16 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.act = ACTIVATIONS[activation]
 
+        self.activation = activation
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        fused = FUSED_ACTIVATIONS.get(self.activation)
+        if fused is not None and gate.dtype == torch.float32 and gate.device.type == "cpu" and \
+                not (torch.is_grad_enabled() and gate.requires_grad) and _fused_ops_available():
+            # one operator, the same formula (its exp's scalar and AVX2 forms give the same bits)
+            return self.down_proj(torch.ops.specswap.gated_activation(gate, up, fused))
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
