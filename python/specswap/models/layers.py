@@ -259,8 +259,7 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.act = ACTIVATIONS[activation]
-
-        self.activation = activation
+        self.activation = activation  # its gated_activation name: FUSED_ACTIVATIONS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
