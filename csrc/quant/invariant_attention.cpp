@@ -64,54 +64,51 @@ void weighted_sum_scalar(const float* value0, int64_t value_stride, const int32_
 
 // ---- AVX2: four keys' dots at once; eight output lanes' chains at once ------------------------------------------
 
+// scores[i, i + kKeys): kKeys keys' 8-lane dots side by side, one query load for all of them
+template <int kKeys>
+SPECSWAP_ATTN_AVX2 inline void score_keys(const float* query, const float* key0, int64_t key_stride,
+                                          const int32_t* keys, int64_t dim, float scale, float* scores) {
+  const int64_t full = dim / 8 * 8;
+  const float* k[kKeys];
+  __m256 acc[kKeys];
+  for (int t = 0; t < kKeys; ++t) k[t] = key0 + keys[t] * key_stride, acc[t] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < full; d += 8) {
+    const __m256 q = _mm256_loadu_ps(query + d);
+    for (int t = 0; t < kKeys; ++t) acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(q, _mm256_loadu_ps(k[t] + d)));
+  }
+  alignas(32) float lanes[8];
+  for (int t = 0; t < kKeys; ++t) {
+    _mm256_store_ps(lanes, acc[t]);
+    scores[t] = finish_dot(lanes, query, k[t], full, dim) * scale;
+  }
+}
+
 SPECSWAP_ATTN_AVX2 void scores_avx2(const float* query, const float* key0, int64_t key_stride, const int32_t* keys,
                                     int64_t count, int64_t dim, float scale, float* scores) {
-  const int64_t full = dim / 8 * 8;
   int64_t i = 0;
-  alignas(32) float lanes[4][8];
-  for (; i + 4 <= count; i += 4) {
-    const float* k[4] = {key0 + keys[i] * key_stride, key0 + keys[i + 1] * key_stride,
-                         key0 + keys[i + 2] * key_stride, key0 + keys[i + 3] * key_stride};
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t d = 0; d < full; d += 8) {
-      const __m256 q = _mm256_loadu_ps(query + d);
-      for (int t = 0; t < 4; ++t) acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(q, _mm256_loadu_ps(k[t] + d)));
-    }
-    for (int t = 0; t < 4; ++t) {
-      _mm256_store_ps(lanes[t], acc[t]);
-      scores[i + t] = finish_dot(lanes[t], query, k[t], full, dim) * scale;
-    }
+  for (; i + 4 <= count; i += 4) score_keys<4>(query, key0, key_stride, keys + i, dim, scale, scores + i);
+  for (; i < count; ++i) score_keys<1>(query, key0, key_stride, keys + i, dim, scale, scores + i);
+}
+
+// result[d, d + 8 kChains): kChains output lanes of 8 floats, each an add chain over the keys in order
+template <int kChains>
+SPECSWAP_ATTN_AVX2 inline void sum_lanes(const float* value0, int64_t value_stride, const int32_t* keys,
+                                         const float* weights, int64_t count, int64_t d, float* result) {
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < count; ++i) {
+    const float* value = value0 + keys[i] * value_stride + d;
+    const __m256 w = _mm256_set1_ps(weights[i]);
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(w, _mm256_loadu_ps(value + 8 * c)));
   }
-  for (; i < count; ++i) {
-    const float* k = key0 + keys[i] * key_stride;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < full; d += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(query + d), _mm256_loadu_ps(k + d)));
-    _mm256_store_ps(lanes[0], acc);
-    scores[i] = finish_dot(lanes[0], query, k, full, dim) * scale;
-  }
+  for (int c = 0; c < kChains; ++c) _mm256_storeu_ps(result + d + 8 * c, acc[c]);
 }
 
 SPECSWAP_ATTN_AVX2 void weighted_sum_avx2(const float* value0, int64_t value_stride, const int32_t* keys,
                                           const float* weights, int64_t count, int64_t dim, float* result) {
-  constexpr int kChains = 8;  // eight output lanes of 8 floats: independent add chains over the keys
   int64_t d = 0;
-  for (; d + 8 * kChains <= dim; d += 8 * kChains) {
-    __m256 acc[kChains];
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < count; ++i) {
-      const float* value = value0 + keys[i] * value_stride + d;
-      const __m256 w = _mm256_set1_ps(weights[i]);
-      for (int c = 0; c < kChains; ++c) acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(w, _mm256_loadu_ps(value + 8 * c)));
-    }
-    for (int c = 0; c < kChains; ++c) _mm256_storeu_ps(result + d + 8 * c, acc[c]);
-  }
-  for (; d + 8 <= dim; d += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < count; ++i) {
-      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(weights[i]), _mm256_loadu_ps(value0 + keys[i] * value_stride + d)));
-    }
-    _mm256_storeu_ps(result + d, acc);
-  }
+  for (; d + 64 <= dim; d += 64) sum_lanes<8>(value0, value_stride, keys, weights, count, d, result);
+  for (; d + 8 <= dim; d += 8) sum_lanes<1>(value0, value_stride, keys, weights, count, d, result);
   for (; d < dim; ++d) {
     float acc = 0.0f;
     for (int64_t i = 0; i < count; ++i) acc += weights[i] * value0[keys[i] * value_stride + d];
