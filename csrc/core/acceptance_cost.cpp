@@ -113,7 +113,11 @@ CostModel::CostModel(const std::vector<int>& candidates, const AdaptiveConfig& c
       prior_slope_(config.cost_prior_slope),
       cost_ema_(kNumTables * candidates.size(), std::numeric_limits<double>::quiet_NaN()),
       timed_at_(cost_ema_.size(), 0),
-      run_(cost_ema_.size(), 0) {}
+      run_(cost_ema_.size(), 0),
+      level_at_(cost_ema_.size(), 1.0),
+      level_(kNumTables, 1.0),
+      last_index_(kNumTables, -1),
+      rounds_in_a_row_(kNumTables, 0) {}
 
 int CostModel::bucket_of(int batch_size) noexcept {
   if (batch_size <= 1) return 0;
@@ -127,14 +131,21 @@ int CostModel::table_of(int batch_size, bool sampled) noexcept {
 
 void CostModel::learn(int table, std::size_t index, double seconds, std::uint64_t batch, bool probing) noexcept {
   const std::size_t slot = table * candidates_.size() + index;
+  double& cost = cost_ema_[slot];
+  // Bring the slot to the table's level before anything compares with it.
+  if (!std::isnan(cost)) cost *= level_[table] / level_at_[slot];
+  level_at_[slot] = level_[table];
   if (slow_spell(slot, seconds)) return;
+  const int tier = static_cast<int>(index);
+  rounds_in_a_row_[table] = last_index_[table] == tier ? rounds_in_a_row_[table] + 1 : 1;
+  last_index_[table] = tier;
+  const double before = cost;
   // A running mean over this run of samples that turns into the EMA. A
   // tier not timed for two decision intervals starts a new run: its old
   // cost, measured under another load or in another phase, then counts as
   // one sample against the fresh ones instead of outweighing them.
   if (batch > timed_at_[slot] + stale_after_) run_[slot] = 0;
   timed_at_[slot] = batch;
-  double& cost = cost_ema_[slot];
   if (std::isnan(cost)) {
     cost = seconds / spell_level_;  // first timed in a spell: as it would be outside it
     run_[slot] = 0;                 // the first sample stands as the old value would
@@ -148,7 +159,17 @@ void CostModel::learn(int table, std::size_t index, double seconds, std::uint64_
     const double run = static_cast<double>(++run_[slot]);
     const double w = std::max(ema_alpha_, 1.0 / (run + 1.0));
     cost = (1.0 - w) * cost + w * seconds;
+    // A settled tier's cost moves with the machine's speed, and the level with it.
+    if (rounds_in_a_row_[table] > kSettleRounds && before > 0.0) {
+      level_[table] *= cost / before;
+      level_at_[slot] = level_[table];
+    }
   }
+}
+
+double CostModel::cost_now(int table, std::size_t index) const noexcept {
+  const std::size_t slot = table * candidates_.size() + index;
+  return cost_ema_[slot] * (level_[table] / level_at_[slot]);
 }
 
 bool CostModel::slow_spell(std::size_t slot, double seconds) noexcept {
@@ -186,23 +207,24 @@ bool CostModel::slow_spell(std::size_t slot, double seconds) noexcept {
   return true;
 }
 
-bool CostModel::fit(int table, double* intercept, double* slope) const noexcept {
+bool CostModel::fit(int table, double* intercept, double* slope, std::size_t skip) const noexcept {
   // Least squares cost = intercept + slope * k through the measured tiers.
   const std::size_t n = candidates_.size();
-  const double* row = cost_ema_.data() + table * n;
   double count = 0.0, sum_k = 0.0, sum_c = 0.0;
   for (std::size_t j = 0; j < n; ++j) {
-    if (std::isnan(row[j])) continue;
+    const double cost = cost_now(table, j);
+    if (std::isnan(cost) || j == skip) continue;
     count += 1.0;
     sum_k += candidates_[j];
-    sum_c += row[j];
+    sum_c += cost;
   }
   if (count < 2.0) return false;
   const double mean_k = sum_k / count, mean_c = sum_c / count;
   double sxy = 0.0, sxx = 0.0;
   for (std::size_t j = 0; j < n; ++j) {
-    if (std::isnan(row[j])) continue;
-    sxy += (candidates_[j] - mean_k) * (row[j] - mean_c);
+    const double cost = cost_now(table, j);
+    if (std::isnan(cost) || j == skip) continue;
+    sxy += (candidates_[j] - mean_k) * (cost - mean_c);
     sxx += (candidates_[j] - mean_k) * (candidates_[j] - mean_k);
   }
   double b = sxx > 0.0 ? std::max(0.0, sxy / sxx) : 0.0;  // more drafts never cost less
@@ -214,6 +236,12 @@ bool CostModel::fit(int table, double* intercept, double* slope) const noexcept 
   *intercept = a;
   *slope = b;
   return true;
+}
+
+double CostModel::line_cost(int table, std::size_t index) const noexcept {
+  double a = 0.0, s = 0.0;
+  if (!fit(table, &a, &s, index)) return std::numeric_limits<double>::quiet_NaN();
+  return a + s * candidates_[index];
 }
 
 int CostModel::measured_in(int table) const noexcept {
@@ -258,14 +286,14 @@ void CostModel::estimate(int table, double* out) const noexcept {
       }
     }
     for (std::size_t j = 0; j < n; ++j) {
-      const double cost = cost_ema_[table * n + j];
+      const double cost = cost_now(table, j);
       if (std::isnan(cost)) continue;
       a = cost / (1.0 + relative * candidates_[j]);
       s = a * relative;
     }
   }
   for (std::size_t j = 0; j < n; ++j) {
-    const double cost = cost_ema_[table * n + j];
+    const double cost = cost_now(table, j);
     out[j] = std::isnan(cost) ? a + s * candidates_[j] : cost;
   }
 }
@@ -274,7 +302,8 @@ std::vector<std::vector<double>> CostModel::measured() const {
   const std::size_t n = candidates_.size();
   std::vector<std::vector<double>> out(kNumTables);
   for (int t = 0; t < kNumTables; ++t) {
-    out[t].assign(cost_ema_.begin() + t * n, cost_ema_.begin() + (t + 1) * n);
+    out[t].resize(n);
+    for (std::size_t j = 0; j < n; ++j) out[t][j] = cost_now(t, j);
   }
   return out;
 }

@@ -52,7 +52,11 @@ struct AcceptanceEstimate {
 
 // Seconds per round: an EMA per table (batch-size bucket x kind of round) and
 // candidate tier, slow spells kept out of it, and estimates for tiers never
-// timed.
+// timed. Each table also follows the machine's speed (its level): a tier
+// that has run for kSettleRounds rounds in a row moves the level with its
+// cost, and every tier's cost is rescaled by how far the level moved since
+// it was last timed, so the costs of tiers timed minutes apart stay
+// comparable while the machine speeds up or slows down.
 class CostModel {
  public:
   // Costs are kept per batch-size bucket (powers of two: 1, 2-3, 4-7, ...;
@@ -60,6 +64,10 @@ class CostModel {
   // sampled): tables 0..15 greedy, 16..31 sampled.
   static constexpr int kNumBuckets = 16;
   static constexpr int kNumTables = 2 * kNumBuckets;
+  // Rounds in a row at one tier before its cost changes move the level: the
+  // first rounds after a switch measure the tier against the others (what
+  // a switch can tell), later ones the machine's speed.
+  static constexpr int kSettleRounds = 4;
   static int bucket_of(int batch_size) noexcept;
   static int table_of(int batch_size, bool sampled) noexcept;
 
@@ -71,12 +79,23 @@ class CostModel {
   // Seconds per round of every candidate in `table` (candidates order):
   // measured where measured, else estimated.
   void estimate(int table, double* out) const noexcept;
-  // The measured EMAs, [table][candidate], NaN where never measured.
+  // The measured EMAs at the table's current level, [table][candidate], NaN
+  // where never measured.
   std::vector<std::vector<double>> measured() const;
+  // Candidate `index`'s cost as the line through the table's other measured
+  // tiers puts it (NaN with fewer than two of them).
+  double line_cost(int table, std::size_t index) const noexcept;
+  // The policy batch at which candidate `index` was last timed in `table` (0: never).
+  std::uint64_t timed_at(int table, std::size_t index) const noexcept {
+    return timed_at_[table * candidates_.size() + index];
+  }
 
  private:
-  bool fit(int table, double* intercept, double* slope) const noexcept;
+  // Least squares through the table's measured tiers, leaving out candidate `skip` (none if out of range).
+  bool fit(int table, double* intercept, double* slope, std::size_t skip = SIZE_MAX) const noexcept;
   int measured_in(int table) const noexcept;
+  // A slot's cost at its table's current level (NaN if never timed).
+  double cost_now(int table, std::size_t index) const noexcept;
   // Whether this sample falls in a slow spell (and so is not learned).
   bool slow_spell(std::size_t slot, double seconds) noexcept;
 
@@ -88,6 +107,10 @@ class CostModel {
   std::vector<double> cost_ema_;
   std::vector<std::uint64_t> timed_at_;  // same layout: batch of the last sample
   std::vector<std::uint64_t> run_;       // samples since the slot last went stale
+  std::vector<double> level_at_;         // same layout: the table's level when the slot was last timed
+  std::vector<double> level_;            // [table]: the machine's speed, 1 at the start
+  std::vector<int> last_index_;          // [table]: the tier of the last round learned (-1: none)
+  std::vector<int> rounds_in_a_row_;     // [table]: rounds learned in a row at that tier
   // slow spells: rounds in a row far above their tier's cost
   double spell_level_ = 1.0;     // > 1 while in a spell: its rounds' ratio to the costs
   int suspects_ = 0;             // such rounds in a row before a spell is called

@@ -39,6 +39,10 @@
     "goodput only: at tier 0 the best speculative tier is tried for probe_rounds batches (at least " \
     "one) after 2 * update_interval batches, then after twice as many each time the policy comes "  \
     "back to 0, up to this many batches")                                                           \
+  X(int, refresh_interval, 0, Bounds::at_least(0),                                                 \
+    "goodput only: after this many batches at one drafting tier, a decision that keeps it runs the "\
+    "neighbour tier timed longest ago for probe_rounds batches, so that its cost is measured beside " \
+    "the current tier's again, and decides from the current tier (0: never)")                      \
   X(double, blind_zero_margin, 0.0, Bounds::at_least(0),                                           \
     "goodput only: from a drafting tier, tier 0's predicted goodput must win by this fraction more " \
     "while the drafter has sent no shadow observations (it is blind at tier 0, e.g. EAGLE: it "     \

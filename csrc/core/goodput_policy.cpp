@@ -20,6 +20,12 @@ constexpr double kFastEmaWeight = 0.5;
 // a phase. A batch of 2 or more shows a phase change in every request and is
 // acted on at once: waiting there keeps each high phase longer at the old tier.
 constexpr std::uint64_t kPhaseChangeRequests = 6;
+// A refresh probe goes to a neighbour tier only when its predicted goodput is
+// within this fraction of the current tier's, with its cost or the line
+// through the other tiers, whichever is lower: a tier predicted far worse
+// either way would need its cost that far off to win, and its probe rounds
+// would cost more.
+constexpr double kRefreshGap = 0.15;
 
 }  // namespace
 
@@ -70,6 +76,14 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
                                       : first_zero_wait();
     return index_;
   }
+  if (refresh_left_ > 0) {
+    // The end of a refresh probe: back to the tier it left, then decide
+    // from there, so the probe itself does not tilt the decision.
+    if (--refresh_left_ > 0) return index_;
+    move_to(refresh_from_, /*is_decision=*/false);
+    decide(config_.min_gain);
+    return index_;
+  }
   if (current_steps() == 0 && batches_on_tier_ >= zero_wait_ && !shadowed()) {
     // Tier 0 verifies no drafts, so alpha is frozen there: try the best
     // speculative tier for probe_rounds batches (at least one).
@@ -97,8 +111,8 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     if (accept_lengths.size() < 2 && phase_change_requests_ < kPhaseChangeRequests) return index_;
     ++decisions_;
     move_to(target, /*is_decision=*/true);
-  } else {
-    decide(config_.min_gain);
+  } else if (!decide(config_.min_gain)) {
+    start_refresh();
   }
   if (index_ != before && current_steps() == 0) zero_wait_ = first_zero_wait();
   return index_;
@@ -184,6 +198,33 @@ bool GoodputPolicy::decide(double min_gain) {
     return false;
   }
   move_to(best, /*is_decision=*/true);
+  return true;
+}
+
+bool GoodputPolicy::start_refresh() {
+  if (current_steps() == 0 || config_.probe_rounds <= 0 || config_.refresh_interval <= 0) return false;
+  const auto wait = static_cast<std::uint64_t>(config_.refresh_interval);
+  if (batches_on_tier_ < wait) return false;
+  costs_.estimate(last_table_, scratch_.data());
+  const double current = tokens(slow_, current_steps()) / scratch_[index_];
+  std::size_t oldest = index_;
+  std::uint64_t oldest_at = num_batches_;
+  for (std::size_t j : {index_ - 1, index_ + 1}) {
+    if (j >= candidates_.size()) continue;  // index_ - 1 wraps past 0
+    const std::uint64_t at = costs_.timed_at(last_table_, j);
+    // Its own cost, or the line through the other tiers where that is lower: a tier priced by one slow
+    // probe far above the line is worth timing again.
+    const double line = costs_.line_cost(last_table_, j);
+    const double cost = std::isnan(line) ? scratch_[j] : std::min(scratch_[j], line);
+    const double goodput = credited(j, tokens(slow_, candidates_[j]) / cost);
+    if (num_batches_ - at >= wait && at < oldest_at && goodput >= current * (1.0 - kRefreshGap)) {
+      oldest = j, oldest_at = at;
+    }
+  }
+  if (oldest == index_) return false;
+  refresh_from_ = index_;
+  move_to(oldest, /*is_decision=*/false);
+  refresh_left_ = config_.probe_rounds;
   return true;
 }
 

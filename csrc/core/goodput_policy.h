@@ -62,6 +62,11 @@ class GoodputPolicy {
   // Both acceptance estimates take a verify's (or shadow's) accepted lengths at `steps`.
   void observe_acceptance(std::span<const int> accept_lengths, int steps);
   bool decide(double min_gain);
+  // After a decision that kept a drafting tier: the neighbour tier timed
+  // longest ago, if that is refresh_interval batches or more, is run for
+  // probe_rounds batches, so that its cost is measured beside the current
+  // tier's again. Returns whether a refresh probe started.
+  bool start_refresh();
   // Between decisions: the tier a phase change calls for (index_ if none).
   std::size_t phase_change_target() const noexcept;
   void move_to(std::size_t index, bool is_decision) noexcept;
@@ -83,6 +88,8 @@ class GoodputPolicy {
   std::uint64_t batches_on_tier_ = 0;    // since the last switch
   std::uint64_t zero_wait_;              // batches at tier 0 before a probe
   int zero_probe_left_ = 0;              // batches left in a probe out of 0
+  int refresh_left_ = 0;                 // batches left in a refresh probe of a neighbour tier
+  std::size_t refresh_from_ = 0;         // the tier a refresh probe left
   std::vector<double> position_scratch_;  // per-batch counts
   int shadow_depth_ = 0;                  // steps of the last shadow observations
   bool shadow_fresh_ = false;             // shadow observations since the last decision

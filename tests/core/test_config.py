@@ -29,6 +29,7 @@ def test_full_file_round_trip(tmp_path):
         "cost_prior_slope": 0.25,
         "probe_rounds": 0,
         "probe_interval": 20,
+        "refresh_interval": 30,
         "blind_zero_margin": 0.05,
         "acceptance_model": "positional",
     }

@@ -219,6 +219,72 @@ def test_a_slow_spell_is_not_learned_as_a_cost():
     assert params.cost_estimates(4)[3] == pytest.approx(1.2)
 
 
+def test_costs_follow_the_machine_s_speed_while_one_tier_runs():
+    # probed at one speed, then tier 3 runs while the machine speeds up to 0.7x: the tiers not run since keep
+    # their ratio to tier 3 instead of their old seconds (which would price them 1 / 0.7 too dear)
+    cost = {1: 1.0, 3: 1.2, 7: 1.9}
+    rng = random.Random(2)
+    params = goodput(3, candidate_steps=[1, 3, 7])
+    run(params, 0.75, lambda k: cost[k], 12, rng)  # probes 3, 3, 1, 1, 7, 7, then tier 3
+    assert params.current_steps == 3
+    speed = iter([1.0 - 0.3 * min(1.0, r / 80) for r in range(200)])
+    tiers = run(params, 0.75, lambda k: next(speed) * cost[k], 120, rng)
+    assert set(tiers) == {3}
+    assert params.cost_estimates(4) == {k: pytest.approx(0.7 * cost[k], rel=0.02) for k in cost}
+
+
+CostModelSettleRounds = 4  # CostModel::kSettleRounds (csrc/core/acceptance_cost.h)
+
+
+def test_a_switch_measures_the_new_tier_against_the_others():
+    # the first rounds at a tier after a switch are its ratio to the others: they move its cost, not the level
+    params = goodput(3, candidate_steps=[1, 3, 7])
+    for steps, seconds in ((3, 1.2), (3, 1.2), (1, 1.0), (1, 1.0), (7, 1.9), (7, 1.9)):
+        assert params.current_steps == steps
+        params.update([steps] * 4, seconds)  # all accepted: the deepest tier wins
+    assert params.current_steps == 7
+    for _ in range(CostModelSettleRounds - 2):  # with its 2 probe rounds: kSettleRounds in a row
+        params.update([7] * 4, 2.3)  # tier 7 runs dearer than its probes said
+    estimates = params.cost_estimates(4)
+    assert estimates[1] == pytest.approx(1.0) and estimates[3] == pytest.approx(1.2)
+    assert estimates[7] > 2.1
+
+
+@pytest.mark.parametrize("candidates, slow", [
+    ([1, 2], 1.3),      # within 15% of tier 2's goodput by its own cost
+    ([1, 2, 3], 2.5),   # far off by its own cost, but the line through tiers 2 and 3 puts it close
+])
+def test_refresh_probes_remeasure_a_neighbour_priced_by_a_slow_probe(candidates, slow):
+    # tier 1's start-up probe ran slow, so tier 2 looks best; tier 1 is 7% better. Refresh probes time tier 1
+    # beside tier 2 again and the policy goes back to it; without them it never learns
+    cost = {1: 1.0, 2: 1.15, 3: 1.3}
+
+    def settle(refresh_interval):
+        params = goodput(1, candidate_steps=candidates, refresh_interval=refresh_interval,
+                         acceptance_model="geometric")
+        rounds = iter(range(10**6))
+        return run(params, 0.3, lambda k: cost[k] * (slow if next(rounds) < 2 else 1.0), 400, random.Random(7))
+
+    assert settle(0)[-200:] == [2] * 200
+    refreshed = settle(20)
+    assert refreshed[-200:].count(1) >= 180, refreshed
+
+
+def test_refresh_probes_visit_only_close_neighbours_and_come_back():
+    cost = linear_cost(1.0, 0.1)
+    params = goodput(3, candidate_steps=[0, 1, 3, 7], refresh_interval=20, blind_zero_margin=0.25)
+    tiers = run(params, 0.95, cost, 200, random.Random(4))
+    settled = tiers[20:]
+    assert settled.count(7) >= 0.95 * len(settled)  # tier 3 is predicted 30% worse: never refreshed
+    params = goodput(1, candidate_steps=[1, 2, 3], refresh_interval=20, probe_interval=1000)
+    tiers = run(params, 0.45, linear_cost(1.0, 0.17), 200, random.Random(4))
+    visits = [i for i in range(1, len(tiers)) if tiers[i] != tiers[i - 1]]
+    assert visits, tiers
+    for i in visits[2:]:  # past the start-up probes: each visit is probe_rounds (2) batches, then back
+        if tiers[i - 1] == tiers[i + 2] != tiers[i]:
+            assert tiers[i] == tiers[i + 1]
+
+
 def test_one_slow_round_is_dropped_and_plain_jitter_is_learned():
     params = goodput(3, **quiet(candidate_steps=[1, 3, 7]))
     for _ in range(10):
