@@ -93,7 +93,7 @@ int main() {
   // the field table: every row is walked once, in order, and a check says the row's valid words
   std::vector<std::string> names;
   for_each_config_field([&](const auto& field) { names.emplace_back(field.name); });
-  CHECK(names.size() == 14 && names.front() == "policy" && names.back() == "acceptance_model");
+  CHECK(names.size() == 15 && names.front() == "policy" && names.back() == "acceptance_model");
   const auto message = [](const AdaptiveConfig& config) -> std::string {
     try {
       config.validate();
@@ -108,6 +108,9 @@ int main() {
   worded = AdaptiveConfig{};
   worded.probe_interval = 0;
   CHECK(message(worded) == "probe_interval must be an integer >= 1, got 0");
+  worded = AdaptiveConfig{};
+  worded.refresh_interval = -2;
+  CHECK(message(worded) == "refresh_interval must be an integer >= 0, got -2");
   worded = AdaptiveConfig{};
   worded.blind_zero_margin = -1;
   CHECK(message(worded) == "blind_zero_margin must be a finite number >= 0, got -1");
