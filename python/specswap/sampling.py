@@ -253,6 +253,24 @@ def _gumbel_(uniforms: torch.Tensor) -> torch.Tensor:
     return uniforms.log_().neg_().log_().neg_()
 
 
+_ROW_SCANS: tuple | None = None
+
+
+def _row_scans(row: torch.Tensor) -> tuple | None:
+    """(first_argmax, indices_at_least) of specswap._C (csrc/quant/sampling_scans.cpp): the same results as
+    ``row.max(-1).indices`` and ``torch.nonzero(row >= threshold)``, in one pass each, for a contiguous fp32 CPU
+    row; None for any other row or without the extension."""
+    global _ROW_SCANS
+    if _ROW_SCANS is None:
+        try:
+            from . import _core  # noqa: F401, PLC0415  (registers torch.ops.specswap)
+            _ROW_SCANS = (torch.ops.specswap.first_argmax, torch.ops.specswap.indices_at_least)
+        except (ImportError, AttributeError, RuntimeError):
+            _ROW_SCANS = ()
+    usable = row.device.type == "cpu" and row.dtype == torch.float32 and row.dim() == 1 and row.is_contiguous()
+    return _ROW_SCANS if _ROW_SCANS and usable else None
+
+
 def sample_keyed(log_weights: torch.Tensor, key: int, keyed: KeyedNoise) -> int:
     """One draw from softmax(log_weights) by the Gumbel-max rule, its noise a function of ``key`` alone:
     argmax(log w_v - log E_v), E_v = -log U_v with U = keyed.uniform(key) (the exponential race of
@@ -264,12 +282,14 @@ def sample_keyed(log_weights: torch.Tensor, key: int, keyed: KeyedNoise) -> int:
     # Only an entry within the noise's range of one perturbed score can win: every other one stays below it
     # whatever its own noise. So the noise is drawn for those entries alone (the same bits uniform(key) gives
     # them), and the draw, first index on a tie, is the one the whole vocabulary's scores give.
-    top = int(argmax(log_weights))
+    scans = _row_scans(log_weights)
+    top = scans[0](log_weights) if scans else int(argmax(log_weights))
     best = float(_gumbel_(keyed.uniform_at(key, torch.tensor([top], device=log_weights.device)))[0])
     threshold = float(log_weights[top]) + best - _KEYED_NOISE_BOUND
     entries = None
     if math.isfinite(threshold):
-        entries = torch.nonzero(log_weights >= threshold).squeeze(-1)          # ascending: ties go to the first
+        # ascending: ties go to the first
+        entries = scans[1](log_weights, threshold) if scans else torch.nonzero(log_weights >= threshold).squeeze(-1)
     if entries is None or 8 * entries.numel() > log_weights.numel():
         # a flat law (or no finite score): most entries can win, and the whole vocabulary's noise is cheaper
         scores = _gumbel_(keyed.uniform(key)).add_(log_weights)  # log w - log E
