@@ -34,9 +34,10 @@ const float* row_of(const at::Tensor& x, const char* op) {
 
 // ---- scalar: the reference --------------------------------------------------------------------------------------
 
-std::int64_t first_argmax_scalar(const float* x, std::int64_t n, std::int64_t begin, float best) {
-  std::int64_t index = begin;
-  for (std::int64_t i = begin; i < n; ++i) {
+std::int64_t first_argmax_scalar(const float* x, std::int64_t n) {
+  float best = x[0];
+  std::int64_t index = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
     if (std::isnan(x[i])) return i;
     if (x[i] > best) best = x[i], index = i;
   }
@@ -62,13 +63,13 @@ __attribute__((target("avx2"))) std::int64_t first_argmax_avx2(const float* x, s
     unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     best = _mm256_max_ps(best, v);
   }
-  if (_mm256_movemask_ps(unordered) != 0) return first_argmax_scalar(x, n, 0, x[0]);
+  if (_mm256_movemask_ps(unordered) != 0) return first_argmax_scalar(x, n);
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, best);
   float value = lanes[0];
   for (float lane : lanes) value = lane > value ? lane : value;
   for (std::int64_t i = whole; i < n; ++i) {
-    if (std::isnan(x[i])) return first_argmax_scalar(x, n, 0, x[0]);
+    if (std::isnan(x[i])) return first_argmax_scalar(x, n);
     value = x[i] > value ? x[i] : value;
   }
   const __m256 target = _mm256_set1_ps(value);
@@ -102,7 +103,7 @@ std::int64_t first_argmax(const at::Tensor& x) {
   const float* data = row_of(x, "first_argmax");
   const std::int64_t n = x.numel();
   if (simd_math::simd_enabled()) return first_argmax_avx2(data, n);
-  return first_argmax_scalar(data, n, 0, data[0]);
+  return first_argmax_scalar(data, n);
 }
 
 at::Tensor indices_at_least(const at::Tensor& x, double threshold) {

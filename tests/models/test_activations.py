@@ -16,13 +16,6 @@ from specswap.models.layers import GatedMLP
 _C = _core._C
 
 
-@pytest.fixture
-def simd_restored():
-    previous = _C.simd_math_set(True)
-    yield
-    _C.simd_math_set(previous)
-
-
 def _values() -> torch.Tensor:
     # the exp's whole range and past it on both sides, zeros of both signs, and a length with a tail after 8 lanes
     spread = torch.linspace(-95.0, 95.0, 4001)

@@ -37,13 +37,6 @@ def _reference(q, key_buffer, value_buffer, slots, mask, scale):
     return weights @ values
 
 
-@pytest.fixture
-def simd_restored():
-    previous = _C.simd_math_set(True)
-    yield
-    _C.simd_math_set(previous)
-
-
 @pytest.mark.parametrize("dim", [256, 44, 5])  # Gemma's head dim; a tail after the 8-lane blocks; tail only
 def test_matches_float64_attention_and_both_forms_give_the_same_bits(dim, simd_restored):
     q, key_buffer, value_buffer, slots, mask = _case(dim)

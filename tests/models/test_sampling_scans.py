@@ -21,10 +21,9 @@ indices_at_least = torch.ops.specswap.indices_at_least
 
 
 @pytest.fixture(params=[True, False], ids=["avx2", "scalar"])
-def simd(request):
-    previous = _C.simd_math_set(request.param)
-    yield request.param
-    _C.simd_math_set(previous)
+def simd(request, simd_restored):
+    _C.simd_math_set(request.param)
+    return request.param
 
 
 def _rows(seed: int):
