@@ -131,15 +131,31 @@ int CostModel::table_of(int batch_size, bool sampled) noexcept {
 
 void CostModel::learn(int table, std::size_t index, double seconds, std::uint64_t batch, bool probing) noexcept {
   const std::size_t slot = table * candidates_.size() + index;
+  double before = 0.0;
+  if (!absorb(table, slot, seconds, batch, probing, &before)) return;
+  const int tier = static_cast<int>(index);
+  rounds_in_a_row_[table] = last_index_[table] == tier ? rounds_in_a_row_[table] + 1 : 1;
+  last_index_[table] = tier;
+  // A settled tier's cost moves with the machine's speed, and the level with it.
+  if (!probing && rounds_in_a_row_[table] > kSettleRounds && before > 0.0) {
+    level_[table] *= cost_ema_[slot] / before;
+    level_at_[slot] = level_[table];
+  }
+}
+
+void CostModel::learn_beside(int table, std::size_t index, double seconds, std::uint64_t batch) noexcept {
+  double before = 0.0;
+  absorb(table, table * candidates_.size() + index, seconds, batch, /*probing=*/false, &before);
+}
+
+bool CostModel::absorb(int table, std::size_t slot, double seconds, std::uint64_t batch, bool probing,
+                       double* before) noexcept {
   double& cost = cost_ema_[slot];
   // Bring the slot to the table's level before anything compares with it.
   if (!std::isnan(cost)) cost *= level_[table] / level_at_[slot];
   level_at_[slot] = level_[table];
-  if (slow_spell(slot, seconds)) return;
-  const int tier = static_cast<int>(index);
-  rounds_in_a_row_[table] = last_index_[table] == tier ? rounds_in_a_row_[table] + 1 : 1;
-  last_index_[table] = tier;
-  const double before = cost;
+  if (slow_spell(slot, seconds)) return false;
+  *before = cost;
   // A running mean over this run of samples that turns into the EMA. A
   // tier not timed for two decision intervals starts a new run: its old
   // cost, measured under another load or in another phase, then counts as
@@ -159,12 +175,8 @@ void CostModel::learn(int table, std::size_t index, double seconds, std::uint64_
     const double run = static_cast<double>(++run_[slot]);
     const double w = std::max(ema_alpha_, 1.0 / (run + 1.0));
     cost = (1.0 - w) * cost + w * seconds;
-    // A settled tier's cost moves with the machine's speed, and the level with it.
-    if (rounds_in_a_row_[table] > kSettleRounds && before > 0.0) {
-      level_[table] *= cost / before;
-      level_at_[slot] = level_[table];
-    }
   }
+  return true;
 }
 
 double CostModel::cost_now(int table, std::size_t index) const noexcept {

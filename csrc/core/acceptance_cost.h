@@ -76,6 +76,10 @@ class CostModel {
   // One timed round at candidate `index` in `table`; `batch` counts the
   // policy's batches (staleness), `probing` marks the start-up probes.
   void learn(int table, std::size_t index, double seconds, std::uint64_t batch, bool probing) noexcept;
+  // One round of candidate `index` timed while another tier runs (a plain
+  // decode run in its place): learned into its cost as any round is, but
+  // it neither moves the level nor counts as a round of the running tier.
+  void learn_beside(int table, std::size_t index, double seconds, std::uint64_t batch) noexcept;
   // Seconds per round of every candidate in `table` (candidates order):
   // measured where measured, else estimated.
   void estimate(int table, double* out) const noexcept;
@@ -96,6 +100,11 @@ class CostModel {
   int measured_in(int table) const noexcept;
   // A slot's cost at its table's current level (NaN if never timed).
   double cost_now(int table, std::size_t index) const noexcept;
+  // The slot brought to its table's level, then `seconds` learned into its
+  // EMA; false if the sample fell in a slow spell (not learned). `before`:
+  // the slot's cost ahead of the sample (NaN if never timed).
+  bool absorb(int table, std::size_t slot, double seconds, std::uint64_t batch, bool probing,
+              double* before) noexcept;
   // Whether this sample falls in a slow spell (and so is not learned).
   bool slow_spell(std::size_t slot, double seconds) noexcept;
 

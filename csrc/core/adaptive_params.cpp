@@ -75,6 +75,10 @@ void AdaptiveSpeculativeParams::shadow(std::span<const int> accept_lengths, int 
   if (config_.policy == PolicyKind::kGoodput) goodput_.shadow(accept_lengths, steps);
 }
 
+void AdaptiveSpeculativeParams::plain_round(int batch_size, double round_seconds, bool sampled) {
+  if (config_.policy == PolicyKind::kGoodput) goodput_.plain_round(batch_size, round_seconds, sampled);
+}
+
 std::vector<double> AdaptiveSpeculativeParams::cost_estimates(int batch_size, bool sampled) const {
   std::vector<double> out(candidates_.size());
   goodput_.costs().estimate(batch_size > 0 ? table_of(batch_size, sampled) : goodput_.last_table(), out.data());

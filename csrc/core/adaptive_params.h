@@ -44,6 +44,9 @@ class AdaptiveSpeculativeParams {
   // request, measured against the tokens emitted since (GoodputPolicy::shadow;
   // taken at tier 0 only, by goodput only). Never switches by itself.
   void shadow(std::span<const int> accept_lengths, int steps);
+  // A plain decode run in place of the current drafting tier, timed
+  // (GoodputPolicy::plain_round; goodput only). Never switches.
+  void plain_round(int batch_size, double round_seconds, bool sampled);
   // The drafter sends shadows at tier 0 (goodput then leaves blind_zero_margin off).
   void expect_shadows() noexcept { goodput_.expect_shadows(); }
 

@@ -157,6 +157,14 @@ void GoodputPolicy::shadow(std::span<const int> accept_lengths, int steps) {
   shadow_seen_ = true;
 }
 
+void GoodputPolicy::plain_round(int batch_size, double round_seconds, bool sampled) noexcept {
+  if (current_steps() == 0 || batch_size <= 0 || !std::isfinite(round_seconds) || round_seconds <= 0.0) return;
+  const auto zero = std::find(candidates_.begin(), candidates_.end(), 0);
+  if (zero == candidates_.end()) return;
+  costs_.learn_beside(CostModel::table_of(batch_size, sampled), static_cast<std::size_t>(zero - candidates_.begin()),
+                      round_seconds, num_batches_);
+}
+
 double GoodputPolicy::credited(std::size_t j, double goodput) const noexcept {
   if (candidates_[j] != 0 || current_steps() == 0 || shadow_seen_) return goodput;
   return goodput / (1.0 + config_.blind_zero_margin);

@@ -31,6 +31,12 @@ class GoodputPolicy {
   // its blind spot: while they arrive, tier 0 decides as any tier does and
   // needs no probes. No allocation.
   void shadow(std::span<const int> accept_lengths, int steps);
+  // A plain decode the worker ran in place of the current drafting tier
+  // (NGRAM: no request had a match): a tier-0 round, so it times tier 0
+  // beside the running tier (no acceptance, no batch counted, the level
+  // untouched). Ignored at tier 0 (it times itself) and without tier 0 among
+  // the candidates. No allocation.
+  void plain_round(int batch_size, double round_seconds, bool sampled) noexcept;
   // The drafter will send shadow observations at tier 0 (it is not blind there): blind_zero_margin is off.
   void expect_shadows() noexcept { shadow_seen_ = true; }
 

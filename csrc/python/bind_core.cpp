@@ -242,6 +242,11 @@ void bind_core(py::module_& m) {
            py::arg("accept_lengths"), py::arg("steps"),
            "What deterministic drafts of `steps` tokens would have accepted per request, measured against "
            "the tokens emitted since; taken at tier 0 by goodput (sglang ignores it), never a switch by itself.")
+      .def("plain_round", &AdaptiveSpeculativeParams::plain_round, py::arg("batch_size"),
+           py::arg("round_seconds"), py::arg("sampled") = false,
+           "A plain decode of batch_size requests the worker ran in place of the current drafting tier (NGRAM: "
+           "nothing to look up), timed: goodput learns it as tier 0's cost beside the running tier's (sglang "
+           "ignores it); never a switch.")
       .def("expect_shadows", &AdaptiveSpeculativeParams::expect_shadows,
            "The drafter sends shadow observations at tier 0 (NGRAM): it is not blind there, so goodput does "
            "not hold tier 0 back by blind_zero_margin.")

@@ -85,6 +85,12 @@ class AdaptiveController:
             return None
         return self._activate(self.params.current_steps)
 
+    def on_plain_round(self, batch_size: int, round_seconds: float, sampled: bool = False) -> None:
+        """Feed a plain decode of ``batch_size`` requests run in place of the current drafting tier (NGRAM with
+        nothing to look up), timed: the goodput policy learns it as tier 0's cost beside the running tier's;
+        never a switch by itself."""
+        self.params.plain_round(batch_size, round_seconds, sampled)
+
     def on_shadow(self, accept_lengths: Sequence[int], steps: int) -> None:
         """Feed what deterministic drafts of ``steps`` tokens would have accepted per request, measured against
         the tokens emitted since (NGRAM at tier 0, where nothing is verified); never a switch by itself."""

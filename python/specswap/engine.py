@@ -344,6 +344,8 @@ class Engine:
                                                               result.sampled)
                 if switched is not None:
                     self.worker.apply_runtime_state(switched)
+            elif self.controller is not None:  # a plain decode in the drafting tier's place: tier 0, timed
+                self.controller.on_plain_round(len(decoding), result.round_seconds, result.sampled)
             for request, tokens, accepted in zip(decoding, result.new_tokens, result.accept_lengths):
                 request.accept_lengths.append(accepted)
                 self._accepted_total += accepted

@@ -368,6 +368,46 @@ def test_shadow_observations_replace_tier_zero_probes():
     assert blind_tiers[:4] == [0] * 4, blind_tiers
 
 
+def test_plain_rounds_in_a_drafting_tier_s_place_time_tier_zero_beside_it():
+    # tier 0's start-up probes ran slow, so tier 1 looks best though its drafts hardly pay. A drafter with
+    # nothing to look up (NGRAM) runs plain decodes at tier 1: fed as tier-0 rounds, they price tier 0 afresh
+    # and the policy goes back to it; without them it never learns
+    cost = {0: 1.0, 1: 1.12, 3: 1.36}
+
+    def settle(plain):
+        params = goodput(1, candidate_steps=[0, 1, 3], acceptance_model="geometric")
+        rng, tiers = random.Random(5), []
+        for round_index in range(300):
+            steps = params.current_steps
+            tiers.append(steps)
+            seconds = cost[steps] * (1.4 if steps == 0 and round_index < 6 else 1.0)
+            if plain and steps:
+                params.plain_round(4, cost[0])
+            params.update([geometric(0.03, steps, rng) for _ in range(4)], seconds)
+        return params, tiers
+
+    params, tiers = settle(plain=False)
+    assert tiers[-100:] == [1] * 100
+    assert params.cost_estimates(4)[0] == pytest.approx(1.4)
+    params, tiers = settle(plain=True)
+    assert tiers[-100:].count(0) >= 90, tiers
+
+
+def test_plain_rounds_are_ignored_at_tier_zero_without_tier_zero_and_by_sglang():
+    at_zero = goodput(0, **quiet(candidate_steps=[0, 1]))
+    at_zero.update([0] * 4, 1.0)
+    at_zero.plain_round(4, 5.0)  # tier 0 times itself: a plain round there is its own verify
+    assert at_zero.cost_estimates(4)[0] == pytest.approx(1.0)
+    no_zero = goodput(1, **quiet(candidate_steps=[1, 3]))
+    no_zero.update([1] * 4, 1.0)
+    before = no_zero.cost_estimates(4)
+    no_zero.plain_round(4, 0.1)
+    assert no_zero.cost_estimates(4) == before
+    sglang = AdaptiveSpeculativeParams(1, AdaptiveConfig(policy="sglang", candidate_steps=[0, 1]))
+    sglang.plain_round(4, 1.0)
+    assert sglang.current_steps == 1 and sglang.num_batches == 0
+
+
 def test_blind_zero_margin_holds_a_blind_drafter_off_tier_zero_unless_it_clearly_wins():
     # tier 1 costs 1.15x tier 0; at alpha 0.05 tier 0 predicts 1 / 0.913 = 9.5% more goodput, at alpha 0 15%
     cost = linear_cost(1.0, 0.15)

@@ -93,6 +93,22 @@ def test_ngram_accepts_on_repetitive_output_and_stays_identical():
     assert eng.stats()["mean_accept_length"] > 0.5, eng.stats()
 
 
+def test_plain_decodes_in_a_drafting_tier_s_place_are_timed_as_tier_zero():
+    # NGRAM with nothing to look up runs a plain decode at tier 3: the controller gets each one as a timed
+    # tier-0 round (on_plain_round), and no verify of tier 3 is reported for it
+    config = {"candidate_steps": [0, 3], "probe_rounds": 0, "warmup_batches": 1000}
+    eng = engine("NGRAM", speculative_num_steps=3, speculative_adaptive=True, speculative_adaptive_config=config)
+    plain, verifies = [], []
+    eng.controller.on_plain_round = lambda *args: plain.append(args)
+    verify = eng.controller.on_verify_complete
+    eng.controller.on_verify_complete = lambda *args: verifies.append(args) or verify(*args)
+    eng.generate([[2, 3, 4], [9, 9, 9, 9, 9]], 12)
+    rounds = eng.stats()["rounds_per_tier"]
+    assert rounds.get(0) and rounds.get(3), rounds
+    assert len(plain) == rounds[0] and len(verifies) == rounds[3]
+    assert all(batch in (1, 2) and seconds > 0 and sampled is False for batch, seconds, sampled in plain)
+
+
 def test_adaptive_config_without_the_flag_is_an_error():
     with pytest.raises(ValueError, match="speculative_adaptive=True"):
         engine("EAGLE", speculative_adaptive_config={"ema_alpha": 0.5})
