@@ -243,18 +243,28 @@ def tokenization_mismatches(llm, tokenizer, prompts: Sequence[str]) -> list[dict
 # ---- the run --------------------------------------------------------------------------------------------------
 
 
+def rotated(names: list, turn: int) -> list:
+    """``names`` rotated left by ``turn`` (modulo its length)."""
+    shift = turn % len(names) if names else 0
+    return names[shift:] + names[:shift]
+
+
 def measure(runners: dict[str, Callable], prompts: list[str], args, temperature: float) -> dict[str, list[dict]]:
     """Warm every runner up once, then ``args.repeats`` timed runs each, interleaved prompt by prompt (every
     configuration decodes prompt i before any decodes prompt i + 1), so a change in the machine's load within
-    a repeat falls on every configuration alike. Prompt i of repeat r is seeded seed + 1000 r + i."""
+    a repeat falls on every configuration alike. The order of the configurations rotates by one from prompt to
+    prompt (``rotated``), so none always runs first or right after the same other one. Prompt i of repeat r
+    is seeded seed + 1000 r + i."""
     for runner in runners.values():
         runner(prompts[:1], 8, temperature, args.seed)
     runs: dict[str, list[dict]] = {name: [] for name in runners}
+    names = list(runners)
     for repeat in range(args.repeats):
         parts: dict[str, list[dict]] = {name: [] for name in runners}
         for index, prompt in enumerate(prompts):
-            for name, runner in runners.items():
-                parts[name].append(runner([prompt], args.new_tokens, temperature, args.seed + 1000 * repeat + index))
+            for name in rotated(names, repeat * len(prompts) + index):
+                parts[name].append(runners[name]([prompt], args.new_tokens, temperature,
+                                                  args.seed + 1000 * repeat + index))
         for name, pieces in parts.items():
             run = _run(sum(p["tokens"] for p in pieces), sum(p["seconds"] for p in pieces),
                        [t for p in pieces for t in p["texts"]], sum(p["stopped_early"] for p in pieces),

@@ -172,7 +172,7 @@ def test_skip_llamacpp_rows_compare_to_target_only(bench):
     assert "llama.cpp plain" not in table and "best code, 1 thread(s), greedy: specswap ngram static-3" in table
 
 
-def test_timed_runs_interleave_prompt_by_prompt_and_keep_the_seeds(bench):
+def test_timed_runs_interleave_prompt_by_prompt_rotate_the_order_and_keep_the_seeds(bench):
     calls = []
 
     def runner(name):
@@ -182,10 +182,12 @@ def test_timed_runs_interleave_prompt_by_prompt_and_keep_the_seeds(bench):
         return run
 
     args = SimpleNamespace(repeats=2, new_tokens=4, seed=10)
-    runs = bench.measure({"a": runner("a"), "b": runner("b")}, ["p", "q"], args, 1.0)
+    runs = bench.measure({"a": runner("a"), "b": runner("b"), "c": runner("c")}, ["p", "q"], args, 1.0)
     timed = [c for c in calls if c[2] == 4]
     assert [(c[0], c[1][0], c[3]) for c in timed] == [
-        ("a", "p", 10), ("b", "p", 10), ("a", "q", 11), ("b", "q", 11),
-        ("a", "p", 1010), ("b", "p", 1010), ("a", "q", 1011), ("b", "q", 1011)]
-    assert [c[1] for c in calls if c[2] == 8] == [("p",), ("p",)]  # one warm-up each
+        ("a", "p", 10), ("b", "p", 10), ("c", "p", 10), ("b", "q", 11), ("c", "q", 11), ("a", "q", 11),
+        ("c", "p", 1010), ("a", "p", 1010), ("b", "p", 1010), ("a", "q", 1011), ("b", "q", 1011),
+        ("c", "q", 1011)]
+    assert [c[1] for c in calls if c[2] == 8] == [("p",)] * 3  # one warm-up each
     assert runs["a"][0] == bench._run(8, 1.0, ["a:p", "a:q"], 0, 2, 4) and len(runs["b"]) == 2
+    assert bench.rotated([1, 2, 3], 4) == [2, 3, 1] and bench.rotated([], 3) == []
