@@ -378,7 +378,45 @@ def accept_from_logits(
     target_logits: [B, k+1, V]; temperature: [B] (<= 0: greedy row); draft_tokens: [B, k]; draft_probs:
     [B, k, V] laws the drafts were drawn from; uniforms: [B, k]; residual_uniforms: [B] in [0, 1).
     Returns (accept_lengths [B], next_tokens [B]).
+
+    On the CPU with fp32 logits and draft laws this is ``torch.ops.specswap.accept_chain``
+    (csrc/quant/sampling_scans.cpp: a position's normaliser only where the chain gets to, the stop row's
+    residual and its running sum in one pass each; 0.4 ms against torch's 1.7-2.9 ms for Gemma's vocabulary),
+    elsewhere ``accept_from_logits_torch``; their decisions and draws agree but where rounding puts a uniform
+    on a boundary.
     """
+    chain = _accept_chain_op()
+    if (chain is not None and target_logits.device.type == "cpu" and target_logits.dtype == torch.float32
+            and draft_probs.dtype == torch.float32):
+        return chain(target_logits.contiguous(), temperature.float().contiguous(), draft_tokens.contiguous(),
+                     draft_probs.contiguous(), uniforms.float().contiguous(), residual_uniforms.float().contiguous())
+    return accept_from_logits_torch(target_logits, temperature, draft_tokens, draft_probs, uniforms,
+                                    residual_uniforms)
+
+
+_ACCEPT_CHAIN: list = []
+
+
+def _accept_chain_op() -> Callable | None:
+    """torch.ops.specswap.accept_chain, or None without the extension."""
+    if not _ACCEPT_CHAIN:
+        try:
+            from . import _core  # noqa: F401, PLC0415  (registers torch.ops.specswap)
+            _ACCEPT_CHAIN.append(torch.ops.specswap.accept_chain)
+        except (ImportError, AttributeError, RuntimeError):
+            _ACCEPT_CHAIN.append(None)
+    return _ACCEPT_CHAIN[0]
+
+
+def accept_from_logits_torch(
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    uniforms: torch.Tensor,
+    residual_uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``accept_from_logits`` in torch's operators, on any device (the arguments and result are its)."""
     batch_size, positions, vocab_size = target_logits.shape
     num_draft = positions - 1
     rows = torch.arange(batch_size, device=target_logits.device)
