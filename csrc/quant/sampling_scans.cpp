@@ -179,17 +179,22 @@ __attribute__((target("avx2"))) float log_normaliser_avx2(const float* x, std::i
 
 // out_i = exp(x_i / t - lse), minus q_i and clamped at 0 where q is given; per block, the block's sum (as
 // log_normaliser sums). Returns the total.
+// Entries [from, end) of a block starting at `begin`: out_i, added to its lane.
+void residual_entries(const float* x, const float* q, std::int64_t begin, std::int64_t from, std::int64_t end,
+                      float t, float lse, float* out, float lanes[8]) {
+  for (std::int64_t i = from; i < end; ++i) {
+    const float p = exp_or_zero(x[i] / t - lse);
+    out[i] = q == nullptr ? p : std::fmax(p - q[i], 0.0f);
+    lanes[(i - begin) % 8] += out[i];
+  }
+}
+
 double residual_scalar(const float* x, const float* q, std::int64_t n, float t, float lse, float* out,
                        double* block_sums) {
   double total = 0.0;
   for (std::int64_t begin = 0, block = 0; begin < n; begin += kBlock, ++block) {
     float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const std::int64_t end = std::min(n, begin + kBlock);
-    for (std::int64_t i = begin; i < end; ++i) {
-      const float p = exp_or_zero(x[i] / t - lse);
-      out[i] = q == nullptr ? p : std::fmax(p - q[i], 0.0f);
-      lanes[(i - begin) % 8] += out[i];
-    }
+    residual_entries(x, q, begin, begin, std::min(n, begin + kBlock), t, lse, out, lanes);
     block_sums[block] = lanes_total(lanes);
     total += block_sums[block];
   }
@@ -212,11 +217,7 @@ __attribute__((target("avx2"))) double residual_avx2(const float* x, const float
       sum = _mm256_add_ps(sum, p);
     }
     _mm256_store_ps(lanes, sum);
-    for (std::int64_t i = vector_end; i < end; ++i) {
-      const float p = exp_or_zero(x[i] / t - lse);
-      out[i] = q == nullptr ? p : std::fmax(p - q[i], 0.0f);
-      lanes[(i - begin) % 8] += out[i];
-    }
+    residual_entries(x, q, begin, vector_end, end, t, lse, out, lanes);
     block_sums[block] = lanes_total(lanes);
     total += block_sums[block];
   }
