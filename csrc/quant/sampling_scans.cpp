@@ -1,9 +1,11 @@
 // Sampling's passes over vocabulary rows, fp32 on the CPU.
 //
-// The two scans a keyed draw makes (specswap.sampling.sample_keyed), one pass each:
+// The two scans a keyed draw makes (specswap.sampling.sample_keyed), one pass each, and the first over rows:
 //
 //   first_argmax(x [V] fp32) -> int: the index of the largest value, the first one on ties, the first NaN
 //                if there is one (what x.max(-1).indices gives);
+//   argmax_rows(x [..., V] fp32) -> [...] int64: first_argmax of every row (what x.max(-1).indices gives;
+//                torch takes 0.42 ms for Gemma's 3-row verify, this 0.08: every greedy verify and step pays it);
 //   indices_at_least(x [V] fp32, threshold) -> [n] int64: the ascending indices with x >= threshold, the
 //                threshold rounded to fp32 first (what torch.nonzero(x >= threshold).squeeze(-1) gives).
 //
@@ -335,6 +337,22 @@ std::int64_t first_argmax(const at::Tensor& x) {
   return first_argmax_scalar(data, n);
 }
 
+at::Tensor argmax_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu(), "argmax_rows: x must be on the CPU, got ", x.device());
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "argmax_rows: x must be float32, got ", x.scalar_type());
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) > 0, "argmax_rows: x must have a non-empty last dimension, got ", x.sizes());
+  TORCH_CHECK(x.is_contiguous(), "argmax_rows: x must be contiguous");
+  const std::int64_t n = x.size(-1), rows = x.numel() / n;
+  at::Tensor out = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(at::kLong));
+  const float* data = x.const_data_ptr<float>();
+  std::int64_t* index = out.data_ptr<std::int64_t>();
+  const bool simd = simd_math::simd_enabled();
+  for (std::int64_t row = 0; row < rows; ++row) {
+    index[row] = simd ? first_argmax_avx2(data + row * n, n) : first_argmax_scalar(data + row * n, n);
+  }
+  return out;
+}
+
 at::Tensor indices_at_least(const at::Tensor& x, double threshold) {
   const float* data = row_of(x, "indices_at_least");
   // reused: the hot path allocates only its output
@@ -356,6 +374,7 @@ at::Tensor indices_at_least(const at::Tensor& x, double threshold) {
 
 TORCH_LIBRARY_FRAGMENT(specswap, m) {
   m.def("first_argmax(Tensor x) -> int");
+  m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("indices_at_least(Tensor x, float threshold) -> Tensor");
   m.def("accept_chain(Tensor logits, Tensor temperature, Tensor draft_tokens, Tensor draft_probs, Tensor uniforms, "
         "Tensor residual_uniforms) -> (Tensor, Tensor)");
@@ -363,6 +382,7 @@ TORCH_LIBRARY_FRAGMENT(specswap, m) {
 
 TORCH_LIBRARY_IMPL(specswap, CPU, m) {
   m.impl("first_argmax", &specswap::quant::first_argmax);
+  m.impl("argmax_rows", &specswap::quant::argmax_rows);
   m.impl("indices_at_least", &specswap::quant::indices_at_least);
   m.impl("accept_chain", &specswap::quant::accept_chain);
 }

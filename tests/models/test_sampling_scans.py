@@ -20,6 +20,7 @@ _C = _core._C
 first_argmax = torch.ops.specswap.first_argmax
 indices_at_least = torch.ops.specswap.indices_at_least
 accept_chain = torch.ops.specswap.accept_chain
+argmax_rows = torch.ops.specswap.argmax_rows
 
 
 @pytest.fixture(params=[True, False], ids=["avx2", "scalar"])
@@ -56,6 +57,27 @@ def test_first_argmax_is_torch_s_max_index(simd):
     assert first_argmax(big) == 7
 
 
+def test_argmax_rows_is_torch_s_max_index_per_row(simd):
+    for x, _ in _rows(4):
+        for shape in ((1, -1), (3, 1, -1)):
+            rows = x.expand(*shape[:-1], x.numel()).contiguous() if len(shape) == 2 else torch.stack([x, -x, x.flip(0)]).unsqueeze(1)
+            assert torch.equal(argmax_rows(rows), rows.max(dim=-1).indices), rows
+    verify = torch.randn(2, 3, 262_144, generator=torch.Generator().manual_seed(5))
+    verify[1, 2, 9] = verify[1, 2, 100_000] = 50.0  # a tie: the first
+    assert torch.equal(argmax_rows(verify), verify.max(dim=-1).indices) and int(argmax_rows(verify)[1, 2]) == 9
+    assert argmax_rows(torch.tensor([1.0, 3.0, 2.0])).shape == () and int(argmax_rows(torch.tensor([1.0, 3.0, 2.0]))) == 1
+
+
+def test_sampling_argmax_runs_argmax_rows_on_contiguous_fp32_cpu_rows(monkeypatch):
+    calls = []
+    monkeypatch.setitem(sampling._EXTENSION_OPS, "argmax_rows", lambda x: calls.append(x.shape) or argmax_rows(x))
+    x = torch.randn(2, 3, 50)
+    assert torch.equal(sampling.argmax(x), x.max(dim=-1).indices) and calls == [x.shape]
+    for other in (x.double(), x.transpose(0, 1), x.bfloat16()):
+        assert torch.equal(sampling.argmax(other), other.max(dim=-1).indices)
+    assert calls == [x.shape]
+
+
 def test_indices_at_least_is_torch_s_nonzero(simd):
     for x, threshold in _rows(2):
         assert torch.equal(indices_at_least(x, threshold), torch.nonzero(x >= threshold).squeeze(-1)), (x, threshold)
@@ -84,6 +106,9 @@ def test_sample_keyed_draws_the_same_tokens_with_the_scans(monkeypatch):
     (torch.zeros(0), "empty"),
 ])
 def test_errors_name_the_bad_value(bad, message):
+    if message != "one row":  # argmax_rows takes rows of any leading shape
+        with pytest.raises(RuntimeError, match="non-empty last dimension" if message == "empty" else message):
+            argmax_rows(bad)
     with pytest.raises(RuntimeError, match=message):
         first_argmax(bad)
     with pytest.raises(RuntimeError, match=message):
@@ -148,7 +173,7 @@ def test_accept_chain_draws_from_p_where_the_residual_has_no_mass():
 def test_accept_from_logits_runs_accept_chain_on_the_cpu(monkeypatch):
     inputs = _chains(3, 2, 300)
     calls = []
-    monkeypatch.setattr(sampling, "_ACCEPT_CHAIN", [lambda *args: calls.append(args) or accept_chain(*args)])
+    monkeypatch.setitem(sampling._EXTENSION_OPS, "accept_chain", lambda *args: calls.append(args) or accept_chain(*args))
     result = accept_from_logits(*inputs)
     assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(result, accept_from_logits_torch(*inputs)))
     accept_from_logits(inputs[0].double(), *inputs[1:])  # not fp32: torch's operators
