@@ -118,6 +118,11 @@ __attribute__((target("avx2"))) void at_least_avx2(const float* x, std::int64_t 
   at_least_scalar(x, whole, n, threshold, out);
 }
 
+// first_argmax in the form simd_math chooses
+std::int64_t first_argmax_of(const float* x, std::int64_t n) {
+  return simd_math::simd_enabled() ? first_argmax_avx2(x, n) : first_argmax_scalar(x, n);
+}
+
 // ---- the chain's acceptance -------------------------------------------------------------------------------------
 
 constexpr std::int64_t kBlock = 256;  // entries per block of the running sum (searched block by block)
@@ -298,11 +303,12 @@ std::tuple<at::Tensor, at::Tensor> accept_chain(const at::Tensor& logits, const 
     const float t = temps[b];
     std::int64_t accepted = 0;
     if (!(t > 0.0f)) {  // greedy: p one-hot at the first largest logit, so the draw is that entry
-      auto top = [&](std::int64_t j) {
-        return simd ? first_argmax_avx2(row + j * vocab, vocab) : first_argmax_scalar(row + j * vocab, vocab);
-      };
-      while (accepted < steps && drafts[b * steps + accepted] == top(accepted)) ++accepted;
-      lengths_out[b] = accepted, next_out[b] = top(accepted);
+      std::int64_t top = first_argmax_of(row, vocab);
+      while (accepted < steps && drafts[b * steps + accepted] == top) {
+        ++accepted;
+        top = first_argmax_of(row + accepted * vocab, vocab);
+      }
+      lengths_out[b] = accepted, next_out[b] = top;
       continue;
     }
     float lse = 0.0f;
@@ -332,9 +338,7 @@ std::tuple<at::Tensor, at::Tensor> accept_chain(const at::Tensor& logits, const 
 
 std::int64_t first_argmax(const at::Tensor& x) {
   const float* data = row_of(x, "first_argmax");
-  const std::int64_t n = x.numel();
-  if (simd_math::simd_enabled()) return first_argmax_avx2(data, n);
-  return first_argmax_scalar(data, n);
+  return first_argmax_of(data, x.numel());
 }
 
 at::Tensor argmax_rows(const at::Tensor& x) {
@@ -346,10 +350,7 @@ at::Tensor argmax_rows(const at::Tensor& x) {
   at::Tensor out = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(at::kLong));
   const float* data = x.const_data_ptr<float>();
   std::int64_t* index = out.data_ptr<std::int64_t>();
-  const bool simd = simd_math::simd_enabled();
-  for (std::int64_t row = 0; row < rows; ++row) {
-    index[row] = simd ? first_argmax_avx2(data + row * n, n) : first_argmax_scalar(data + row * n, n);
-  }
+  for (std::int64_t row = 0; row < rows; ++row) index[row] = first_argmax_of(data + row * n, n);
   return out;
 }
 

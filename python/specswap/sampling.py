@@ -273,22 +273,13 @@ def _gumbel_(uniforms: torch.Tensor) -> torch.Tensor:
     return uniforms.log_().neg_().log_().neg_()
 
 
-_ROW_SCANS: tuple | None = None
-
-
 def _row_scans(row: torch.Tensor) -> tuple | None:
     """(first_argmax, indices_at_least) of specswap._C (csrc/quant/sampling_scans.cpp): the same results as
     ``row.max(-1).indices`` and ``torch.nonzero(row >= threshold)``, in one pass each, for a contiguous fp32 CPU
     row; None for any other row or without the extension."""
-    global _ROW_SCANS
-    if _ROW_SCANS is None:
-        try:
-            from . import _core  # noqa: F401, PLC0415  (registers torch.ops.specswap)
-            _ROW_SCANS = (torch.ops.specswap.first_argmax, torch.ops.specswap.indices_at_least)
-        except (ImportError, AttributeError, RuntimeError):
-            _ROW_SCANS = ()
+    scans = (_extension_op("first_argmax"), _extension_op("indices_at_least"))
     usable = row.device.type == "cpu" and row.dtype == torch.float32 and row.dim() == 1 and row.is_contiguous()
-    return _ROW_SCANS if _ROW_SCANS and usable else None
+    return scans if usable and None not in scans else None
 
 
 def sample_keyed(log_weights: torch.Tensor, key: int, keyed: KeyedNoise) -> int:
