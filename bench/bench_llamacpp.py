@@ -6,7 +6,8 @@ opens it directly, specswap loads its quantized blocks as they are (``weights="n
 fixed seeds (prompt i of repeat r gets seed + 1000 r + i on both sides).
 
 - llama.cpp: ``plain``, and ``prompt-lookup``: ``LlamaPromptLookupDecoding(num_pred_tokens=10)`` as the
-  ``draft_model`` of ``Llama``. Generation goes through ``create_completion``; tokens are its
+  ``draft_model`` of ``Llama``, each in a child process of its own (bench/llamacpp_worker.py: llama-cpp-python's
+  ggml build never shares a process with the one specswap loads). Generation goes through ``create_completion``; tokens are its
   ``usage.completion_tokens``. T = 1 is plain sampling from the whole distribution (top_k=0, top_p=1,
   min_p=0, typical_p=1, repeat_penalty=1); greedy is temperature 0 (llama.cpp's greedy sampler).
 - specswap: ``target-only`` (no speculation), NGRAM and EAGLE at static tiers and adaptive
@@ -30,7 +31,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +46,7 @@ from specswap.bench.provenance import stamp, write_report
 
 _HERE = Path(__file__).resolve().parent
 _REPOSITORY = _HERE.parent
+WORKER = _HERE / "llamacpp_worker.py"  # llama.cpp's side, run as a child process (LlamaCppProcess)
 if str(_HERE) not in sys.path:  # bench_engine (the prompt sets) sits beside this script
     sys.path.insert(0, str(_HERE))
 
@@ -99,15 +106,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def import_llama_cpp():
-    """The llama_cpp module; SystemExit naming the install command (and --skip-llamacpp) when it is missing."""
+def check_llama_cpp() -> str:
+    """llama-cpp-python's installed version, found without importing it (it runs in a child process,
+    ``LlamaCppProcess``); SystemExit naming the install command (and --skip-llamacpp) when it is missing."""
     try:
-        import llama_cpp  # noqa: PLC0415
-        import llama_cpp.llama_speculative  # noqa: F401, PLC0415
-    except ImportError as error:
-        raise SystemExit(f"llama-cpp-python is not installed ({error}): {INSTALL_HINT} (it compiles llama.cpp, "
+        found = importlib.util.find_spec("llama_cpp") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise SystemExit(f"llama-cpp-python is not installed: {INSTALL_HINT} (it compiles llama.cpp, "
                          f"about 20 minutes on one core), or run with --skip-llamacpp for the specswap side only")
-    return llama_cpp
+    try:
+        return importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 # ---- provenance ------------------------------------------------------------------------------------------
@@ -155,6 +167,64 @@ class LlamaCppRunner:
             texts.append(out["choices"][0]["text"])
             stopped += out["choices"][0]["finish_reason"] != "length"
         return _run(tokens, seconds, texts, stopped)
+
+
+class LlamaCppProcess:
+    """One ``llama_cpp.Llama`` in a child process (bench/llamacpp_worker.py), with the methods the benchmark
+    calls (``reset``, ``create_completion``, ``tokenize``) forwarded to it over a pipe, one JSON line each way.
+
+    llama-cpp-python brings its own ggml build and specswap loads libggml-python's: two ggml builds in one
+    process crashed in libggml-cpu.so on an Intel Xeon, so llama.cpp never shares this process. The child
+    imports nothing of specswap or torch and waits on its pipe while specswap runs. The time a request takes
+    here includes one pipe round trip (a fraction of a millisecond against a whole completion)."""
+
+    def __init__(self, gguf: str, threads: int, n_ctx: int, seed: int, lookup_tokens: int | None = None,
+                 env: dict[str, str] | None = None):
+        command = [sys.executable, str(WORKER), "--gguf", gguf, "--threads", str(threads), "--n-ctx", str(n_ctx),
+                   "--seed", str(seed)]
+        if lookup_tokens is not None:
+            command += ["--lookup-tokens", str(lookup_tokens)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        bufsize=1, env=env)
+        self.version = self._read("starting")["version"]
+
+    def _read(self, what: str) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            code = self.process.wait()
+            name = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
+            raise RuntimeError(f"the llama.cpp process ({WORKER.name}) exited with code {code}{name} while "
+                               f"{what}; its messages are above")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"llama.cpp ({WORKER.name}) failed {what}: {reply['error']}")
+        return reply
+
+    def _call(self, method: str, *args, **kwargs):
+        try:
+            self.process.stdin.write(json.dumps({"method": method, "args": list(args), "kwargs": kwargs}) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # the child is gone: _read says how it ended
+        return self._read(method)["result"]
+
+    def reset(self) -> None:
+        self._call("reset")
+
+    def create_completion(self, prompt: str, **kwargs) -> dict:
+        return self._call("create_completion", prompt, **kwargs)
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self._call("tokenize", text.decode("utf-8"), add_bos=add_bos, special=special)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 class SpecswapRunner:
@@ -214,18 +284,15 @@ def build_engines(target, head, tokenizer, modes: dict[str, dict], max_seq_len: 
             for name, kwargs in modes.items()}
 
 
-def build_llamas(llama_cpp, gguf: str, threads: int, n_ctx: int, seed: int) -> dict[str, LlamaCppRunner]:
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding  # noqa: PLC0415
-    runners = {}
-    for name, draft in ((PLAIN, None),
-                        (f"prompt-lookup-{LOOKUP_TOKENS}", LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS))):
-        # with a draft model llama-cpp-python keeps every row's logits (it forces logits_all) in a scores
-        # buffer of n_batch rows unless logits_all=True is passed, which sizes it n_ctx: ask for it outright
-        llm = llama_cpp.Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
-                              n_batch=n_ctx, seed=seed, verbose=False, draft_model=draft,
-                              logits_all=draft is not None)
-        runners[name] = LlamaCppRunner(llm)
-    return runners
+def build_llamas(gguf: str, threads: int, n_ctx: int, seed: int) -> dict[str, LlamaCppRunner]:
+    """llama.cpp plain and with prompt lookup, each a ``LlamaCppProcess`` of its own."""
+    return {name: LlamaCppRunner(LlamaCppProcess(gguf, threads, n_ctx, seed, lookup))
+            for name, lookup in ((PLAIN, None), (f"prompt-lookup-{LOOKUP_TOKENS}", LOOKUP_TOKENS))}
+
+
+def close_llamas(llamas: dict[str, LlamaCppRunner]) -> None:
+    for runner in llamas.values():
+        runner.llm.close()
 
 
 def tokenization_mismatches(llm, tokenizer, prompts: Sequence[str]) -> list[dict]:
@@ -394,7 +461,7 @@ def build_report(args, rows: list[dict], meta: dict[str, Any], argv: Sequence[st
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    llama_cpp = None if args.skip_llamacpp else import_llama_cpp()
+    llama_cpp_version = None if args.skip_llamacpp else check_llama_cpp()
     import torch  # noqa: PLC0415
 
     from specswap.engine import encode_text  # noqa: PLC0415
@@ -403,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     package = weight_package(MODEL)
     gguf = str(package.assemble())
     meta: dict[str, Any] = {"model": MODEL, "gguf": gguf, "gguf_sha256": sha256_of(gguf),
-                            "weights": "native", "llama_cpp_version": None if llama_cpp is None else llama_cpp.__version__}
+                            "weights": "native", "llama_cpp_version": llama_cpp_version}
     if meta["gguf_sha256"] != package.EXPECTED_SHA256:  # specswap's native cache is keyed by the package's sha256
         raise SystemExit(f"{gguf} has sha256 {meta['gguf_sha256']}, not the package's {package.EXPECTED_SHA256}: "
                          f"the two runtimes would not read the same file")
@@ -428,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     mismatches: list[dict] = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        llamas = {} if llama_cpp is None else build_llamas(llama_cpp, gguf, threads, context, args.seed)
+        llamas = {} if args.skip_llamacpp else build_llamas(gguf, threads, context, args.seed)
         if llamas:
             for name in args.sets:
                 mismatches += tokenization_mismatches(llamas[PLAIN].llm, tokenizer, SETS[name][:args.num_prompts])
@@ -441,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                 **{(SPECSWAP, k): v for k, v in engines.items()}}, prompts, args, temperature)
                 rows += [result_row(name, threads, temperature, runtime, mode, r) for (runtime, mode), r in runs.items()]
                 del engines
-        del llamas
+        close_llamas(llamas)
     if mismatches:
         print(f"warning: {len(mismatches)} prompt(s) tokenize differently in llama.cpp and specswap "
               f"(see tokenization_mismatches in the JSON)", file=sys.stderr)

@@ -1,6 +1,8 @@
 """bench/bench_llamacpp.py without a model or llama_cpp: arguments, runners on fakes, ratios, tables, JSON."""
 
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -61,9 +63,86 @@ def test_llama_sampling_is_plain(bench):
 
 
 def test_missing_llama_cpp_names_the_install(bench, monkeypatch):
-    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # find_spec raises ValueError for it
     with pytest.raises(SystemExit, match="pip install llama-cpp-python.*--skip-llamacpp"):
-        bench.import_llama_cpp()
+        bench.check_llama_cpp()
+    monkeypatch.delitem(sys.modules, "llama_cpp")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None)
+    with pytest.raises(SystemExit, match="pip install llama-cpp-python"):
+        bench.check_llama_cpp()
+
+
+FAKE_LLAMA_CPP = """
+import os, signal, sys
+__version__ = "0.0-fake"
+
+class Llama:
+    def __init__(self, **kwargs):
+        self.kwargs, self.resets = kwargs, 0
+        print("llama_cpp talks on stdout")  # must not reach the answer channel
+
+    def reset(self):
+        self.resets += 1
+
+    def create_completion(self, prompt, max_tokens, seed, **sampling):
+        if prompt == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if prompt == "fail":
+            raise ValueError("no such prompt")
+        draft = self.kwargs["draft_model"]
+        return {"usage": {"completion_tokens": max_tokens},
+                "choices": [{"text": f"{prompt}|{seed}|{self.resets}|{draft and draft.num_pred_tokens}|"
+                                     f"{self.kwargs['n_threads']}|{self.kwargs['logits_all']}|{sorted(sampling)}",
+                             "finish_reason": "length"}]}
+
+    def tokenize(self, text, add_bos=True, special=False):
+        return [1] * add_bos + list(text) + [2] * special
+"""
+
+FAKE_SPECULATIVE = """
+class LlamaPromptLookupDecoding:
+    def __init__(self, num_pred_tokens):
+        self.num_pred_tokens = num_pred_tokens
+"""
+
+
+@pytest.fixture
+def fake_llama_env(tmp_path):
+    package = tmp_path / "llama_cpp"
+    package.mkdir()
+    (package / "__init__.py").write_text(FAKE_LLAMA_CPP)
+    (package / "llama_speculative.py").write_text(FAKE_SPECULATIVE)
+    return {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+
+def test_llama_cpp_runs_in_a_child_process(bench, fake_llama_env):
+    """The worker protocol end to end on a fake llama_cpp: the Llama built with the benchmark's settings,
+    reset, completions with their keywords, tokenization, errors, and the exit."""
+    llm = bench.LlamaCppProcess("model.gguf", 2, 128, 5, lookup_tokens=10, env=fake_llama_env)
+    try:
+        assert llm.version == "0.0-fake" and llm.process.pid != os.getpid()
+        run = bench.LlamaCppRunner(llm)(["a", "b"], 4, 0.0, 7)
+        sampling = sorted(bench.llama_sampling(0.0))
+        assert run["tokens"] == 8 and run["texts"] == [f"a|7|1|10|2|True|{sampling}", f"b|8|2|10|2|True|{sampling}"]
+        assert llm.tokenize("hé".encode(), add_bos=True, special=True) == [1, *"hé".encode("utf-8"), 2]  # llama.cpp gets the UTF-8 bytes
+        with pytest.raises(RuntimeError, match="failed create_completion: ValueError: no such prompt"):
+            llm.create_completion("fail", max_tokens=1, seed=0)
+        assert llm.create_completion("c", max_tokens=1, seed=0)["usage"]["completion_tokens"] == 1  # goes on
+    finally:
+        llm.close()
+    assert llm.process.returncode == 0
+    plain = bench.LlamaCppProcess("model.gguf", 1, 128, 5, env=fake_llama_env)
+    try:
+        assert plain.create_completion("p", max_tokens=2, seed=3)["choices"][0]["text"].startswith("p|3|0|None|1|False")
+    finally:
+        plain.close()
+
+
+def test_a_crashed_llama_cpp_process_is_named(bench, fake_llama_env):
+    llm = bench.LlamaCppProcess("model.gguf", 1, 128, 0, env=fake_llama_env)
+    with pytest.raises(RuntimeError, match=r"exited with code -11 \(SIGSEGV\) while create_completion"):
+        llm.create_completion("crash", max_tokens=1, seed=0)
+    llm.close()
 
 
 class FakeLlama:
