@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import signal
@@ -106,9 +105,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def check_llama_cpp() -> str:
-    """llama-cpp-python's installed version, found without importing it (it runs in a child process,
-    ``LlamaCppProcess``); SystemExit naming the install command (and --skip-llamacpp) when it is missing."""
+def check_llama_cpp() -> None:
+    """SystemExit naming the install command (and --skip-llamacpp) unless llama_cpp can be imported; it is found,
+    not imported: it runs in a child process (``LlamaCppProcess``), which reports its version."""
     try:
         found = importlib.util.find_spec("llama_cpp") is not None
     except (ImportError, ValueError):
@@ -116,10 +115,6 @@ def check_llama_cpp() -> str:
     if not found:
         raise SystemExit(f"llama-cpp-python is not installed: {INSTALL_HINT} (it compiles llama.cpp, "
                          f"about 20 minutes on one core), or run with --skip-llamacpp for the specswap side only")
-    try:
-        return importlib.metadata.version("llama-cpp-python")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 # ---- provenance ------------------------------------------------------------------------------------------
@@ -461,7 +456,8 @@ def build_report(args, rows: list[dict], meta: dict[str, Any], argv: Sequence[st
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    llama_cpp_version = None if args.skip_llamacpp else check_llama_cpp()
+    if not args.skip_llamacpp:
+        check_llama_cpp()
     import torch  # noqa: PLC0415
 
     from specswap.engine import encode_text  # noqa: PLC0415
@@ -470,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     package = weight_package(MODEL)
     gguf = str(package.assemble())
     meta: dict[str, Any] = {"model": MODEL, "gguf": gguf, "gguf_sha256": sha256_of(gguf),
-                            "weights": "native", "llama_cpp_version": llama_cpp_version}
+                            "weights": "native", "llama_cpp_version": None}
     if meta["gguf_sha256"] != package.EXPECTED_SHA256:  # specswap's native cache is keyed by the package's sha256
         raise SystemExit(f"{gguf} has sha256 {meta['gguf_sha256']}, not the package's {package.EXPECTED_SHA256}: "
                          f"the two runtimes would not read the same file")
@@ -487,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if PROMPT_SET != "report":
         print("warning: bench_engine has no REPORT_* prompt lists here; running its tuning prompts (recorded as "
               "prompt_set 'tune' in the JSON)", file=sys.stderr)
-    print(f"{MODEL} {gguf} (sha256 {meta['gguf_sha256'][:12]}), llama_cpp {meta['llama_cpp_version']}, "
+    print(f"{MODEL} {gguf} (sha256 {meta['gguf_sha256'][:12]}), "
           f"{PROMPT_SET} prompts, sets {args.sets}, {args.num_prompts} prompts, {args.new_tokens} new tokens, "
           f"threads {args.threads}, temperatures {args.temperatures}, {args.repeats} repeat(s), context {context}",
           flush=True)
@@ -497,6 +493,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         torch.set_num_threads(threads)
         llamas = {} if args.skip_llamacpp else build_llamas(gguf, threads, context, args.seed)
         if llamas:
+            meta["llama_cpp_version"] = llamas[PLAIN].llm.version  # what the child process imported
             for name in args.sets:
                 mismatches += tokenization_mismatches(llamas[PLAIN].llm, tokenizer, SETS[name][:args.num_prompts])
         for name in args.sets:
