@@ -242,6 +242,7 @@ SPECSWAP_X8_VNNI inline __m256i row_dot(const VnniBlock& s, const int8_t* x, con
       for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();                                            \
       for (int64_t b = 0; b < blocks; ++b) {                                                                   \
         const uint8_t* block = group + b * kBlockBytes;                                                        \
+        x8::prefetch_ahead<kBlockBytes>(block);                                                                \
         const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));           \
         BLOCK chunks;                                                                                          \
         prepare<kKind>(block, &chunks);                                                                        \
@@ -275,6 +276,7 @@ SPECSWAP_X8_AVX2 void q8_0_rows_avx2(const uint8_t* packed, int64_t g0, int64_t 
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* block = group + b * kBlockBytes;
       const uint8_t* values = block + header_bytes(X8Kind::kQ8_0);
+      x8::prefetch_ahead<kBlockBytes>(block);
       __m256i dot[kRows];
       for (int r = 0; r < kRows; ++r) dot[r] = _mm256_setzero_si256();
       for (int i = 0; i < 8; ++i) {

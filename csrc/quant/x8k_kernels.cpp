@@ -345,6 +345,7 @@ SPECSWAP_X8K_VNNI inline __m256i scaled_dot_vnni(const __m256i* u, int half, con
       for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();                                              \
       for (int64_t b = 0; b < blocks; ++b) {                                                                     \
         const uint8_t* block = group + b * kBlockBytes;                                                          \
+        x8::prefetch_ahead<kBlockBytes>(block);                                                                  \
         const BlockQ8_K* x = act + r0 * blocks + b;                                                              \
         __m256i isum[kRows], mins[4], u[8];                                                                      \
         for (int r = 0; r < kRows; ++r) isum[r] = _mm256_setzero_si256();                                        \
