@@ -110,12 +110,16 @@ class _BucketedGraphs:
 
 
 class StageGraphs(_BucketedGraphs):
-    """One stage of one tier: a model forward over ``num_tokens`` tokens per request, captured per bucket."""
+    """One stage of one tier: a model forward over ``num_tokens`` tokens per request, captured per bucket.
+    ``logits_at``: the forward computes the logits at one position per request (a replay's ``logits_at`` [B]),
+    [B, 1, V], as an EAGLE head's draft-extend needs them at the accepted length only."""
 
     def __init__(self, context: GraphContext, stage: str, speculative_num_steps: int, model: torch.nn.Module,
-                 cache, num_tokens: int, with_features: bool, tree_mask: torch.Tensor | None = None):
+                 cache, num_tokens: int, with_features: bool, tree_mask: torch.Tensor | None = None,
+                 logits_at: bool = False):
         super().__init__(context, stage, speculative_num_steps, num_tokens)
         self.model = model
+        self.logits_at = logits_at
         # a tree tier's verify: the tree's mask [T, T], the same on every replay
         self.options = {} if tree_mask is None else {"tree_mask": tree_mask}
         self.cache = cache
@@ -133,22 +137,27 @@ class StageGraphs(_BucketedGraphs):
         slots = torch.full((batch,), self.context.scratch_slot, dtype=torch.long, device=device)  # [b]
         hidden_size = model.config.hidden_size
         logits_width = self._logits_width()
-        logits = torch.zeros(batch, tokens, logits_width, dtype=dtype, device=device)  # [b, T, V]
+        logits = torch.zeros(batch, 1 if self.logits_at else tokens, logits_width, dtype=dtype,
+                             device=device)                                            # [b, T or 1, V]
         hidden = torch.zeros(batch, tokens, hidden_size, dtype=dtype, device=device)   # [b, T, H]
         for name, tensor in (("input_ids", input_ids), ("positions", positions), ("slots", slots),
                              ("logits", logits), ("hidden", hidden)):
             runner.set_buffer(name, tensor)
+        options = dict(self.options)
+        if self.logits_at:
+            options["logits_at"] = torch.zeros(batch, dtype=torch.long, device=device)  # [b]
+            runner.set_buffer("logits_at", options["logits_at"])
         if self.with_features:
             features = torch.zeros(batch, tokens, hidden_size, dtype=dtype, device=device)
             runner.set_buffer("features", features)
 
             def body():
-                out = model(input_ids, features, positions, self.cache, slots, key_length=key_length)
+                out = model(input_ids, features, positions, self.cache, slots, key_length=key_length, **options)
                 logits.copy_(out.logits)
                 hidden.copy_(out.hidden)
         else:
             def body():
-                out = model(input_ids, positions, self.cache, slots, key_length=key_length, **self.options)
+                out = model(input_ids, positions, self.cache, slots, key_length=key_length, **options)
                 logits.copy_(out.logits)
                 hidden.copy_(out.hidden)
         runner.capture(body)
@@ -162,9 +171,12 @@ class StageGraphs(_BucketedGraphs):
         return getattr(config, "draft_vocab_size", None) or config.vocab_size  # an EAGLE head's config has no vocab_size
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, key_length: int,
-                 features: torch.Tensor | None = None) -> ModelOutput:
+                 features: torch.Tensor | None = None, logits_at: torch.Tensor | None = None) -> ModelOutput:
         """Replay the forward for these inputs; returns views of the runner's outputs (valid until its next replay)."""
-        # input_ids, positions: [B, T]; slots: [B]; features: [B, T, H] (EAGLE head)
+        # input_ids, positions: [B, T]; slots: [B]; features: [B, T, H] (EAGLE head); logits_at: [B]
+        if (logits_at is not None) != self.logits_at:
+            raise ValueError(f"{self.stage} graphs were captured {'with' if self.logits_at else 'without'} "
+                             f"logits_at; a replay must {'pass' if self.logits_at else 'not pass'} it")
         batch = input_ids.shape[0]
         key = self.runner_for(batch, key_length)
         runner, buffers = self.runners[key], self.buffers[key]
@@ -173,6 +185,8 @@ class StageGraphs(_BucketedGraphs):
             # padded rows write only the scratch cache row, at positions inside the key bucket
             buffers["slots"][batch:].fill_(self.context.scratch_slot)
             buffers["positions"][batch:].copy_(self._offsets)
+            if self.logits_at:
+                buffers["logits_at"][batch:].zero_()
             rows = {name: buffer[:batch] for name, buffer in buffers.items()}
         # (a full bucket needs no slicing, which costs about as much as the copy itself)
         rows["input_ids"].copy_(input_ids)
@@ -180,6 +194,8 @@ class StageGraphs(_BucketedGraphs):
         rows["slots"].copy_(slots)
         if features is not None:
             rows["features"].copy_(features)
+        if logits_at is not None:
+            rows["logits_at"].copy_(logits_at)
         runner.replay()
         return ModelOutput(logits=rows["logits"], hidden=rows["hidden"])
 

@@ -85,6 +85,41 @@ def test_target_replay_equals_eager_in_every_bucket(num_tokens):
                                            rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("token_map", [None, list(range(0, 96, 2))])
+@torch.inference_mode()
+def test_head_graphs_with_logits_at_give_the_logits_at_each_request_s_index(token_map):
+    """The draft-extend graphs of an EAGLE head compute the LM head at one index per request (the accepted length):
+    those rows equal the full forward's logits at that index, padded batches included, and the hidden states are
+    every position's; a replay must pass logits_at exactly when the graphs were captured with it."""
+    target = small_target()
+    head = small_head(target, token_map)
+    lengths = [7, 30, 70, 100]
+    cache_graph, cache_eager = _twin_caches(target, lengths)  # only the sizes matter: the head has its own caches
+    head_graph, head_eager = head.make_cache(MAX_BATCH + 1, CAPACITY), head.make_cache(MAX_BATCH + 1, CAPACITY)
+    context = GraphContext(torch.device("cpu"), MAX_BATCH, CAPACITY)
+    graphs = StageGraphs(context, "draft_extend", 3, head, head_graph, 4, with_features=True, logits_at=True)
+    graphs.capture()
+    for batch in (1, 3, 4):
+        slots = torch.arange(batch)
+        positions = torch.tensor(lengths[:batch])[:, None] + torch.arange(4)          # [B, 4]
+        input_ids = torch.randint(0, 96, (batch, 4))
+        features = torch.randn(batch, 4, target.config.hidden_size)
+        index = torch.tensor([3, 0, 2, 1][:batch])
+        key_length = int(positions.max()) + 1
+        out = graphs(input_ids, positions, slots, key_length, features, logits_at=index)
+        ref = head(input_ids, features, positions, head_eager, slots,
+                   key_length=graphs.runner_for(batch, key_length)[1])
+        assert out.logits.shape == (batch, 1, ref.logits.shape[-1])
+        torch.testing.assert_close(out.logits[:, 0], ref.logits[torch.arange(batch), index], rtol=0, atol=1e-5)
+        torch.testing.assert_close(out.hidden, ref.hidden, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="captured with logits_at; a replay must pass it"):
+        graphs(input_ids, positions, slots, key_length, features)
+    plain = StageGraphs(context, "verify", 0, target, cache_graph, 1, with_features=False)
+    plain.capture()
+    with pytest.raises(ValueError, match="captured without logits_at; a replay must not pass it"):
+        plain(input_ids[:, :1], positions[:, :1], slots, key_length, logits_at=index)
+
+
 @pytest.mark.requires_cpu("onednn_bf16")  # mkldnn::_reorder_linear_weight refuses bf16 without it
 @torch.inference_mode()
 def test_packed_bf16_linears_replay_the_same_bits_as_eager():

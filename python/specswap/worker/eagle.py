@@ -78,10 +78,11 @@ class EagleDrafter(ModelDrafter):
         input_ids = tier.draft_extend.input_ids[:batch]  # [B, k+1]
         input_ids[:, :steps] = tier.draft.draft_tokens[:batch]
         input_ids.scatter_(1, accept_lengths.unsqueeze(-1), next_tokens.unsqueeze(-1))
-        out = forwards.draft_extend(input_ids, positions, slot_index, key_length, target_hidden)
-        rows = self._rows[:batch]
-        self.next_draft_logits[slot_index] = out.logits[rows, accept_lengths]
-        self.next_draft_hidden[slot_index] = out.hidden[rows, accept_lengths]
+        # the LM head only at index a: the rows past it are rejected drafts, the ones before it are not drafted from
+        out = forwards.draft_extend(input_ids, positions, slot_index, key_length, target_hidden,
+                                    logits_at=accept_lengths)
+        self.next_draft_logits[slot_index] = out.logits[:, 0]
+        self.next_draft_hidden[slot_index] = out.hidden[self._rows[:batch], accept_lengths]
 
     def _catch_up_one(self, slot, slot_index, positions, start, end) -> None:
         # head position j consumes (x_{j+1}, f_j)
@@ -103,7 +104,8 @@ class EagleDrafter(ModelDrafter):
             return Forwards(verify=None)
         from specswap.graphs import StageGraphs
 
-        extend = StageGraphs(context, "draft_extend", steps, self.model, self.cache, steps + 1, with_features=True)
+        extend = StageGraphs(context, "draft_extend", steps, self.model, self.cache, steps + 1, with_features=True,
+                             logits_at=True)
         extend.capture()
         forwards = super().stage_graphs(context, steps)
         forwards.draft_extend = extend

@@ -21,18 +21,20 @@ if TYPE_CHECKING:  # the models arrive as objects; the worker imports none of th
 
 class EagerForward:
     """A model forward called directly, with StageGraphs' signature: (input_ids [B, T], positions [B, T],
-    slots [B], key_length, features [B, T, H] for an EAGLE head) -> ModelOutput. ``tree_mask`` ([T, T], a
-    tree tier's verify): passed to the target forward on every call."""
+    slots [B], key_length, features [B, T, H] for an EAGLE head, logits_at [B]: the logits at that position of
+    each row only, [B, 1, V]) -> ModelOutput. ``tree_mask`` ([T, T], a tree tier's verify): passed to the target
+    forward on every call."""
 
     def __init__(self, model: torch.nn.Module, cache, with_features: bool, tree_mask: torch.Tensor | None = None):
         self.model, self.cache, self.with_features = model, cache, with_features
         self.options = {} if tree_mask is None else {"tree_mask": tree_mask}
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, key_length: int,
-                 features: torch.Tensor | None = None) -> ModelOutput:
+                 features: torch.Tensor | None = None, logits_at: torch.Tensor | None = None) -> ModelOutput:
+        options = self.options if logits_at is None else {**self.options, "logits_at": logits_at}
         if self.with_features:
-            return self.model(input_ids, features, positions, self.cache, slots, key_length=key_length)
-        return self.model(input_ids, positions, self.cache, slots, key_length=key_length, **self.options)
+            return self.model(input_ids, features, positions, self.cache, slots, key_length=key_length, **options)
+        return self.model(input_ids, positions, self.cache, slots, key_length=key_length, **options)
 
     def memory_bytes(self) -> int:
         return 0  # the model's weights and cache are shared, nothing is held per stage
@@ -44,7 +46,8 @@ class Forwards:
 
     verify: Callable                                         # the target over [x_{m-1}, d_1..d_k]
     draft_steps: dict[int, Callable] = field(default_factory=dict)  # the draft by tokens per request (1; 2)
-    draft_extend: Callable | None = None                     # an EAGLE head over the verify's k + 1 tokens
+    draft_extend: Callable | None = None                     # an EAGLE head over the verify's k + 1 tokens, its
+                                                             # logits at each request's accepted length only
 
 
 @dataclass
