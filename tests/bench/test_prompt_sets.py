@@ -101,3 +101,21 @@ def test_provenance_names_the_command_the_cpu_and_the_commit(tmp_path):
     stamp = provenance.stamp(["x", "y"])
     assert stamp == {"command": "x y", "cpu": provenance.cpu_line(), "cpu_capability": cpu_capability().as_dict(),
                      "commit": commit}
+
+
+def test_a_changed_benchmark_output_under_results_does_not_mark_the_commit_dirty(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "run.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
+    clean = provenance.git_commit(tmp_path)
+    assert len(clean) == 40 and not clean.endswith("-dirty")
+    (tmp_path / "results" / "run.json").write_text('{"rewritten": true}')
+    assert provenance.git_commit(tmp_path) == clean
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert provenance.git_commit(tmp_path) == f"{clean}-dirty"

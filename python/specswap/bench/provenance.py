@@ -31,14 +31,16 @@ def cpu_line() -> str:
 
 def git_commit(directory: str | Path = _REPOSITORY) -> str:
     """``git rev-parse HEAD`` of the checkout holding ``directory``, with ``-dirty`` when tracked files differ
-    from it; ``"unknown"`` outside a git checkout (an installed wheel) or without git."""
+    from it, those under ``results/`` aside (benchmark outputs: a run that rewrites one file there leaves the
+    code it measures unchanged for the next); ``"unknown"`` outside a git checkout (an installed wheel) or
+    without git."""
     try:
         head = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10)
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no", "--",
+                                ":(top)", ":(top,exclude)results"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     commit = head.stdout.strip()
