@@ -94,7 +94,6 @@ def test_head_graphs_with_logits_at_give_the_logits_at_each_request_s_index(toke
     target = small_target()
     head = small_head(target, token_map)
     lengths = [7, 30, 70, 100]
-    cache_graph, cache_eager = _twin_caches(target, lengths)  # only the sizes matter: the head has its own caches
     head_graph, head_eager = head.make_cache(MAX_BATCH + 1, CAPACITY), head.make_cache(MAX_BATCH + 1, CAPACITY)
     context = GraphContext(torch.device("cpu"), MAX_BATCH, CAPACITY)
     graphs = StageGraphs(context, "draft_extend", 3, head, head_graph, 4, with_features=True, logits_at=True)
@@ -114,7 +113,8 @@ def test_head_graphs_with_logits_at_give_the_logits_at_each_request_s_index(toke
         torch.testing.assert_close(out.hidden, ref.hidden, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="captured with logits_at; a replay must pass it"):
         graphs(input_ids, positions, slots, key_length, features)
-    plain = StageGraphs(context, "verify", 0, target, cache_graph, 1, with_features=False)
+    plain = StageGraphs(context, "verify", 0, target, target.make_cache(MAX_BATCH + 1, CAPACITY), 1,
+                        with_features=False)
     plain.capture()
     with pytest.raises(ValueError, match="captured without logits_at; a replay must not pass it"):
         plain(input_ids[:, :1], positions[:, :1], slots, key_length, logits_at=index)
