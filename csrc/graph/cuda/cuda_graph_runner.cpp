@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "graph/device_capture.h"
 #include "graph/graph_runner.h"
 
 namespace specswap::graph {
@@ -53,11 +54,51 @@ class CudaGraphPool final : public GraphPool {
   c10::cuda::CUDAStream capture_stream_;
 };
 
-std::size_t reserved_bytes(c10::DeviceIndex device) {
+std::size_t cuda_reserved_bytes(c10::DeviceIndex device) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
   return static_cast<std::size_t>(
       stats.reserved_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current);
 }
+
+// The CUDA side of the shared capture sequence (device_capture.h).
+class CudaCaptureHooks final : public DeviceCaptureHooks {
+ public:
+  CudaCaptureHooks(at::cuda::CUDAGraph& graph, const CudaGraphPool& pool)
+      : graph_(graph), device_(pool.device().index()), stream_(pool.capture_stream()), pool_(pool.handle()) {}
+  void synchronize_device() override { c10::cuda::device_synchronize(); }
+  void on_capture_stream(const std::function<void()>& fn) override {
+    c10::cuda::CUDAStreamGuard stream_guard(stream_);
+    fn();
+  }
+  void synchronize_capture_stream() override { stream_.synchronize(); }
+  std::size_t reserved_bytes() override { return cuda_reserved_bytes(device_); }
+  // Global: any unsafe CUDA call from another thread during capture fails it, rather than corrupting it
+  void begin_capture() override { graph_.capture_begin(pool_, cudaStreamCaptureModeGlobal); }
+  void end_capture() override { graph_.capture_end(); }
+  // Ends a capture that failed halfway, so the stream can be used again (its partial graph is discarded).
+  void abort_capture() noexcept override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t partial = nullptr;
+      if (cudaStreamEndCapture(stream_.stream(), &partial) == cudaSuccess && partial != nullptr) {
+        cudaGraphDestroy(partial);
+      }
+    }
+    (void)cudaGetLastError();  // the capture's error is reported by the exception, not left for the next call
+    try {
+      // capture_end() never completed: stop routing this capture's allocations to the shared pool
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(device_, pool_);
+    } catch (...) {
+      // already ended (or never begun): nothing to undo
+    }
+  }
+
+ private:
+  at::cuda::CUDAGraph& graph_;
+  c10::DeviceIndex device_;
+  c10::cuda::CUDAStream stream_;
+  at::cuda::MempoolId_t pool_;
+};
 
 class CudaGraphRunner final : public GraphRunner {
  public:
@@ -68,34 +109,12 @@ class CudaGraphRunner final : public GraphRunner {
   void do_capture(const std::function<void()>& body) override {
     auto& pool = static_cast<CudaGraphPool&>(*this->pool());
     c10::cuda::CUDAGuard device_guard(pool.device());
-    const auto device = pool.device().index();
-    auto stream = pool.capture_stream();
-    // the caller's stream wrote the buffers; the side stream must see that work
-    c10::cuda::device_synchronize();
-    std::size_t before = 0;
-    {
-      c10::cuda::CUDAStreamGuard stream_guard(stream);
-      body();  // warm-up outside capture: lazy library handles, workspace allocations
-      stream.synchronize();
-      // measured after the warm-up: what the warm-up cached belongs to the ordinary allocator, not the graph
-      before = reserved_bytes(device);
-      // Global: any unsafe CUDA call from another thread during capture fails it, rather than corrupting it
-      graph_.capture_begin(pool.handle(), cudaStreamCaptureModeGlobal);
-      try {
-        body();
-      } catch (const std::exception& error) {
-        abort_capture(stream, device, pool.handle());
-        throw std::runtime_error(std::string("CUDA graph capture of the ") + stage_name(stage()) + " runner (steps=" +
-                                 std::to_string(speculative_num_steps()) + ", bucket=" + std::to_string(bucket()) +
-                                 ") failed: " + error.what() +
-                                 " (a host sync inside a captured forward, e.g. .item(), .tolist() or a copy from "
-                                 "host memory, is not allowed)");
-      }
-      graph_.capture_end();
-    }
-    c10::cuda::device_synchronize();
-    const std::size_t after = reserved_bytes(device);
-    captured_bytes_ = after > before ? after - before : 0;
+    CudaCaptureHooks hooks(graph_, pool);
+    captured_bytes_ = run_device_capture(
+        hooks, body,
+        CaptureLabel{"CUDA", stage_name(stage()), speculative_num_steps(), bucket(),
+                     "a host sync inside a captured forward, e.g. .item(), .tolist() or a copy from host memory, "
+                     "is not allowed"});
   }
   // Asynchronous on the caller's current stream, like any kernel launch: the
   // outputs are ready for work queued after it on that stream.
@@ -103,25 +122,6 @@ class CudaGraphRunner final : public GraphRunner {
   std::size_t backend_bytes() const override { return captured_bytes_; }
 
  private:
-  // Ends a capture that failed halfway, so the stream can be used again (its partial graph is discarded).
-  static void abort_capture(const c10::cuda::CUDAStream& stream, c10::DeviceIndex device,
-                            at::cuda::MempoolId_t pool) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
-      cudaGraph_t partial = nullptr;
-      if (cudaStreamEndCapture(stream.stream(), &partial) == cudaSuccess && partial != nullptr) {
-        cudaGraphDestroy(partial);
-      }
-    }
-    (void)cudaGetLastError();  // the capture's error is reported by the exception, not left for the next call
-    try {
-      // capture_end() never ran: stop routing this capture's allocations to the shared pool
-      c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
-    } catch (const std::exception&) {
-      // already ended: nothing to undo
-    }
-  }
-
   at::cuda::CUDAGraph graph_;
   std::size_t captured_bytes_ = 0;
 };
