@@ -12,7 +12,8 @@ capability markers, and the device fixture.
   with ``SPECSWAP_CPU_CAPS=-avx512`` and torch held to AVX2. Every ``requires_cpu`` test is one too, and so is
   every test whose source names bf16 (CAPABILITY_WORDS).
 
-The device that device-parametrized tests run on: ``SPECSWAP_TEST_DEVICE`` (default ``cpu``).
+The device that device-parametrized tests run on: ``SPECSWAP_TEST_DEVICE`` (default ``cpu``; ``cuda[:N]``, or
+``npu[:N]`` with torch_npu, which is imported first).
 
 ``tools/gpu_check.sh`` runs those tests with ``SPECSWAP_TEST_DEVICE=cuda``. A device that is asked for but
 absent fails the whole run at start-up instead of skipping, so a GPU check cannot pass by running nothing.
@@ -22,6 +23,9 @@ absent fails the whole run at start-up instead of skipping, so a GPU check canno
 import dataclasses
 import inspect
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,7 +40,8 @@ def pytest_report_header(config):
         line = cpu_capability().describe()
     except ValueError as error:  # a bad SPECSWAP_CPU_CAPS: every test that asks fails with this message
         line = f"cpu capability: {error}"
-    return [line, f"specswap test device: {config.specswap_device} ({DEVICE_VARIABLE})", _seed_line(config)]
+    return [line, f"specswap test device: {config.specswap_device} ({DEVICE_VARIABLE})",
+            f"specswap weight cache: {config.specswap_cache} ({CACHE_VARIABLE})", _seed_line(config)]
 
 
 # a test whose source names one of these runs a capability-dependent path: it is a capability test without a
@@ -87,19 +92,38 @@ def cpu_override(monkeypatch):
 
 
 DEVICE_VARIABLE = "SPECSWAP_TEST_DEVICE"
-DEVICE_TYPES = ("cpu", "cuda")
+DEVICE_TYPES = ("cpu", "cuda", "npu")
+VALID_DEVICES = "cpu, cuda, cuda:N, npu, npu:N"
+
+
+def _import_torch_npu(name: str):
+    """torch_npu registers the ``npu`` device type with torch (torch.device("npu") is no device without it);
+    returns its module ``torch.npu``."""
+    try:
+        import torch_npu  # noqa: F401
+    except Exception as error:  # not installed, or installed without CANN (its libraries fail to load)
+        raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r} needs torch_npu, the Ascend adapter for torch, and it "
+                                f"did not import ({type(error).__name__}: {error}); install torch_npu for torch "
+                                f"{torch.__version__} on a machine with CANN and an NPU") from None
+    npu = getattr(torch, "npu", None)
+    if npu is None:
+        raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r}: torch_npu imported but added no torch.npu module")
+    return npu
 
 
 def requested_device() -> torch.device:
     """The device named by SPECSWAP_TEST_DEVICE, with an index when it is an accelerator."""
     name = os.environ.get(DEVICE_VARIABLE, "cpu").strip() or "cpu"
+    npu = _import_torch_npu(name) if name.split(":")[0] == "npu" else None
+    if npu is not None and not npu.is_available():
+        raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r} but torch_npu sees no NPU device")
     try:
         device = torch.device(name)
     except RuntimeError as error:
-        raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r} is not a device ({error}); valid: cpu, cuda, cuda:N")
+        raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r} is not a device ({error}); valid: {VALID_DEVICES}")
     if device.type not in DEVICE_TYPES:
         raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r}: device type {device.type!r} is not tested here; "
-                                f"valid: cpu, cuda, cuda:N")
+                                f"valid: {VALID_DEVICES}")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r} but torch {torch.__version__} sees no CUDA device")
@@ -107,6 +131,11 @@ def requested_device() -> torch.device:
         if index >= torch.cuda.device_count():
             raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r}: valid indices are 0..{torch.cuda.device_count() - 1}")
         device = torch.device("cuda", index)
+    if device.type == "npu":
+        index = npu.current_device() if device.index is None else device.index
+        if index >= npu.device_count():
+            raise pytest.UsageError(f"{DEVICE_VARIABLE}={name!r}: valid indices are 0..{npu.device_count() - 1}")
+        device = torch.device("npu", index)
     return device
 
 
@@ -123,9 +152,28 @@ def _session_seed() -> tuple[int, str]:
         raise pytest.UsageError(f"{SEED_VARIABLE} must be an integer, got {value!r}") from None
 
 
+CACHE_VARIABLE = "SPECSWAP_TEST_CACHE_DIR"
+
+
+def _use_a_test_cache(config) -> None:
+    """Converted weights go to ``SPECSWAP_TEST_CACHE_DIR`` (tools/test.sh: build/test-cache, kept between runs of
+    one checkout) or a temporary directory removed at the end: never the user's ~/.cache/specswap. Set in the
+    environment, so the servers and commands the tests start use it too."""
+    given = os.environ.get(CACHE_VARIABLE, "").strip()
+    if given:
+        directory = Path(given).resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+    else:
+        directory = Path(tempfile.mkdtemp(prefix="specswap-test-cache-"))
+        config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+    os.environ["SPECSWAP_CACHE_DIR"] = str(directory)
+    config.specswap_cache = directory
+
+
 @pytest.hookimpl(tryfirst=True)  # before hypothesis' own pytest_configure reads --hypothesis-seed
 def pytest_configure(config):
     config.specswap_device = requested_device()
+    _use_a_test_cache(config)
     given = config.getoption("hypothesis_seed", default=None)
     if given is not None:
         config._specswap_seed = (given, "from --hypothesis-seed")
