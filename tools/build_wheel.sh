@@ -27,7 +27,7 @@ esac
 
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 echo "[build_wheel] $variant: build environment $venv (${packages[*]})"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "${packages[@]}" scikit-build-core ninja numpy
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "${packages[@]}" scikit-build-core ninja numpy libggml-python==0.20.2.post1
 
 if [ "$variant" = cuda ]; then
   # torch's CUDA cmake config wants headers (cusparse.h, ...) and libnvrtc that

@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh
 bash tools/test_cpp.sh
 VENV=${SPECSWAP_VENV:-.venv}
+# a component the install must have (the native GGUF kernels, the weight packages) fails its tests when missing
+# instead of skipping them (tests/components.py): a build that lost its kernels cannot pass
+export SPECSWAP_TEST_REQUIRE_ALL=1
+# converted weights go to this checkout's build folder (tests/conftest.py), never the user's ~/.cache/specswap
+export SPECSWAP_TEST_CACHE_DIR=${SPECSWAP_TEST_CACHE_DIR:-build/test-cache}
 # every test, the slow ones too (the full tier x bucket capture, ~10 s): a -m in "$@" comes later and wins
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "slow or not slow" "$@"
 # specswap's override plus torch's kernels and oneDNN held to AVX2: a path that forgets to ask

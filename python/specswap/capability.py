@@ -11,6 +11,9 @@ Features (after the limits below):
   ``avx512`` or ``avx_ne_convert``, and oneDNN itself agrees (``ONEDNN_MAX_CPU_ISA`` can lower it).
 - ``native_bf16``: bf16 dot products in hardware (``avx512_bf16`` or ``amx``) on oneDNN's bf16 path; without it
   bf16 matmuls are emulated by converting to fp32, so dtype "auto" picks fp32 there.
+- ``native_kernels``: not a CPU feature but this install's: the extension was built with the native GGUF block
+  kernels and ggml's CPU library (``libggml-python``) is installed (``native_kernels_available()``). Without it a
+  GGUF model loads dequantized, so the line says so.
 
 The hardware is read from torch's cpuinfo (``torch._C._cpu._get_cpu_capability()``), or ``/proc/cpuinfo`` flags
 where torch lacks it. Three limits can only take features away, never add one:
@@ -37,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = ["CpuCapability", "cpu_capability", "capability_from", "parse_override", "hardware_features",
-           "FEATURES", "OVERRIDE_NAMES", "OVERRIDE_ENV"]
+           "native_kernels_available", "native_kernels_problem", "FEATURES", "OVERRIDE_NAMES", "OVERRIDE_ENV"]
 
 OVERRIDE_ENV = "SPECSWAP_CPU_CAPS"
 FEATURES = ("avx2", "avx512", "avx512_bf16", "avx512_vnni", "amx", "avx_ne_convert")
@@ -64,16 +67,17 @@ class CpuCapability:
     torch_kernels: str     # torch's kernel level (ATEN_CPU_CAPABILITY lowers it)
     override: str          # SPECSWAP_CPU_CAPS as given, "" when unset
     removed: tuple[str, ...]  # features the hardware has that the limits took away
+    native_kernels: bool = True  # this install runs GGUF blocks natively (native_kernels_available())
 
     def describe(self) -> str:
         """One line: ``cpu: AMD EPYC; avx2 avx512 avx512_bf16 vnni; amx no; native bf16 yes; onednn bf16 yes;
-        torch kernels AVX512``, plus ``; override: -avx512 (removed avx512 avx512_bf16 vnni)`` under
-        SPECSWAP_CPU_CAPS, or ``; limited (removed ...)`` when only torch's limits took something."""
+        torch kernels AVX512; native kernels yes``, plus ``; override: -avx512 (removed avx512 avx512_bf16 vnni)``
+        under SPECSWAP_CPU_CAPS, or ``; limited (removed ...)`` when only torch's limits took something."""
         short = {"avx512_vnni": "vnni"}
         present = [short.get(name, name) for name in FEATURES if name != "amx" and getattr(self, name)]
         line = (f"cpu: {self.model}; {' '.join(present) or 'no avx2'}; amx {_yes(self.amx)}; "
                 f"native bf16 {_yes(self.native_bf16)}; onednn bf16 {_yes(self.onednn_bf16)}; "
-                f"torch kernels {self.torch_kernels}")
+                f"torch kernels {self.torch_kernels}; native kernels {_yes(self.native_kernels)}")
         taken = ' '.join(short.get(name, name) for name in self.removed) or "nothing"
         if self.override:
             line += f"; override: {self.override} (removed {taken})"
@@ -131,9 +135,11 @@ def _prerequisites(name: str) -> set[str]:
 
 
 def capability_from(hardware: dict[str, bool], override: str | None = None, *, model: str = "unknown",
-                    torch_kernels: str = "AVX512", onednn_agrees: bool = True) -> CpuCapability:
+                    torch_kernels: str = "AVX512", onednn_agrees: bool = True,
+                    native_kernels: bool = True) -> CpuCapability:
     """The capability of a CPU with ``hardware`` features (FEATURES -> bool) under the limits: ``override``
-    (``SPECSWAP_CPU_CAPS`` syntax), torch's kernel level and oneDNN's own bf16 answer. Pure: tests use it."""
+    (``SPECSWAP_CPU_CAPS`` syntax), torch's kernel level and oneDNN's own bf16 answer; ``native_kernels`` as this
+    install has them. Pure: tests use it."""
     unknown = set(hardware) - set(FEATURES)
     if unknown:
         raise ValueError(f"unknown hardware features {sorted(unknown)}; valid: {', '.join(FEATURES)}")
@@ -157,7 +163,8 @@ def capability_from(hardware: dict[str, bool], override: str | None = None, *, m
     native_bf16 = (features["avx512_bf16"] or features["amx"]) and onednn_bf16
     removed = tuple(name for name in FEATURES if hardware.get(name) and not features[name])
     return CpuCapability(model=model, **features, onednn_bf16=onednn_bf16, native_bf16=native_bf16,
-                         torch_kernels=level, override=(override or "").strip(), removed=removed)
+                         torch_kernels=level, override=(override or "").strip(), removed=removed,
+                         native_kernels=native_kernels)
 
 
 def _cpuinfo_text() -> str:
@@ -218,6 +225,38 @@ def _onednn_bf16_supported() -> bool:
         return True  # this build cannot say: the features decide
 
 
+NATIVE_KERNELS_FIX = ('pip install libggml-python==0.20.2.post1 (a dependency of specswap on Linux x86-64), then '
+                      'reinstall specswap so its build compiles the kernels')
+
+
+def _native_kernels_parts() -> tuple[bool, bool]:
+    """(the extension was compiled with the native kernels, ggml's CPU library is installed)."""
+    import importlib.util
+
+    try:
+        from specswap import _core
+    except ImportError:
+        return False, importlib.util.find_spec("libggml") is not None
+    return bool(getattr(_core._C, "with_ggml", False)), importlib.util.find_spec("libggml") is not None
+
+
+def native_kernels_available() -> bool:
+    """Whether GGUF block weights run natively here: the extension was compiled with the native kernels (its
+    build found libggml-python's headers) and ggml's CPU library is installed (loaded on first use)."""
+    return all(_native_kernels_parts())
+
+
+def native_kernels_problem() -> str | None:
+    """Why the native kernels are missing, with the fix; None when they are here."""
+    built, installed = _native_kernels_parts()
+    if not built:
+        return ("this specswap build has no native GGUF kernels (it was compiled without libggml-python); "
+                + NATIVE_KERNELS_FIX)
+    if not installed:
+        return "ggml's CPU library is not installed: pip install libggml-python==0.20.2.post1"
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_capability() -> CpuCapability:
     """This CPU's capability under the limits, read once per process (``cpu_capability.cache_clear()`` re-reads
@@ -227,4 +266,4 @@ def cpu_capability() -> CpuCapability:
     hardware, model = hardware_features()
     return capability_from(hardware, os.environ.get(OVERRIDE_ENV), model=model,
                            torch_kernels=torch.backends.cpu.get_cpu_capability(),
-                           onednn_agrees=_onednn_bf16_supported())
+                           onednn_agrees=_onednn_bf16_supported(), native_kernels=native_kernels_available())

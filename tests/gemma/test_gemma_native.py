@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from components import require_native_kernels
 from specswap.zoo.gemma_eagle import DEFAULT_OUT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
@@ -23,11 +24,9 @@ NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def gemma_native(gguf_path):
     from specswap.models import load_model, load_tokenizer
-    from specswap.models.quantized import ggml_available
     from specswap.zoo.gemma import resolve
 
-    if not ggml_available():
-        pytest.skip('native weights need ggml: pip install "specswap[ggml]"')
+    require_native_kernels()
     directory = resolve("gemma-3-270m", "native", progress=False)
     return load_model(directory, torch.float32), load_tokenizer(directory)
 
@@ -113,4 +112,6 @@ def test_native_and_dequantized_fp32_greedy_agree(gemma_native, native_reference
     same = sum(next((i for i, (a, b) in enumerate(zip(n, d)) if a != b), len(n)) for n, d in zip(native_reference, dense))
     share = same / sum(len(n) for n in native_reference)
     print(f"native vs dequantized fp32: identical greedy prefix over {share:.0%} of tokens")
-    assert share >= 0.5
+    # measured 61 of 96 tokens (0.635; the native kernels' forms give the same bits on every CPU); the floor
+    # leaves five tokens of margin
+    assert share >= 0.58, share

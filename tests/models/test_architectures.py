@@ -266,10 +266,10 @@ def test_gemma3_image_text_directory_loads_its_text_decoder(tmp_path):
 def test_native_weights_of_a_quantized_qwen2_file(tmp_path):
     """Block weights stay blocks on bias-free linears; Qwen 2's biased q/k/v load dense; greedy output matches
     the dequantized load of the same file."""
-    from specswap.models.quantized import QuantizedLinear, ggml_available
+    from components import require_native_kernels
+    from specswap.models.quantized import QuantizedLinear
 
-    if not ggml_available():
-        pytest.skip('native weights need ggml: pip install "specswap[ggml]"')
+    require_native_kernels()
     hf_model, _ = make_hf_model("qwen2", tmp_path)
     path = tmp_path / "q8.gguf"
     write_gguf(hf_model, "qwen2", path, tensor_type="Q8_0")

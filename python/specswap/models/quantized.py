@@ -6,7 +6,7 @@ the type's dot-product type, as llama.cpp does), ``QuantizedEmbedding`` dequanti
 batch-invariant: a row's output has the same bits whatever rows are beside it, so verifying k + 1 tokens at once
 gives what decoding them one at a time gives.
 
-ggml itself comes from the ``libggml-python`` package (``pip install "specswap[ggml]"``), loaded on first use.
+ggml itself comes from the ``libggml-python`` package (a dependency on Linux x86-64), loaded on first use.
 """
 
 from __future__ import annotations
@@ -32,12 +32,7 @@ REPACKED: dict[str, str] = {"Q8_0": "Q8_0x8", "Q5_0": "Q5_0x8", "Q4_1": "Q4_1x8"
 LAYOUT_TYPES: dict[str, int] = {"Q8_0x8": 1008, "Q5_0x8": 1006, "Q4_1x8": 1003, "Q4_Kx8": 1012, "Q6_Kx8": 1014}
 FILE_TYPE_OF_LAYOUT: dict[str, str] = {layout: file_type for file_type, layout in REPACKED.items()}
 GGML_TYPE_NAMES = {number: name for name, number in (GGML_TYPES | LAYOUT_TYPES).items()}
-GGML_EXTRA_HINT = 'pip install "specswap[ggml]" (the libggml-python package)'
-
-
-def ggml_available() -> bool:
-    """Whether quantized weights can run here: this build has the op and the ggml package is installed."""
-    return bool(getattr(_C, "with_ggml", False)) and importlib.util.find_spec("libggml") is not None
+GGML_EXTRA_HINT = "pip install libggml-python==0.20.2.post1 (a dependency of specswap on Linux x86-64)"
 
 
 def load_ggml() -> None:
@@ -175,5 +170,5 @@ class QuantizedEmbedding(nn.Module):
         return rows * torch.tensor(self.scale, dtype=torch.float32).to(self.dtype)
 
 
-__all__ = ["FILE_TYPE_OF_LAYOUT", "GGML_TYPES", "LAYOUT_TYPES", "REPACKED", "repack_default", "QuantizedEmbedding", "QuantizedLinear", "dequantize", "ggml_available", "ggml_type",
+__all__ = ["FILE_TYPE_OF_LAYOUT", "GGML_TYPES", "LAYOUT_TYPES", "REPACKED", "repack_default", "QuantizedEmbedding", "QuantizedLinear", "dequantize", "ggml_type",
            "load_ggml", "quantize", "row_bytes"]
