@@ -14,7 +14,8 @@ from typing import Sequence
 
 import torch
 
-from specswap.sampling import KeyedDraws, KeyedNoise, KeyedRow, RoundSampling, SamplingParams, exponential_
+from specswap.sampling import (KeyedDraws, KeyedNoise, KeyedRow, RoundSampling, SamplingParams, draw_key,
+                               draw_uniform_, exponential_)
 
 
 class SlotTable:
@@ -97,7 +98,7 @@ class SlotTable:
         """A fresh key from the request's generator (greedy rows draw nothing)."""
         if self.params[slot].greedy:
             return 0
-        return int(torch.randint(2 ** 62, (), generator=self.generators[slot]))
+        return draw_key(self.generators[slot])
 
     def _draw_noise(self, tier, slots: Sequence[int]) -> None:
         """Fill a drafting tier's random draws from each sampling request's own generator (ones for greedy rows):
@@ -111,5 +112,5 @@ class SlotTable:
                 continue
             generator = self.generators[slot]
             exponential_(draft.draft_noise[row], generator)
-            verify.uniforms[row].uniform_(generator=generator)
-            verify.residual_uniforms[row:row + 1].uniform_(generator=generator)
+            draw_uniform_(verify.uniforms[row], generator)
+            draw_uniform_(verify.residual_uniforms[row:row + 1], generator)

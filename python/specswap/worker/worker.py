@@ -19,8 +19,8 @@ import torch
 
 from specswap.capability import cpu_capability
 from specswap.ngram import NumberTokens
-from specswap.sampling import (LOSSLESS, KeyedNoise, SamplingParams, Verifier, argmax, logits_to_probs,
-                               position_key, sample_from_cdf, sample_keyed)
+from specswap.sampling import (LOSSLESS, KeyedNoise, SamplingParams, Verifier, argmax, draw_key, draw_uniform_,
+                               logits_to_probs, position_key, sample_from_cdf, sample_keyed)
 from specswap.worker.drafter import Drafter, PrefillBatch
 from specswap.worker.eagle import EagleDrafter
 from specswap.worker.layout import ChainLayout, TreeLayout
@@ -290,14 +290,14 @@ class EAGLEWorker:
             first_tokens = argmax(probs)                                                      # [B] (greedy rows)
             for row, (slot, request_params, generator) in enumerate(zip(slots, params, generators)):
                 if not request_params.greedy:
-                    seed = generator.initial_seed() if generator is not None else int(torch.randint(2 ** 62, ()))
+                    seed = generator.initial_seed() if generator is not None else draw_key(None)
                     self.slots.keyed_seeds[slot] = seed
                     first_tokens[row] = sample_keyed(probs[row].log(), position_key(seed, 0), self._keyed_noise)
             return first_tokens
         uniforms = torch.zeros(probs.shape[0], device=probs.device)
         for row, (request_params, generator) in enumerate(zip(params, generators)):
             if not request_params.greedy:
-                uniforms[row:row + 1].uniform_(generator=generator)
+                draw_uniform_(uniforms[row:row + 1], generator)
         return sample_from_cdf(probs, uniforms)
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
