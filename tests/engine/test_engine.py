@@ -229,7 +229,8 @@ def test_ngram_sampling_draws_the_target_only_tokens_at_every_tier_and_switch(fi
         eng = engine("NGRAM", max_batch_size=3, **config)
         assert [r.token_ids for r in eng.generate(prompts, 30, **sampling)] == reference, config
         stats = eng.stats()
-        assert stats["mean_accept_length"] > 0.1, (config, stats)  # drafts were verified and taken (0.2-0.45)
+        # drafts were verified and taken: measured 0.196-0.452 over these configurations; the floor is 0.9x the least
+        assert stats["mean_accept_length"] >= 0.17, (config, stats)
         if "speculative_adaptive" in config:
             assert stats["num_switches"] >= 2, stats
     # another seed draws other text

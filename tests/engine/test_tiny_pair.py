@@ -27,6 +27,9 @@ TEXTS = [
     "x",
 ]
 MAX_SEQ_LEN = 160
+# mean accepted draft tokens per verify on TEXTS, 40 new tokens, fp32, tiers 1..7 (measured; deterministic)
+MEASURED_ACCEPT_LENGTH = {"EAGLE": (0.60, 0.89, 1.11, 1.11, 1.13, 1.13, 1.13),
+                          "STANDALONE": (0.66, 0.98, 1.38, 1.45, 1.53, 1.58, 1.59)}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,8 @@ def test_tiny_greedy_identity_every_tier(tiny, reference, algorithm, steps):
     results = engine.generate(TEXTS, 40)
     assert [r.token_ids for r in results] == [reference[t] for t in TEXTS]
     if algorithm != "NGRAM":
-        assert engine.stats()["mean_accept_length"] > 0.2  # the trained drafts do accept
+        # the trained drafts do accept: measured (fp32) per tier, less 10%
+        assert engine.stats()["mean_accept_length"] >= 0.9 * MEASURED_ACCEPT_LENGTH[algorithm][steps - 1]
 
 
 @settings(max_examples=15, deadline=None,

@@ -76,7 +76,9 @@ def test_chain_drafting_is_lossless_and_accepts_tokens(shipped, drafter):
     result = chain_draft(target, make, prompt, 24, k=3)
     assert result.tokens == reference  # greedy speculative decoding must not change the output
     mean_accepted = sum(result.accepted_per_verify) / len(result.accepted_per_verify)
-    assert mean_accepted >= 0.5, f"{drafter} accepted only {mean_accepted:.2f} draft tokens per verify"
+    # measured in fp32 on this prompt: the EAGLE head 1.09, the draft model 1.88 tokens per verify; about 10% below
+    floor = {"eagle": 0.95, "draft": 1.65}[drafter]
+    assert mean_accepted >= floor, f"{drafter} accepted only {mean_accepted:.2f} draft tokens per verify"
 
 
 def test_heldout_split_is_a_stable_hash_of_the_name():
@@ -103,7 +105,9 @@ def test_bf16_pair_drafts_and_agrees_with_fp32(shipped):
     result = chain_draft(target, lambda capacity: EagleDrafter(head, capacity), prompt, 16, k=3)
     assert result.tokens == greedy(target, prompt, 16)
     agreement = sum(a == b for a, b in zip(result.tokens, greedy(target32, prompt, 16))) / 16
-    assert agreement >= 0.5  # bf16 may diverge after a near-tie, but not from the start
+    # bf16 may diverge after a near-tie, but not from the start: measured 10 of 16 tokens with bf16 emulated (AVX2);
+    # the native bf16 paths round differently, so the floor keeps two tokens of margin
+    assert agreement >= 0.5, agreement
 
 
 def test_eagle_drafter_maps_draft_ids_through_the_token_map(shipped):

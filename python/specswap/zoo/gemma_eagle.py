@@ -41,6 +41,7 @@ from tqdm import tqdm
 from specswap.models import EagleConfig, EagleHead, RopeConfig, load_model, load_tokenizer, save_eagle_head
 
 from .data import build_corpus
+from .gemma import cache_root
 from .train import kl_to_teacher, learning_rate, make_optimizer, positions_like, step_optimizer
 
 DOMAINS = ("code", "prose")
@@ -61,7 +62,8 @@ def check_target(target: str) -> str:
 
 
 def default_work(target: str) -> Path:
-    return Path.home() / ".cache" / "specswap" / f"{target}-eagle-run"
+    """The resumable work directory: ``$SPECSWAP_CACHE_DIR/<target>-eagle-run`` (default ~/.cache/specswap)."""
+    return cache_root() / f"{target}-eagle-run"
 
 
 def default_out(target: str) -> Path:
