@@ -53,6 +53,8 @@ class SamplingParams:
     nucleus cut. ``seed`` seeds the request's own generator (None: random).
     ``stop`` holds stop strings; generation also stops at the model's EOS unless ``ignore_eos`` (as vLLM's
     benchmarks use it: every request runs to ``max_new_tokens``, so throughput compares equal work).
+    ``disable_speculative_decoding`` (SGLang's name): this request verifies no drafts; it decodes one token a
+    round inside a speculating batch, as tier 0 would, and the policy does not count it.
     """
 
     max_new_tokens: int = 16
@@ -62,6 +64,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    disable_speculative_decoding: bool = False
 
     def __post_init__(self):
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
@@ -87,6 +90,8 @@ class SamplingParams:
         object.__setattr__(self, "stop", stop)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not isinstance(self.disable_speculative_decoding, bool):
+            raise ValueError(f"disable_speculative_decoding must be a bool, got {self.disable_speculative_decoding!r}")
 
     @property
     def greedy(self) -> bool:
