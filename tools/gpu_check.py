@@ -75,9 +75,13 @@ def environment(device: str) -> dict[str, Any]:
         env["torch_cuda"] = torch.version.cuda
         env["cuda_available"] = torch.cuda.is_available()
         if torch.cuda.is_available():
-            env["gpu"] = torch.cuda.get_device_name(0)
-            env["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
-            env["gpu_memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
+            # the GPU the checks run on: cuda:N's, or the current one for an index-less cuda (and for cpu)
+            index = checked_gpu_index(device)
+            env["gpu_index"] = index
+            env["gpu"] = torch.cuda.get_device_name(index)
+            env["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(index)))
+            env["gpu_memory_bytes"] = torch.cuda.get_device_properties(index).total_memory
+            env["gpu_count"] = torch.cuda.device_count()
     except Exception as error:  # the report must still be written when torch itself is broken
         env["torch_error"] = repr(error)
     try:
@@ -88,6 +92,16 @@ def environment(device: str) -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         pass
     return env
+
+
+def checked_gpu_index(device: str) -> int:
+    """The CUDA device index `device` names: N for cuda:N, else the current device (what cuda resolves to)."""
+    import torch
+
+    parsed = torch.device(device)
+    if parsed.type == "cuda" and parsed.index is not None:
+        return parsed.index
+    return torch.cuda.current_device()
 
 
 def cpu_line() -> str:

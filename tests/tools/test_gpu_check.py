@@ -143,3 +143,25 @@ def test_junit_summary_counts_each_outcome(tmp_path):
     assert summary["problems"] == [{"test": "t::b", "kind": "failure", "message": "boom"},
                                    {"test": "t::c", "kind": "skipped", "message": "no gpu"}]
     assert gpu_check.junit_summary(tmp_path / "missing.xml") == {}
+
+
+@pytest.mark.parametrize("device, current, index", [("cuda:1", 0, 1), ("cuda:0", 1, 0), ("cuda", 1, 1)])
+def test_the_report_names_the_gpu_it_was_given(monkeypatch, device, current, index):
+    # two pretend GPUs (torch.cuda's functions answer for the current device when given no index, as torch does)
+    import torch
+
+    names = ["Pretend GPU zero", "Pretend GPU one"]
+    pick = lambda i=None: current if i is None else int(i)  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: names[pick(i)])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, pick(i)))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i=None: type("Properties", (), {"total_memory": (pick(i) + 1) << 30})())
+    env = gpu_check.environment(device)
+    assert "torch_error" not in env, env
+    assert env["requested_device"] == device
+    assert env["gpu"] == names[index] and env["gpu_index"] == index
+    assert env["gpu_capability"] == f"9.{index}" and env["gpu_memory_bytes"] == (index + 1) << 30
+    assert env["gpu_count"] == 2
