@@ -66,17 +66,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Load the model once and serve it over HTTP until interrupted."""
+    """Load the model once and serve it over HTTP until SIGTERM / SIGINT, then drain (docs/serving.md)."""
     from specswap.cli_flags import build_engine, check_speculative_flags
     from specswap.loading import load_models
+    from specswap.server.limits import ServerLimits, max_running_requests
 
     check_speculative_flags(args, args.speculative_adaptive)
     if args.api_key is not None and not args.api_key:
         raise ValueError("--api-key must not be empty")
+    limits = ServerLimits.from_args(args)
     try:
-        import uvicorn
-
-        from specswap.server.app import create_app
+        from specswap.server.app import create_app, serve
     except ImportError as error:
         raise ValueError(f"serving needs FastAPI, uvicorn and prometheus-client: pip install \"specswap[serve]\" "
                          f"({error})") from error
@@ -87,18 +87,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device,
                              args.draft_quantization, args.weights)
     engine = build_engine(models, algorithm, args.speculative_num_steps, args.speculative_adaptive,
-                          args.speculative_adaptive_config, args.max_batch_size, args.max_seq_len,
+                          args.speculative_adaptive_config, max_running_requests(args), args.max_seq_len,
                           disable_graphs=args.disable_cuda_graph)
     server_args = {key: value for key, value in vars(args).items() if key not in ("func", "api_key")}
-    app = create_app(engine, args.served_model_name or args.model, api_key=args.api_key,
-                     max_body_bytes=args.max_body_bytes, server_args=server_args)
+    app = create_app(engine, args.served_model_name or args.model, api_key=args.api_key, server_args=server_args,
+                     limits=limits)
     print(f"specswap serve: {args.model} ({sum(p.numel() for p in models.target.parameters()) / 1e6:.1f}M, "
           f"{models.dtype}, weights {models.weights}), speculative {algorithm}{' adaptive' if args.speculative_adaptive else ''}, "
-          f"max batch {engine.max_batch_size}, max_seq_len {engine.max_seq_len}; http://{args.host}:{args.port}/v1",
+          f"max running {engine.max_batch_size}, max queued {limits.max_queued_requests}, max_seq_len "
+          f"{engine.max_seq_len}; http://{args.host}:{args.port}/v1",
           flush=True)
     from specswap.capability import cpu_capability
     print(cpu_capability().describe(), flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve(app, args.host, args.port, args.log_level)
     return 0
 
 
@@ -130,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every request")
     serve.add_argument("--served-model-name", default=None, help="the model id clients see (default: --model)")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    from specswap.server.limits import add_arguments as add_limit_arguments
+    add_limit_arguments(serve)
     serve.add_argument("--log-level", default="warning")
     serve.set_defaults(func=cmd_serve)
 

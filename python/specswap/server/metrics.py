@@ -14,10 +14,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _EngineCollector:
-    """Gauges and totals derived from the scheduler's stats snapshot."""
+    """Gauges and totals derived from the scheduler's stats snapshot (and the server's admission state)."""
 
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, server):
         self.scheduler = scheduler
+        self.server = server
 
     def collect(self):
         stats = self.scheduler.snapshot
@@ -54,6 +55,16 @@ class _EngineCollector:
         for reason, count in sorted(dict(counters.requests_finished).items()):
             finished.add_metric([reason], count)
         yield finished
+        disabled = CounterMetricFamily("spec_requests_speculation_disabled", "Admitted requests that set "
+                                       "disable_speculative_decoding (decoded at tier 0 inside the batch)")
+        disabled.add_metric([], counters.speculation_disabled)
+        yield disabled
+        rejected = CounterMetricFamily("spec_requests_rejected", "Requests answered 503: the queue was full "
+                                       "(queue_full) or the server was draining (draining)", labels=["reason"])
+        for reason in ("queue_full", "draining"):
+            rejected.add_metric([reason], self.server.rejected.get(reason, 0))
+        yield rejected
+        yield gauge("spec_server_draining", "1 once SIGTERM / SIGINT started the drain", int(self.server.draining))
         rounds = CounterMetricFamily("spec_verify_rounds", "Batched verify rounds per tier", labels=["num_steps"])
         for tier, count in sorted(stats.get("rounds_per_tier", {}).items()):
             rounds.add_metric([str(tier)], count)
@@ -70,13 +81,20 @@ class ServerMetrics:
                                        registry=self.registry)
         self.request_rounds = Counter("spec_request_verify_rounds", "Per-request verify rounds per tier",
                                       ["num_steps"], registry=self.registry)
+        self.rejected: dict[str, int] = {}    # 503s by reason, counted on the event loop
+        self.draining = False
 
     def attach(self, scheduler) -> None:
-        self.registry.register(_EngineCollector(scheduler))
+        self.registry.register(_EngineCollector(scheduler, self))
 
-    def on_round(self, accepted: int, tier: int) -> None:
-        """Called by the scheduler thread for each request in each verify round."""
-        self.accept_length.observe(accepted + 1)
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def on_round(self, accepted: int | None, tier: int) -> None:
+        """Called by the scheduler thread for each request in each verify round; ``accepted`` None for a request
+        with speculation disabled (its round counts under tier 0, its acceptance nowhere)."""
+        if accepted is not None:
+            self.accept_length.observe(accepted + 1)
         self.request_rounds.labels(str(tier)).inc()
 
     def render(self) -> bytes:

@@ -1,10 +1,11 @@
 """SGLang's native API: ``POST /generate`` bodies in, SGLang's output objects out (pure functions, no I/O).
 
 A body carries ``text`` (a string or a list of them) or ``input_ids`` (a list of ints or a list of such lists),
-``sampling_params`` (one object for every prompt, or a list of one per prompt) and ``stream``. Each prompt
-becomes the same ``ParsedRequest`` the OpenAI routes build, so both APIs share admission, scheduling and
-aborts. An output is ``{"text", "output_ids", "meta_info"}`` with SGLang's field names; a batch answers a
-list of them.
+``sampling_params`` (one object for every prompt, or a list of one per prompt), ``stream``, ``rid`` (a string, or
+one per prompt of a batch) and ``request_timeout``. Other SGLang fields are accepted at the value that changes
+nothing; an unknown key is a 400 naming it. Each prompt becomes the same ``ParsedRequest`` the OpenAI routes
+build, so both APIs share admission, scheduling and aborts. An output is ``{"text", "output_ids", "meta_info"}``
+with SGLang's field names; a batch answers a list of them.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from specswap.sampling import SamplingParams
-from specswap.server.protocol import APIError, ParsedRequest, _integer, _number, _stop
+from specswap.server.protocol import APIError, ParsedRequest, _integer, _number, _stop, flag, request_timeout
 
 DEFAULT_MAX_NEW_TOKENS = 128   # as SGLang
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "ignore_eos", "sampling_seed")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "ignore_eos", "sampling_seed",
+                 "disable_speculative_decoding")
 # SGLang sampling parameters this server does not implement: accepted at the value that leaves sampling
 # unchanged (what clients send by default), a 400 otherwise
 NEUTRAL_SAMPLING = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
@@ -26,6 +28,17 @@ NEUTRAL_SAMPLING = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 
                     "no_stop_trim": False, "stop_token_ids": None, "json_schema": None, "regex": None,
                     "ebnf": None, "structural_tag": None, "logit_bias": None, "custom_params": None}
 UNSUPPORTED_FIELDS = ("input_embeds", "image_data", "audio_data", "video_data", "return_logprob", "lora_path")
+BODY_KEYS = ("text", "input_ids", "sampling_params", "stream", "rid", "request_timeout")
+# SGLang's other GenerateReqInput fields: each accepted at the values listed (what clients send by default, or
+# bookkeeping that changes no output; None always), a 400 otherwise
+NEUTRAL_BODY = {"logprob_start_len": (-1,), "top_logprobs_num": (0,), "token_ids_logprob": ([],),
+                "return_text_in_logprobs": (False, True), "log_metrics": (False, True),
+                "return_hidden_states": (False,), "return_routed_experts": (False,), "return_entropy": (False,),
+                "return_bytes": (False,), "require_reasoning": (False,), "use_audio_in_video": (False,),
+                "background": (False,), "no_logs": (False, True), "modalities": ([],), "session_params": ({},),
+                "lora_id": (), "custom_logit_processor": (), "bootstrap_host": (), "bootstrap_port": (),
+                "bootstrap_room": (), "data_parallel_rank": (), "routed_dp_rank": (), "priority": (),
+                "conversation_id": "any", "extra_key": "any", "custom_labels": "any", "routing_key": "any"}
 
 
 @dataclass
@@ -34,6 +47,7 @@ class GenerateRequest:
     batched: bool                 # text / input_ids was a list of prompts: the answer is a list
     stream: bool
     param: str                    # "text" or "input_ids", for errors about the prompt
+    rids: list[str] | None = None  # the body's rid (one per prompt), or None: generated
 
 
 def _bad(message: str, param: str | None) -> APIError:
@@ -56,14 +70,23 @@ def _prompts(body: dict, max_prompt_chars: int) -> tuple[list[str | list[int]], 
         for index, prompt in enumerate(prompts):
             if len(prompt) > max_prompt_chars:
                 where = f"text[{index}]" if batched else "text"
-                raise APIError(400, f"{where} has {len(prompt)} characters; at most {max_prompt_chars} are accepted",
-                               "text", "context_length_exceeded")
+                raise APIError(400, f"{where} has {len(prompt)} characters; at most {max_prompt_chars} are accepted "
+                                    f"(--max-prompt-chars)", "text", "context_length_exceeded")
         return prompts, batched, "text"
     if input_ids is not None:
         if _is_ids(input_ids):
-            return [input_ids], False, "input_ids"
-        if isinstance(input_ids, list) and input_ids and all(_is_ids(ids) for ids in input_ids):
-            return input_ids, True, "input_ids"
+            prompts, batched = [input_ids], False
+        elif isinstance(input_ids, list) and input_ids and all(_is_ids(ids) for ids in input_ids):
+            prompts, batched = input_ids, True
+        else:
+            prompts = None
+        if prompts is not None:
+            for index, ids in enumerate(prompts):
+                if len(ids) > max_prompt_chars:
+                    where = f"input_ids[{index}]" if batched else "input_ids"
+                    raise APIError(400, f"{where} has {len(ids)} token ids; at most {max_prompt_chars} are accepted "
+                                        f"(--max-prompt-chars)", "input_ids", "context_length_exceeded")
+            return prompts, batched, "input_ids"
         raise _bad(f"'input_ids' must be a non-empty list of token ids or a non-empty list of such lists, got "
                    f"{input_ids!r:.80}", "input_ids")
     raise _bad("the request needs 'text' (a string or a list of strings) or 'input_ids'", "text")
@@ -94,22 +117,64 @@ def _sampling(values: Any, where: str) -> tuple[SamplingParams, str | None]:
         stop = _stop(values)
     except APIError as error:
         raise _bad(error.message, f"{where}.{error.param}") from error
-    ignore_eos = values.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise _bad(f"'ignore_eos' must be a boolean, got {ignore_eos!r}", f"{where}.ignore_eos")
+    ignore_eos = flag(values, "ignore_eos", f"{where}.ignore_eos")
+    disable = flag(values, "disable_speculative_decoding", f"{where}.disable_speculative_decoding")
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                            top_k=max(top_k, 0), seed=seed, stop=stop, ignore_eos=ignore_eos)
+                            top_k=max(top_k, 0), seed=seed, stop=stop, ignore_eos=ignore_eos,
+                            disable_speculative_decoding=disable)
     return params, "max_new_tokens" if values.get("max_new_tokens") is not None else None
 
 
-def parse_generate(body: Any, max_prompt_chars: int) -> GenerateRequest:
-    """POST /generate: one ParsedRequest per prompt, or a 400 naming the bad field."""
+def _body_keys(body: dict) -> None:
+    """A 400 naming the first key that is unknown, unsupported, or set to a value this server cannot honour."""
+    for key, value in body.items():
+        if key in BODY_KEYS or value is None:
+            continue
+        if key in UNSUPPORTED_FIELDS:
+            if value is False:
+                continue
+            raise _bad(f"'{key}' is not supported by this server", key)
+        if key in NEUTRAL_BODY:
+            allowed = NEUTRAL_BODY[key]
+            if allowed == "any" or any(value == a and type(value) is type(a) for a in allowed):
+                continue
+            raise _bad(f"'{key}' is not supported by this server (only "
+                       f"{', '.join(repr(a) for a in (None, *allowed))}), got {value!r:.80}", key)
+        raise _bad(f"unknown field '{key}'; /generate takes {', '.join(BODY_KEYS)} (and SGLang's other fields at "
+                   f"their defaults)", key)
+
+
+def _rids(body: dict, count: int, batched: bool) -> list[str] | None:
+    rid = body.get("rid")
+    if rid is None:
+        return None
+    if batched and isinstance(rid, list):
+        if len(rid) != count or not all(isinstance(r, str) and r for r in rid):
+            raise _bad(f"'rid' for a batch of {count} must be a list of {count} non-empty strings, got {rid!r:.80}",
+                       "rid")
+        if len(set(rid)) != count:
+            raise _bad("'rid' has duplicates; every prompt of a batch needs its own", "rid")
+        return list(rid)
+    if batched:
+        raise _bad(f"'rid' for a batch must be a list of one string per prompt, got {rid!r:.80}", "rid")
+    if not isinstance(rid, str) or not rid:
+        raise _bad(f"'rid' must be a non-empty string, got {rid!r:.80}", "rid")
+    return [rid]
+
+
+def parse_generate(body: Any, max_prompt_chars: int,
+                   max_prompts: int | None = None) -> GenerateRequest:
+    """POST /generate: one ParsedRequest per prompt, or a 400 naming the bad field. ``max_prompts``: the most
+    prompts one body may carry (``--max-prompts-per-request``)."""
     if not isinstance(body, dict):
         raise _bad(f"the request body must be a JSON object, got {type(body).__name__}", None)
-    for name in UNSUPPORTED_FIELDS:
-        if body.get(name) not in (None, False):
-            raise _bad(f"'{name}' is not supported by this server", name)
+    _body_keys(body)
     prompts, batched, param = _prompts(body, max_prompt_chars)
+    if max_prompts is not None and len(prompts) > max_prompts:
+        raise APIError(400, f"the batch has {len(prompts)} prompts; at most {max_prompts} are accepted per request "
+                            f"(--max-prompts-per-request)", param, "too_many_prompts")
+    rids = _rids(body, len(prompts), batched)
+    timeout = request_timeout(body)
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -123,15 +188,20 @@ def parse_generate(body: Any, max_prompt_chars: int) -> GenerateRequest:
         parsed = [_sampling(values, f"sampling_params[{i}]") for i, values in enumerate(sampling)]
     else:
         parsed = [_sampling(sampling, "sampling_params")] * len(prompts)
-    items = [ParsedRequest(prompt, params, stream, False, max_tokens_param)
+    items = [ParsedRequest(prompt, params, stream, False, max_tokens_param, timeout)
              for prompt, (params, max_tokens_param) in zip(prompts, parsed)]
-    return GenerateRequest(items, batched, stream, param)
+    return GenerateRequest(items, batched, stream, param, rids)
+
+
+ABORT_REASONS = ("abort", "timeout", "shutdown")   # the server's reasons for ending a request early
 
 
 def finish_reason(reason: str | None, token_ids: Sequence[int], text: str, params: SamplingParams,
-                  eos_token_ids: frozenset[int], decode: Callable[[list[int]], str] | None) -> dict | None:
+                  eos_token_ids: frozenset[int], decode: Callable[[list[int]], str] | None,
+                  message: str | None = None) -> dict | None:
     """SGLang's finish_reason object: {"type": "length", "length": N}, {"type": "stop", "matched": <EOS id or
-    stop string>}, {"type": "abort", "message": ...}; None while running."""
+    stop string>}, {"type": "abort", "message": ...} (the client left, /abort_request, a deadline or the drain:
+    ``message`` says which); None while running."""
     if reason is None:
         return None
     if reason == "length":
@@ -143,13 +213,17 @@ def finish_reason(reason: str | None, token_ids: Sequence[int], text: str, param
         tail = decode(list(token_ids))[len(text):] if decode is not None else ""
         matched = next((stop for stop in params.stop if tail.startswith(stop)), None)
         return {"type": "stop", "matched": matched}
-    return {"type": reason, "message": "the request was aborted" if reason == "abort" else reason}
+    if reason in ABORT_REASONS:
+        return {"type": "abort", "message": message or "the request was aborted"}
+    return {"type": reason, "message": message or reason}
 
 
 def meta_info(request_id: str, update, reason: dict | None, latency: float,
               speculative: bool, max_steps: int) -> dict[str, Any]:
     """SGLang's meta_info for one request: token counts, finish reason, and with speculation the per-request
-    verify count and acceptance (``spec_accept_length`` counts the bonus token, as SGLang's does)."""
+    verify count and acceptance as SGLang computes them: ``spec_accept_token_num`` accepted draft tokens,
+    ``spec_draft_token_num`` drafts verified (each round's tier, summed), ``spec_accept_rate`` their ratio,
+    ``spec_accept_length`` completion tokens per verify (the bonus and the prefill token counted)."""
     completion = len(update.token_ids)
     info: dict[str, Any] = {"id": request_id, "finish_reason": reason, "prompt_tokens": update.prompt_tokens,
                             "completion_tokens": completion, "cached_tokens": 0, "e2e_latency": latency}
@@ -161,6 +235,7 @@ def meta_info(request_id: str, update, reason: dict | None, latency: float,
             histogram[accepted] += 1
         info.update(spec_verify_ct=verifies, spec_accept_length=completion / verifies if verifies else 0.0,
                     spec_accept_rate=correct / update.proposed_drafts if update.proposed_drafts else 0.0,
+                    spec_accept_token_num=correct, spec_draft_token_num=update.proposed_drafts,
                     spec_num_correct_drafts=correct, spec_num_proposed_drafts=update.proposed_drafts,
                     spec_correct_drafts_histogram=histogram, spec_accept_histogram=histogram)
     return info

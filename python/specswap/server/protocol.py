@@ -20,9 +20,10 @@ class APIError(Exception):
     """An error answered as ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 error_type: str = "invalid_request_error"):
+                 error_type: str = "invalid_request_error", headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.error_type = status, message, param, code, error_type
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
@@ -35,6 +36,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool                   # stream_options.include_usage
     max_tokens_param: str | None = None   # the field that set max_new_tokens; None: a default, capped to fit
+    request_timeout: float | None = None  # the request's own deadline in seconds (the server's may be shorter)
 
 
 def _bad(message: str, param: str, code: str | None = None) -> APIError:
@@ -75,6 +77,26 @@ def _stop(body: dict) -> tuple[str, ...]:
     if len(stop) > MAX_STOP_STRINGS:
         raise _bad(f"'stop' takes at most {MAX_STOP_STRINGS} strings, got {len(stop)}", "stop")
     return tuple(stop)
+
+
+def request_timeout(body: dict) -> float | None:
+    """The body's ``request_timeout``: seconds > 0 from arrival, or None."""
+    value = body.get("request_timeout")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise _bad(f"'request_timeout' must be a number of seconds > 0, got {value!r}", "request_timeout")
+    return float(value)
+
+
+def flag(body: dict, name: str, param: str | None = None) -> bool:
+    """A boolean field (absent or null: False)."""
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _bad(f"'{param or name}' must be a boolean, got {value!r}", param or name)
+    return value
 
 
 def _unsupported(body: dict) -> None:
@@ -120,11 +142,10 @@ def _common(body: dict, default_max_tokens: int,
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise _bad(f"'stream_options.include_usage' must be a boolean, got {include_usage!r}", "stream_options")
-    ignore_eos = body.get("ignore_eos", False)  # vLLM's extension, which benchmarks send: run to max_tokens
-    if not isinstance(ignore_eos, bool):
-        raise _bad(f"'ignore_eos' must be a boolean, got {ignore_eos!r}", "ignore_eos")
+    ignore_eos = flag(body, "ignore_eos")  # vLLM's extension, which benchmarks send: run to max_tokens
     params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                            seed=seed, stop=_stop(body), ignore_eos=ignore_eos)
+                            seed=seed, stop=_stop(body), ignore_eos=ignore_eos,
+                            disable_speculative_decoding=flag(body, "disable_speculative_decoding"))
     return params, stream, include_usage, max_tokens_param
 
 
@@ -136,16 +157,17 @@ def parse_completion(body: Any, max_prompt_chars: int) -> ParsedRequest:
         prompt = prompt[0]
     if isinstance(prompt, str):
         if len(prompt) > max_prompt_chars:
-            raise _bad(f"the prompt has {len(prompt)} characters; at most {max_prompt_chars} are accepted",
-                       "prompt", "context_length_exceeded")
+            raise _bad(f"the prompt has {len(prompt)} characters; at most {max_prompt_chars} are accepted "
+                       f"(--max-prompt-chars)", "prompt", "context_length_exceeded")
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if len(prompt) > max_prompt_chars:
-            raise _bad(f"the prompt has {len(prompt)} tokens; too long", "prompt", "context_length_exceeded")
+            raise _bad(f"the prompt has {len(prompt)} token ids; at most {max_prompt_chars} are accepted "
+                       f"(--max-prompt-chars)", "prompt", "context_length_exceeded")
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise _bad("one prompt per request: send a string or a list of token ids, not a batch", "prompt")
     else:
         raise _bad(f"'prompt' must be a string or a non-empty list of token ids, got {prompt!r:.80}", "prompt")
-    return ParsedRequest(prompt, params, stream, include_usage, max_tokens_param)
+    return ParsedRequest(prompt, params, stream, include_usage, max_tokens_param, request_timeout(body))
 
 
 def _message_text(content: Any, index: int) -> str:
@@ -197,9 +219,9 @@ def parse_chat(body: Any, tokenizer: Any, max_prompt_chars: int) -> ParsedReques
         code = "no_chat_template" if getattr(tokenizer, "chat_template", None) is None else "chat_template_error"
         raise _bad(str(error), "messages", code) from error
     if len(text) > max_prompt_chars:
-        raise _bad(f"the conversation has {len(text)} characters; at most {max_prompt_chars} are accepted",
-                   "messages", "context_length_exceeded")
-    return ParsedRequest(prompt_ids, params, stream, include_usage, max_tokens_param)
+        raise _bad(f"the conversation has {len(text)} characters; at most {max_prompt_chars} are accepted "
+                   f"(--max-prompt-chars)", "messages", "context_length_exceeded")
+    return ParsedRequest(prompt_ids, params, stream, include_usage, max_tokens_param, request_timeout(body))
 
 
 def new_id(prefix: str) -> str:
@@ -211,8 +233,9 @@ def now() -> int:
 
 
 def finish_reason(reason: str | None) -> str | None:
-    """Engine finish reasons as OpenAI spells them."""
-    return {"length": "length", "stop": "stop"}.get(reason, reason)
+    """Finish reasons as OpenAI's finish_reason: "stop", "length", and the server's own "abort" (the client left,
+    or /abort_request), "timeout" (past its deadline) and "shutdown" (aborted when the drain timed out)."""
+    return reason
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

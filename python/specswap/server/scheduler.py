@@ -5,6 +5,11 @@ asyncio loop) call ``submit`` / ``abort``, which only put commands on a queue; t
 runs ``engine.step()`` while anything is unfinished, and hands each request's updates back to the asyncio
 loop with ``call_soon_threadsafe``. A snapshot of the engine's stats is refreshed by the thread so that
 ``/server_info`` and ``/metrics`` never touch the engine.
+
+Admission is bounded: ``reserve`` counts a request from submission until its final update (queued and running
+alike), so the server can answer 503 past ``--max-running-requests + --max-queued-requests``. A request with a
+deadline is aborted by the thread once it passes (finish reason "timeout"); ``abort_all`` ends every request
+(the drain's "shutdown").
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ class Update:
     text: str = ""
     num_tokens: int = 0
     prompt_tokens: int = 0
-    finish_reason: str | None = None      # "length" | "stop" | "abort" | None while running
+    finish_reason: str | None = None      # "length" | "stop" | "abort" | "timeout" | "shutdown" | None while running
     error: str | None = None              # admission failed (bad prompt): a 400 for the client
+    abort_message: str | None = None      # why an aborted request ended (abort, timeout, shutdown)
     token_ids: list[int] = field(default_factory=list)       # generated so far
     accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per verify round
     proposed_drafts: int = 0              # drafts verified for this request (the tier of each of its rounds)
@@ -43,6 +49,10 @@ class _Submission:
     request_id: int | None = None
     seen_rounds: int = 0
     proposed_drafts: int = 0
+    deadline: float | None = None         # time.monotonic() past which the thread aborts it ("timeout")
+    timeout: float | None = None          # the deadline's length in seconds, for the message
+    reserved: bool = True                 # counted by reserve() until it ends (health probes are not)
+    counted: bool = True                  # in requests_finished and the metrics (health probes are not)
 
 
 @dataclass
@@ -52,6 +62,7 @@ class Counters:
     requests_finished: dict[str, int] = field(default_factory=dict)
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    speculation_disabled: int = 0         # admitted requests with disable_speculative_decoding
 
 
 class Scheduler:
@@ -69,6 +80,9 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="specswap-scheduler", daemon=True)
         self.snapshot: dict[str, Any] = engine.stats()
         self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._inflight = 0                    # reserved requests not yet finished (queued, waiting or running)
+        self.last_loop = time.monotonic()     # when the thread last went round its loop (health_generate)
 
     # ---- called from the asyncio side ----------------------------------------------------------------
 
@@ -84,11 +98,35 @@ class Scheduler:
     def alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
-    def submit(self, prompt, params: SamplingParams) -> asyncio.Queue:
-        """Queue a request; its updates (``Update``) arrive on the returned asyncio queue, the first one
-        carrying the request id (or an admission error)."""
+    @property
+    def inflight(self) -> int:
+        """Reserved requests that have not finished: queued, waiting for a slot or running."""
+        return self._inflight
+
+    def reserve(self, count: int, capacity: int) -> bool:
+        """Count ``count`` new requests in if at most ``capacity`` would then be in flight; False (nothing
+        counted) otherwise. Each reserved request must then be submitted (it is released when it ends)."""
+        with self._lock:
+            if self._inflight + count > capacity:
+                return False
+            self._inflight += count
+            return True
+
+    def _release(self, submission: _Submission) -> None:
+        if submission.reserved:
+            submission.reserved = False
+            with self._lock:
+                self._inflight -= 1
+
+    def submit(self, prompt, params: SamplingParams, timeout: float | None = None, arrived: float | None = None,
+               reserved: bool = True, counted: bool = True) -> asyncio.Queue:
+        """Queue a request (``reserved``: one ``reserve`` counted for it); its updates (``Update``) arrive on the
+        returned asyncio queue, the first one carrying the request id (or an admission error). ``timeout``
+        seconds after ``arrived`` (time.monotonic(); default now) the thread aborts it with reason "timeout"."""
         loop = asyncio.get_running_loop()
-        submission = _Submission(prompt, params, loop, asyncio.Queue())
+        deadline = None if timeout is None else (time.monotonic() if arrived is None else arrived) + timeout
+        submission = _Submission(prompt, params, loop, asyncio.Queue(), deadline=deadline, timeout=timeout,
+                                 reserved=reserved, counted=counted)
         self._commands.put(("add", submission))
         return submission.updates
 
@@ -96,8 +134,14 @@ class Scheduler:
         """Commands not yet taken by the thread (submitted requests count as waiting)."""
         return self._commands.qsize()
 
-    def abort(self, request_id: int) -> None:
-        self._commands.put(("abort", request_id))
+    def abort(self, request_id: int, reason: str = "abort", message: str | None = None) -> None:
+        """End a request early; its final update carries ``reason`` ("abort", "timeout", "shutdown") and
+        ``message``. A request that already finished is left as it is."""
+        self._commands.put(("abort", (request_id, reason, message)))
+
+    def abort_all(self, reason: str, message: str) -> None:
+        """End every request submitted so far that has not finished."""
+        self._commands.put(("abort_all", (reason, message)))
 
     # ---- the scheduler thread ------------------------------------------------------------------------
 
@@ -114,46 +158,77 @@ class Scheduler:
             try:
                 request_id = engine.add_request(submission.prompt, submission.params)
             except ValueError as error:
+                self._release(submission)
                 self._send(submission, Update(None, error=str(error)))
                 return
             submission.request_id = request_id
             self._live[request_id] = submission
             prompt_tokens = len(engine.encode(submission.prompt))
-            self.counters.prompt_tokens += prompt_tokens
+            if submission.counted:
+                self.counters.prompt_tokens += prompt_tokens
+                if submission.params.disable_speculative_decoding:
+                    self.counters.speculation_disabled += 1
             self._send(submission, Update(request_id, prompt_tokens=prompt_tokens))
         elif command == "abort":
-            if payload in self._live:
-                output = engine.abort(payload)
-                if output is not None:
-                    self._deliver(output)
+            self._abort(*payload)
+        elif command == "abort_all":
+            for request_id in list(self._live):
+                self._abort(request_id, *payload)
 
-    def _deliver(self, output, tier: int | None = None) -> None:
-        """Pass a request's new state to its handler; ``tier`` is the tier its new rounds ran at."""
+    def _abort(self, request_id: int, reason: str, message: str | None) -> None:
+        if request_id in self._live:
+            output = self.engine.abort(request_id)
+            if output is not None:
+                self._deliver(output, reason=reason, message=message)
+
+    def _expire(self) -> None:
+        """Abort every request past its deadline."""
+        now = time.monotonic()
+        for request_id, submission in list(self._live.items()):
+            if submission.deadline is not None and now >= submission.deadline:
+                self._abort(request_id, "timeout", f"the request passed its deadline of {submission.timeout:g} s "
+                                                   f"(request_timeout)")
+
+    def _deliver(self, output, tier: int | None = None, reason: str | None = None,
+                 message: str | None = None) -> None:
+        """Pass a request's new state to its handler; ``tier`` is the tier its new rounds ran at; an abort's
+        ``reason`` replaces the engine's "abort"."""
         submission = self._live.get(output.request_id)
         if submission is None:
             return
         tier = self.engine.current_steps if tier is None else tier
+        if submission.params.disable_speculative_decoding:
+            tier = 0  # it verified no drafts, and is no acceptance observation
         new_rounds = output.accept_lengths[submission.seen_rounds:]
-        if self.on_round is not None:
+        if self.on_round is not None and submission.counted:
             for accepted in new_rounds:
-                self.on_round(accepted, tier)
+                self.on_round(None if submission.params.disable_speculative_decoding else accepted, tier)
         submission.seen_rounds = len(output.accept_lengths)
         submission.proposed_drafts += tier * len(new_rounds)
-        if output.finish_reason is not None:  # counted before the client hears of it
+        finish_reason = output.finish_reason
+        if finish_reason == "abort":
+            finish_reason = reason or "abort"
+        if finish_reason is not None:  # counted before the client hears of it
             del self._live[output.request_id]
-            counts = self.counters.requests_finished
-            counts[output.finish_reason] = counts.get(output.finish_reason, 0) + 1
-            self.counters.generated_tokens += len(output.token_ids)
+            self._release(submission)
+            if submission.counted:
+                counts = self.counters.requests_finished
+                counts[finish_reason] = counts.get(finish_reason, 0) + 1
+                self.counters.generated_tokens += len(output.token_ids)
         self._send(submission, Update(output.request_id, output.text, len(output.token_ids),
-                                      len(output.prompt_token_ids), output.finish_reason,
+                                      len(output.prompt_token_ids), finish_reason,
                                       token_ids=output.token_ids, accept_lengths=output.accept_lengths,
-                                      proposed_drafts=submission.proposed_drafts))
+                                      proposed_drafts=submission.proposed_drafts,
+                                      abort_message=message if finish_reason in ("abort", "timeout", "shutdown")
+                                      else None))
 
     def _run(self) -> None:
         engine = self.engine
         last_snapshot = 0.0
         try:
             while not self._stop.is_set():
+                self.last_loop = time.monotonic()
+                self._expire()
                 block = not engine.has_unfinished()
                 while True:
                     try:
