@@ -98,3 +98,28 @@ def wait_until_healthy(process, url: str, seconds: float, headers: dict | None =
             pass
         assert time.monotonic() < deadline, "server did not come up"
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def serve_subprocess(arguments: list[str], startup_seconds: float = 120.0, headers: dict | None = None):
+    """``python -m specswap.cli serve <arguments> --port <free port>`` in a subprocess, importing the same specswap
+    as the test; yields (process, base URL) once /health answers 200. Killed on exit if it is still running."""
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    import specswap  # noqa: PLC0415
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(specswap.__file__).resolve().parents[1])}
+    command = [sys.executable, "-m", "specswap.cli", "serve", *arguments, "--port", str(port)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(process, url, startup_seconds, headers)
+        yield process, url
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)

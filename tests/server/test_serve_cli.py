@@ -1,8 +1,11 @@
 """`specswap serve` end to end in a subprocess on the shipped tiny pair (skipped until the zoo weights exist)."""
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -37,8 +40,24 @@ def test_serve_tiny_eagle_adaptive_from_the_command_line(tmp_path):
         info = httpx.get(f"http://127.0.0.1:{port}/server_info", headers=headers, timeout=10).json()
         assert info["speculative_algorithm"] == "EAGLE" and info["candidate_steps"] == [1, 3, 7]
         assert info["server_args"]["model"] == "tiny" and "api_key" not in info["server_args"]
+        assert info["max_running_requests"] == 2 and info["max_queued_requests"] == 128
+        # SIGINT (Ctrl+C) drains: the request in flight finishes (--drain-timeout 30 s), then the process exits 0
+        answer = {}
+        running = threading.Thread(target=lambda: answer.update(httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions", headers=headers, timeout=60,
+            json={"prompt": "x", "max_tokens": 200, "ignore_eos": True}).json()))
+        running.start()
+        deadline = time.monotonic() + 30
+        while httpx.get(f"http://127.0.0.1:{port}/server_info", headers=headers).json()["num_requests_admitted"] < 1:
+            assert time.monotonic() < deadline
+        process.send_signal(signal.SIGINT)
+        running.join(60)
+        assert answer["choices"][0]["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 200
+        assert process.wait(60) == 0
+        assert "drained in" in process.stdout.read()
     finally:
-        process.terminate()
+        if process.poll() is None:
+            process.kill()
         process.wait(30)
 
 
@@ -49,6 +68,13 @@ def test_start_up_errors_name_the_flag(tmp_path, capsys):
     assert "needs a --speculative-algorithm" in capsys.readouterr().err
     assert main(["serve", "--model", "no-such-model", "--speculative-algorithm", "NGRAM"]) == 2
     assert "no-such-model" in capsys.readouterr().err
+    for flags, message in [(["--max-queued-requests", "-1"], "--max-queued-requests must be"),
+                           (["--request-timeout", "0"], "--request-timeout must be"),
+                           (["--drain-timeout", "-2"], "--drain-timeout must be"),
+                           (["--max-prompts-per-request", "0"], "--max-prompts-per-request must be"),
+                           (["--max-prompt-chars", "0"], "--max-prompt-chars must be")]:
+        assert main(["serve", *flags]) == 2, flags
+        assert message in capsys.readouterr().err
 
 
 def test_adaptive_config_without_the_flag_is_refused():
