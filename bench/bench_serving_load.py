@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     summary = summarize(records, seconds)
     generated = (info.get("generated_tokens") or 0) - tokens_before  # the server's count: streams carry no usage
-    summary["tokens_per_s"] = round(generated / seconds, 1) if seconds else None
+    summary["tokens_per_second"] = round(generated / seconds, 1) if seconds else None
     report = {
         **stamp(),
         "server_command": " ".join(command[1:]).replace(url.rsplit(":", 1)[1], "<port>"),
@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if latency["n"]:
         print(f"latency (answered, n={latency['n']}): p50 {latency['p50']:.3f} s, p95 {latency['p95']:.3f} s, "
               f"p99 {latency['p99']:.3f} s; {report['completed_requests_per_s']} completed/s, "
-              f"{report['tokens_per_s']} tokens/s; finish {report['finish_reasons']}")
+              f"{report['tokens_per_second']} tok/s; finish {report['finish_reasons']}")
     print(f"server RSS: {rss['before']} MiB after warm-up, {rss['after']} MiB after the run (peak {rss['peak']}); "
           f"exit {exit_code}; {report['drained']}")
     if args.json is not None:
