@@ -9,12 +9,14 @@ RuntimeState::RuntimeState(int speculative_num_steps,
                            int speculative_num_draft_tokens,
                            std::shared_ptr<const StageResource> draft,
                            std::shared_ptr<const StageResource> verify,
-                           std::shared_ptr<const StageResource> draft_extend)
+                           std::shared_ptr<const StageResource> draft_extend,
+                           std::shared_ptr<const StageResource> round)
     : speculative_num_steps(speculative_num_steps),
       speculative_num_draft_tokens(speculative_num_draft_tokens),
       draft(std::move(draft)),
       verify(std::move(verify)),
-      draft_extend(std::move(draft_extend)) {
+      draft_extend(std::move(draft_extend)),
+      round(std::move(round)) {
   if (speculative_num_steps < 0) {
     throw std::invalid_argument("speculative_num_steps must be >= 0, got " +
                                 std::to_string(speculative_num_steps));

@@ -22,21 +22,25 @@ class StageResource {
   virtual ~StageResource() = default;
 };
 
-// Everything one decode round needs for one tier. Immutable once built: a
-// reader holding it can never see one tier's step count paired with another
+// Everything one decode round needs for one tier: its three stages and the
+// round that runs them (the driver over the stages, and the whole round
+// captured as one graph where the backend records it). Immutable once built:
+// a reader holding it can never see one tier's step count paired with another
 // tier's draft-token count or runners.
 class RuntimeState : public std::enable_shared_from_this<RuntimeState> {
  public:
   RuntimeState(int speculative_num_steps, int speculative_num_draft_tokens,
                std::shared_ptr<const StageResource> draft,
                std::shared_ptr<const StageResource> verify,
-               std::shared_ptr<const StageResource> draft_extend);
+               std::shared_ptr<const StageResource> draft_extend,
+               std::shared_ptr<const StageResource> round = nullptr);
 
   const int speculative_num_steps;
   const int speculative_num_draft_tokens;
   const std::shared_ptr<const StageResource> draft;
   const std::shared_ptr<const StageResource> verify;
   const std::shared_ptr<const StageResource> draft_extend;
+  const std::shared_ptr<const StageResource> round;
 };
 
 struct TierStats {

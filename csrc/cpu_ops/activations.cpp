@@ -4,8 +4,8 @@
 //   activation "gelu_tanh": 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), tanh(u) = 1 - 2 / (exp(2u) + 1);
 //              "silu":      g / (1 + exp(-g)).
 //
-// torch spells it as two operators with an intermediate tensor, and its tanh-approximated GELU costs 2.6 ns a
-// value on AVX2 (Gemma's MLP at 8 tokens: 16384 values a layer). Here the exp is simd_math.h's, whose scalar
+// torch spells it as two operators with an intermediate tensor, and its tanh-approximated GELU is not cheap per
+// value (Gemma's MLP at 8 tokens: 16384 values a layer). Here the exp is simd_math.h's, whose scalar
 // and AVX2 forms give the same bits, so every CPU computes the same output, and being elementwise a row's bits
 // never depend on the rows beside it. Also home of simd_math's switch.
 #include <ATen/ATen.h>
@@ -16,7 +16,7 @@
 
 #include <string>
 
-#include "quant/simd_math.h"
+#include "cpu_ops/simd_math.h"
 
 namespace specswap::quant {
 namespace simd_math {

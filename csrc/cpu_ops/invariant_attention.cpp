@@ -18,7 +18,7 @@
 
 #include <immintrin.h>
 
-#include "quant/simd_math.h"
+#include "cpu_ops/simd_math.h"
 
 #include <cmath>
 #include <limits>

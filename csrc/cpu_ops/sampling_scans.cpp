@@ -4,14 +4,13 @@
 //
 //   first_argmax(x [V] fp32) -> int: the index of the largest value, the first one on ties, the first NaN
 //                if there is one (what x.max(-1).indices gives);
-//   argmax_rows(x [..., V] fp32) -> [...] int64: first_argmax of every row (what x.max(-1).indices gives;
-//                torch takes 0.42 ms for Gemma's 3-row verify, this 0.08: every greedy verify and step pays it);
+//   argmax_rows(x [..., V] fp32) -> [...] int64: first_argmax of every row (what x.max(-1).indices gives,
+//                in one pass a row: every greedy verify and step pays it);
 //   indices_at_least(x [V] fp32, threshold) -> [n] int64: the ascending indices with x >= threshold, the
 //                threshold rounded to fp32 first (what torch.nonzero(x >= threshold).squeeze(-1) gives).
 //
-// Both are exact (comparisons only), so the AVX2 and scalar forms give the same result. torch spends
-// 0.17 ms on the first and 0.3-0.8 ms on the second over Gemma's 262144 entries on one thread: a sampled
-// token pays both, about a tenth of a one-token decode step. Here each is one pass over the row.
+// Both are exact (comparisons only), so the AVX2 and scalar forms give the same result. A sampled token pays
+// both over the whole vocabulary; here each is one pass over the row.
 //
 // The full-law acceptance of a drafted chain, straight from the target's logits
 // (specswap.sampling.accept_from_logits, the same decisions and draws):
@@ -23,9 +22,8 @@
 //                draft, or where no mass is left) by inverting its running sum at the residual uniform. A
 //                row with T <= 0 is greedy: p is one-hot at the first largest logit.
 //
-// torch spends 2.3 ms on that for a 2-position row of Gemma's vocabulary on one thread (a log-sum-exp over
-// every position, the stop row's law, its residual, a where, a running sum, two searches: eleven passes);
-// here a position's normaliser is a max and an exp pass, computed only where the chain gets to, and the draw
+// torch makes eleven passes for that (a log-sum-exp over every position, the stop row's law, its residual, a
+// where, a running sum, two searches); here a position's normaliser is a max and an exp pass, computed only where the chain gets to, and the draw
 // one exp pass and a search by blocks. exp is simd_math's, its values below exp(-87.3) taken as 0 (as the
 // float they round towards), so both forms give the same bits; the running sum is in double.
 #include <ATen/ATen.h>
@@ -39,7 +37,7 @@
 #include <tuple>
 #include <vector>
 
-#include "quant/simd_math.h"
+#include "cpu_ops/simd_math.h"
 
 namespace specswap::quant {
 namespace {

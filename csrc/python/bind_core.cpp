@@ -156,17 +156,17 @@ void bind_config(py::module_& m) {
 
 void bind_core(py::module_& m) {
   py::class_<RuntimeState, StatePtr>(m, "SpecRuntimeState",
-      "Everything one decode round needs for one tier. Immutable.")
+      "Everything one decode round needs for one tier: its stages and the round that runs them. Immutable.")
       .def(py::init([](int speculative_num_steps, int speculative_num_draft_tokens,
-                       py::object draft, py::object verify, py::object draft_extend) {
+                       py::object draft, py::object verify, py::object draft_extend, py::object round) {
              return std::make_shared<RuntimeState>(
                  speculative_num_steps, speculative_num_draft_tokens,
                  wrap_stage(std::move(draft)), wrap_stage(std::move(verify)),
-                 wrap_stage(std::move(draft_extend)));
+                 wrap_stage(std::move(draft_extend)), wrap_stage(std::move(round)));
            }),
            py::arg("speculative_num_steps"), py::arg("speculative_num_draft_tokens"),
            py::arg("draft") = py::none(), py::arg("verify") = py::none(),
-           py::arg("draft_extend") = py::none())
+           py::arg("draft_extend") = py::none(), py::arg("round") = py::none())
       .def_readonly("speculative_num_steps", &RuntimeState::speculative_num_steps)
       .def_readonly("speculative_num_draft_tokens",
                     &RuntimeState::speculative_num_draft_tokens)
@@ -174,6 +174,7 @@ void bind_core(py::module_& m) {
       .def_property_readonly("verify", [](const RuntimeState& s) { return unwrap_stage(s.verify); })
       .def_property_readonly("draft_extend",
                              [](const RuntimeState& s) { return unwrap_stage(s.draft_extend); })
+      .def_property_readonly("round", [](const RuntimeState& s) { return unwrap_stage(s.round); })
       .def("__repr__", [](const RuntimeState& s) {
         return "SpecRuntimeState(speculative_num_steps=" +
                std::to_string(s.speculative_num_steps) +
@@ -290,7 +291,6 @@ void bind_core(py::module_& m) {
            },
            "{'greedy'|'sampled': {smallest batch size of a bucket: {tier: EMA of measured seconds per round}}}.");
 
-  m.attr("MAX_STEPS") = AdaptiveConfig::kMaxSteps;
 }
 
 }  // namespace specswap::python

@@ -7,7 +7,7 @@
 
 #include <atomic>
 
-#include "quant/simd_math.h"
+#include "cpu_ops/simd_math.h"
 
 #ifdef SPECSWAP_WITH_GGML
 #include "quant/ggml_api.h"

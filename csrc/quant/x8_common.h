@@ -61,10 +61,9 @@ __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) inline __m256i dpbus
 }
 
 // Software prefetch of a block's bytes kPrefetchDistance ahead of it, into L1. The kernels stream each weight
-// tensor once per call, and on one core the hardware prefetcher alone left the loads exposed (Gemma 3's 262144 x
-// 640 Q8_0 LM head in bench/bench_qlinear.py on an AMD EPYC with AVX2 only; distances of 2, 4 and 8 KiB measured
-// alike there from one to four rows). A prefetch is a hint that never faults, so addresses past a tensor's end are
-// harmless; the address is formed as an integer for that reason.
+// tensor once per call, and on one core the hardware prefetcher alone can leave the loads exposed
+// (bench/bench_qlinear.py measures the LM head per row count). A prefetch is a hint that never faults, so
+// addresses past a tensor's end are harmless; the address is formed as an integer for that reason.
 constexpr uintptr_t kPrefetchDistance = 4096;
 template <size_t kBytes>
 inline void prefetch_ahead(const uint8_t* block) {

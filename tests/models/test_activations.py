@@ -1,4 +1,4 @@
-"""torch.ops.specswap.gated_activation and the exp under it (csrc/quant/simd_math.h).
+"""torch.ops.specswap.gated_activation and the exp under it (csrc/cpu_ops/simd_math.h).
 
 Against torch's formulas; the AVX2 form against the scalar form bit for bit; wired into GatedMLP for fp32 CPU
 inference only; errors that name the bad value.

@@ -1,4 +1,4 @@
-"""torch.ops.specswap.first_argmax, indices_at_least and accept_chain (csrc/quant/sampling_scans.cpp).
+"""torch.ops.specswap.first_argmax, indices_at_least and accept_chain (csrc/cpu_ops/sampling_scans.cpp).
 
 The keyed draw's scans against torch's max(-1).indices and nonzero(x >= threshold) on ties, -inf, NaN, zeros of
 both signs and lengths around the 8-lane width, in the AVX2 and the scalar form; sample_keyed draws the same
