@@ -31,6 +31,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from specswap import algorithms as algorithms_registry
 from specswap.bench import provenance
 from specswap.capability import cpu_capability
 from specswap.engine import Engine, encode_text, resolve_checkpoint, resolve_dtype
@@ -163,7 +164,7 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
                 weights: str | None = None):
     """(target, {algorithm: draft or None}, tokenizer), loaded once and shared by every engine of the run."""
     from specswap.models import EagleConfig, EagleHead, LlamaConfig, LlamaForCausalLM
-    from specswap.models.quantize import resolve_draft_quantization
+    from specswap.loading import resolve_draft_quantization
     quantization = resolve_draft_quantization(draft_quantization, "EAGLE", dtype, "cpu")
     if name == "random":
         torch.manual_seed(0)
@@ -181,7 +182,9 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
     if weights is None:  # the dtype's dense weights
         weights = "bf16" if dtype == torch.bfloat16 else "fp32"
     loaded = load_models(name, speculative_algorithm="NONE", dtype=dtype, weights=weights)
-    drafts = {a: load_draft(name, None, a, loaded.target, quantization if a == "EAGLE" else None) for a in algorithms}
+    drafts = {a: load_draft(name, None, a, loaded.target,
+                            quantization if algorithms_registry.algorithm(a).quantizable_draft else None)
+              for a in algorithms}
     return loaded.target, drafts, loaded.tokenizer
 
 
@@ -194,7 +197,7 @@ def configurations(algorithms: list[str], static_steps: list[int], adaptive_conf
         prefix = f"{algorithm.lower()} " if len(algorithms) > 1 else ""
         for steps in static_steps:
             configs[f"{prefix}static-{steps}"] = dict(speculative_algorithm=algorithm, speculative_num_steps=steps)
-        if ngram_copy and algorithm == "NGRAM":
+        if ngram_copy and algorithms_registry.algorithm(algorithm).number_tokens:
             for steps in static_steps:
                 configs[f"{prefix}copy-{steps}"] = dict(speculative_algorithm=algorithm, speculative_num_steps=steps,
                                                         ngram_numbers=False)

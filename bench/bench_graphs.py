@@ -22,16 +22,16 @@ import torch
 
 def build(model, steps: int, batch: int, graphs: bool, dtype: torch.dtype, max_seq_len: int, device: str,
           draft=None, round_graphs: bool | None = None):
-    """A worker (specswap.worker.EAGLEWorker: what a decode round is) over a model name, loaded as the engine
+    """A worker (specswap.worker.SpeculativeWorker: what a decode round is) over a model name, loaded as the engine
     loads it, or over an already loaded target and draft (``model``, ``draft``)."""
     from specswap.engine import Engine
-    from specswap.worker import EAGLEWorker
+    from specswap.worker import SpeculativeWorker
 
     if not isinstance(model, torch.nn.Module):
         loaded = Engine(model, draft, speculative_algorithm="EAGLE", speculative_num_steps=steps, dtype=dtype,
                         max_batch_size=1, max_seq_len=max_seq_len, device=device, disable_graphs=True)
         model, draft = loaded.target, loaded.draft
-    return EAGLEWorker(model, draft, "EAGLE", steps, max_batch_size=max(batch, 1), max_seq_len=max_seq_len,
+    return SpeculativeWorker(model, draft, "EAGLE", steps, max_batch_size=max(batch, 1), max_seq_len=max_seq_len,
                        graphs=graphs, round_graphs=round_graphs if graphs else None)
 
 

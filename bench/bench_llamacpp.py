@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from specswap import algorithms
 from specswap.bench.provenance import stamp, write_report
 
 _HERE = Path(__file__).resolve().parent
@@ -255,7 +256,8 @@ def specswap_modes(args) -> dict[str, dict[str, Any]]:
         for k in steps:
             modes[f"{algorithm.lower()} static-{k}"] = dict(speculative_algorithm=algorithm, speculative_num_steps=k)
         if not args.no_adaptive:
-            config = args.eagle_adaptive_config if algorithm == "EAGLE" else args.adaptive_config
+            # model drafters (the EAGLE head) adapt among their own tiers (configs/goodput-eagle.json)
+            config = args.eagle_adaptive_config if algorithms.algorithm(algorithm).needs_draft else args.adaptive_config
             modes[f"{algorithm.lower()} adaptive"] = dict(speculative_algorithm=algorithm, speculative_num_steps=3,
                                                           speculative_adaptive=True,
                                                           speculative_adaptive_config=config)
@@ -273,7 +275,8 @@ def load_specswap(args):
 
 def build_engines(target, head, tokenizer, modes: dict[str, dict], max_seq_len: int, disable_graphs: bool):
     from specswap.engine import Engine  # noqa: PLC0415
-    return {name: SpecswapRunner(Engine(target, head if kwargs["speculative_algorithm"] == "EAGLE" else None,
+    return {name: SpecswapRunner(Engine(target, head if algorithms.algorithm(kwargs["speculative_algorithm"]).needs_draft
+                                        else None,
                                         tokenizer=tokenizer, weights="native", max_batch_size=1,
                                         max_seq_len=max_seq_len, disable_graphs=disable_graphs, **kwargs))
             for name, kwargs in modes.items()}

@@ -103,7 +103,7 @@ def test_ggml_is_part_of_a_linux_x86_install(where):
 
 def test_the_suite_keeps_converted_weights_out_of_the_user_s_cache(pytestconfig):
     from specswap.zoo.gemma import cache_root
-    from specswap.zoo.gemma_eagle import default_work
+    from specswap.zoo.eagle_training import default_work
 
     user_cache = Path.home() / ".cache" / "specswap"
     assert cache_root() == pytestconfig.specswap_cache and cache_root() != user_cache

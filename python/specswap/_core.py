@@ -17,7 +17,6 @@ StatePool = _C.StatePool
 SpecRuntimeState = _C.SpecRuntimeState
 AdaptiveConfig = _C.AdaptiveConfig
 AdaptiveSpeculativeParams = _C.AdaptiveSpeculativeParams
-MAX_STEPS: int = _C.MAX_STEPS
 adaptive_config_schema = _C.adaptive_config_schema
 
 __all__ = [
@@ -25,6 +24,5 @@ __all__ = [
     "SpecRuntimeState",
     "AdaptiveConfig",
     "AdaptiveSpeculativeParams",
-    "MAX_STEPS",
     "adaptive_config_schema",
 ]

@@ -22,21 +22,17 @@ def _simulated_accepts(rng: random.Random, acceptance: float, steps: int, batch:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Drive the C++ policy and state pool through phases of low and high acceptance."""
-    from specswap import AdaptiveController, SpecRuntimeState
+    from specswap import AdaptiveController, SpecRuntimeState, StatePool
+    from specswap.adaptive_config import load_adaptive_config
+    from specswap.worker import RoundResult
 
-    class DemoWorker:
-        speculative_num_steps = args.initial_steps
-
-        def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens):
-            stages = {name: f"{name}[k={speculative_num_steps}]" for name in ("draft", "verify", "draft_extend")}
-            return SpecRuntimeState(speculative_num_steps, speculative_num_draft_tokens, **stages)
-
-        def apply_runtime_state(self, state):
-            self.speculative_num_steps = state.speculative_num_steps
-
-    worker = DemoWorker()
-    controller = AdaptiveController(worker, args.config)
-    worker.apply_runtime_state(controller.init_states())
+    config = load_adaptive_config(args.config)
+    pool = StatePool()  # placeholder stages: the demo shows the policy and the switch, not a model
+    for steps in sorted({args.initial_steps, *config.candidate_steps}):
+        pool.register(SpecRuntimeState(steps, steps + 1, **{name: f"{name}[k={steps}]" for name in
+                                                            ("draft", "verify", "draft_extend", "round")}))
+    pool.activate(args.initial_steps)
+    controller = AdaptiveController(pool, config)
     rng = random.Random(args.seed)
     phases = [("low", 0.15), ("high", 0.92), ("low", 0.15), ("high", 0.92)]
     print(f"tiers {controller.candidate_steps}, start at {controller.current_steps}")
@@ -45,14 +41,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for name, acceptance in phases:
         trace = []
         for round_index in range(args.rounds):
-            accepts = _simulated_accepts(rng, acceptance, worker.speculative_num_steps, args.batch_size)
+            steps = pool.active_steps
+            accepts = _simulated_accepts(rng, acceptance, steps, args.batch_size)
+            result = RoundResult([[0]] * len(accepts), accepts, steps, steps, speculating=[True] * len(accepts))
             start = time.perf_counter()
-            switched = controller.on_verify_complete(accepts)
-            if switched is not None:
-                worker.apply_runtime_state(switched)
+            if controller.observe(result) is not None:
                 switch_seconds.append(time.perf_counter() - start)
             if round_index % max(1, args.rounds // 40) == 0:
-                trace.append(str(worker.speculative_num_steps))
+                trace.append(str(pool.active_steps))
         print(f"{name:<6} {acceptance:>10.2f} {args.rounds:>6}  {''.join(trace)}")
     stats = controller.stats()
     print(f"switches: {stats['num_switches']}, final tier {stats['current_steps']}, EMA {stats['ema']:.2f}")
@@ -60,7 +56,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"  tier {row['speculative_num_steps']}: activated {row['activations']}x, "
               f"active {row['seconds_active'] * 1e3:.1f} ms")
     if switch_seconds:
-        print(f"mean on_verify_complete with a switch (Python, incl. apply): "
+        print(f"mean observe() with a switch (Python, the policy and the pool's swap): "
               f"{sum(switch_seconds) / len(switch_seconds) * 1e6:.1f} us")
     return 0
 

@@ -11,12 +11,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from specswap.algorithms import NAMES, algorithm
 from specswap.loading import LoadedModels
 
 __all__ = ["ALGORITHM_CHOICES", "DEFAULT_MODEL", "add_model_arguments", "build_engine", "check_speculative_flags"]
 
 DEFAULT_MODEL = "gemma-3-270m"
-ALGORITHM_CHOICES = ("EAGLE", "STANDALONE", "NGRAM", "NONE")
+ALGORITHM_CHOICES = NAMES
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str | None) -> None:
@@ -63,7 +64,8 @@ def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> No
                          "--speculative-adaptive (the config is never silently ignored)")
     if args.speculative_adaptive_config is not None and not Path(args.speculative_adaptive_config).is_file():
         raise FileNotFoundError(f"--speculative-adaptive-config {args.speculative_adaptive_config}: no such file")
-    if adaptive_flag and args.speculative_algorithm == "NONE":
+    # None is "the model's default" (its head, else NGRAM); "NONE" is no speculation
+    if adaptive_flag and args.speculative_algorithm is not None and algorithm(args.speculative_algorithm).name is None:
         raise ValueError("--speculative-adaptive needs a --speculative-algorithm (EAGLE, STANDALONE or NGRAM); "
                          "got NONE")
 
@@ -74,9 +76,9 @@ def build_engine(models: LoadedModels, speculative_algorithm: str | None, specul
     """An Engine over already loaded modules (no weights are copied). ``speculative_algorithm`` None or "NONE":
     target only. ``disable_graphs`` (``--disable-cuda-graph``) runs the worker eagerly."""
     from specswap.engine import Engine
-    algorithm = None if speculative_algorithm in (None, "NONE") else speculative_algorithm
-    draft = models.draft if algorithm in ("EAGLE", "STANDALONE") else None
-    return Engine(models.target, draft, algorithm, speculative_num_steps=speculative_num_steps,
+    spec = algorithm(speculative_algorithm)
+    draft = models.draft if spec.needs_draft else None
+    return Engine(models.target, draft, spec.name, speculative_num_steps=speculative_num_steps,
                   speculative_adaptive=speculative_adaptive, speculative_adaptive_config=speculative_adaptive_config,
                   max_batch_size=max_batch_size, max_seq_len=max_seq_len, tokenizer=models.tokenizer,
                   disable_graphs=disable_graphs)

@@ -4,9 +4,9 @@ A request waits in a FIFO queue until a cache slot is free, joins the running
 batch with a prefill, takes part in one decode round per ``step()``, and leaves
 when it hits EOS, a stop string, its token budget or ``abort()``. Requests
 never share randomness: each has its own seeded generator. The engine owns the
-adaptive controller (when enabled): each round returns what it measured, the
-engine feeds the controller and applies the tier it returns between rounds.
-It never imports a server.
+adaptive controller (when enabled) and hands it each round's result; the
+controller switches the worker's state pool between rounds. It never imports
+a server.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from typing import Any, Sequence
 
 import torch
 
+from specswap.algorithms import algorithm
 from specswap.loading import resolve_checkpoint, resolve_dtype  # re-exported: callers import them from here
-from specswap.ngram import NumberTokens
+from specswap.prompt_lookup import NumberTokens
 from specswap.sampling import SamplingParams
-from specswap.worker import SPECULATIVE_ALGORITHMS, EAGLEWorker
+from specswap.worker import SpeculativeWorker
 
 __all__ = ["Engine", "RequestOutput", "StepOutput", "resolve_dtype", "resolve_checkpoint", "encode_text"]
 
@@ -42,6 +43,7 @@ class RequestOutput:
     finish_reason: str | None             # "length" | "stop" | "abort" | None
     num_verify_rounds: int
     accept_lengths: list[int]             # accepted draft tokens per verify round, bonus excluded
+    num_draft_tokens: int = 0             # drafts verified for this request over its rounds (0 with speculation off)
 
     @property
     def finished(self) -> bool:
@@ -74,6 +76,7 @@ class _Request:
     text: str = ""
     finish_reason: str | None = None
     accept_lengths: list[int] = field(default_factory=list)
+    num_draft_tokens: int = 0             # drafts verified for it over its rounds
     stop_string_hit: bool = False         # text was cut at a stop string
 
     def append(self, tokens: list[int], eos_token_ids: frozenset[int], tokenizer: Any) -> int:
@@ -114,7 +117,8 @@ class _Request:
         if self.finish_reason is None and tokenizer is not None:
             text = tokenizer.decode(self.token_ids)
         return RequestOutput(self.request_id, list(self.prompt_ids), list(self.token_ids), text,
-                             self.finish_reason, len(self.accept_lengths), list(self.accept_lengths))
+                             self.finish_reason, len(self.accept_lengths), list(self.accept_lengths),
+                             self.num_draft_tokens)
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -153,7 +157,7 @@ class Engine:
     reading its weights) or as ggml Q8_0 blocks ("auto" with native target weights); the output is the target's
     either way, only the acceptance can move. A built head is quantized, in place, only when named. ``round_graphs`` (None = auto: on for targets up to 50M parameters) also captures each tier's whole
     greedy round as one graph (docs/graphs.md). ``ngram_numbers``: NGRAM drafts extrapolate counters (``id = 4``
-    after ``id = 2``, ``id = 3``) where the tokenizer writes numbers one digit per token (``specswap.ngram``);
+    after ``id = 2``, ``id = 3``) where the tokenizer writes numbers one digit per token (``specswap.prompt_lookup``);
     False copies them as plain prompt lookup does.
     """
 
@@ -163,20 +167,18 @@ class Engine:
                  dtype: str | torch.dtype = "auto", max_batch_size: int = 8, max_seq_len: int | None = None,
                  tokenizer: Any = None, disable_graphs: bool = False, draft_quantization: str = "auto",
                  round_graphs: bool | None = None, ngram_numbers: bool = True, weights: str = "auto"):
-        if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
-            raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
-                             f"valid: {SPECULATIVE_ALGORITHMS}")
+        spec = algorithm(speculative_algorithm)
         if speculative_adaptive_config is not None and not speculative_adaptive:
             raise ValueError("speculative_adaptive_config was given but speculative_adaptive is False; pass "
                              "speculative_adaptive=True to use it (the config is never silently ignored)")
-        if speculative_adaptive and speculative_algorithm is None:
+        if speculative_adaptive and spec.name is None:
             raise ValueError("speculative_adaptive=True needs a speculative_algorithm ('EAGLE', 'STANDALONE' or "
                              "'NGRAM'); got None")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an int >= 1; got {max_batch_size!r}")
         adaptive_config = None
         if speculative_adaptive:  # validated before any weights load
-            from specswap.config import load_adaptive_config
+            from specswap.adaptive_config import load_adaptive_config
             adaptive_config = load_adaptive_config(speculative_adaptive_config)
         target, draft, self.tokenizer, self.weights = self._load(model, draft, speculative_algorithm, device, dtype,
                                                                  tokenizer, draft_quantization, weights)
@@ -186,7 +188,7 @@ class Engine:
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or not 2 <= max_seq_len <= max_positions:
             raise ValueError(f"max_seq_len must be an int in 2..{max_positions} (the model's max_position_embeddings); "
                              f"got {max_seq_len!r}")
-        self.speculative_algorithm = speculative_algorithm
+        self.speculative_algorithm = spec.name
         self.max_seq_len = max_seq_len
         self.max_batch_size = max_batch_size
         self.target, self.draft = target, draft
@@ -195,15 +197,15 @@ class Engine:
         tiers = tuple(adaptive_config.candidate_steps) if adaptive_config is not None else ()
         # graphs: every stage of every tier captured once here (specswap.graphs); disable_graphs runs eagerly
         numbers = None  # NGRAM drafts extrapolate counters where the tokenizer writes digits one per token
-        if speculative_algorithm == "NGRAM" and ngram_numbers and self.tokenizer is not None:
+        if spec.number_tokens and ngram_numbers and self.tokenizer is not None:
             numbers = NumberTokens.from_tokenizer(self.tokenizer)
-        self.worker = EAGLEWorker(target, draft, speculative_algorithm, speculative_num_steps, max_batch_size,
-                                  max_seq_len, tiers=tiers, graphs=not disable_graphs,
-                                  round_graphs=None if disable_graphs else round_graphs, ngram_numbers=numbers)
+        self.worker = SpeculativeWorker(target, draft, spec.name, speculative_num_steps, max_batch_size,
+                                        max_seq_len, tiers=tiers, graphs=not disable_graphs,
+                                        round_graphs=None if disable_graphs else round_graphs, number_tokens=numbers)
         if speculative_adaptive:
             from specswap.controller import AdaptiveController
-            self.controller = AdaptiveController(self.worker, adaptive_config)
-            self.worker.apply_runtime_state(self.controller.init_states())
+            self.controller = AdaptiveController(self.worker.pool, adaptive_config,
+                                                 shadows=bool(self.worker.drafter.shadow_steps))
 
         eos = set(getattr(self.tokenizer, "eos_token_ids", None) or ()) or set(target.config.eos_token_id or ())
         self.eos_token_ids = frozenset(eos)
@@ -283,11 +285,6 @@ class Engine:
                 return self._finished.pop(request_id)
         return None
 
-    def pop_finished(self, request_id: int) -> RequestOutput | None:
-        """The output of a request that finished where no step() returned it (inside another caller's
-        generate()), once; None if there is none."""
-        return self._finished.pop(request_id, None)
-
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         """Raise ValueError naming the problem if a prompt (token ids) cannot be served."""
         self.worker.check_prompt(prompt_ids)
@@ -337,19 +334,15 @@ class Engine:
         if decoding:
             result = self.worker.decode_round([r.slot for r in decoding])
             self._rounds_per_tier[result.speculative_num_steps] += 1
-            if self.controller is not None and result.shadow:  # tier 0's checked lookups (NGRAM)
-                self.controller.on_shadow(result.shadow, result.shadow_steps)
-            if self.controller is not None and result.measured_tier:
-                switched = self.controller.on_verify_complete(result.accept_lengths, result.round_seconds,
-                                                              result.sampled)
-                if switched is not None:
-                    self.worker.apply_runtime_state(switched)
-            elif self.controller is not None:  # a plain decode in the drafting tier's place: tier 0, timed
-                self.controller.on_plain_round(len(decoding), result.round_seconds, result.sampled)
-            for request, tokens, accepted in zip(decoding, result.new_tokens, result.accept_lengths):
+            if self.controller is not None:
+                self.controller.observe(result)  # may switch the pool's tier: the next round runs it
+            for request, tokens, accepted, drafts, speculating in zip(
+                    decoding, result.new_tokens, result.accept_lengths, result.drafts_verified, result.speculating):
                 request.accept_lengths.append(accepted)
-                self._accepted_total += accepted
-                self._verified_total += 1
+                request.num_draft_tokens += drafts
+                if speculating:  # a request with speculation off is no acceptance observation
+                    self._accepted_total += accepted
+                    self._verified_total += 1
                 self._append(request, tokens)
                 if request not in updated:
                     updated.append(request)

@@ -214,9 +214,9 @@ class RoundGraphs(_BucketedGraphs):
     drawn per request on the host).
     """
 
-    def __init__(self, context: GraphContext, speculative_num_steps: int, body, seq_lens: torch.Tensor):
-        # the verify, k + 1 tokens, is the widest read of the round
-        super().__init__(context, "round", speculative_num_steps, speculative_num_steps + 1)
+    def __init__(self, context: GraphContext, stages, body, seq_lens: torch.Tensor):
+        # the verify (the tier's speculative_num_draft_tokens) is the widest read of the round
+        super().__init__(context, "round", stages.speculative_num_steps, stages.speculative_num_draft_tokens)
         self.body = body
         self.seq_lens = seq_lens  # the worker's [S + 1] committed lengths (row S: scratch)
         self.device = seq_lens.device

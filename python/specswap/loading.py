@@ -6,7 +6,7 @@ Every caller (``Engine``, ``specswap serve``, ``specswap bench``, ``bench/bench_
   shipped as a GGUF in an installed package (``specswap.zoo.registry``), or a zoo name;
 - which dtype and weights (``resolve_dtype``, ``resolve_weights``): native GGUF blocks, bf16 or fp32;
 - which draft goes with a target (``default_draft_name``: ``<model>-eagle`` / ``<model>-draft``), and whether an
-  EAGLE head's linears are quantized (``models.quantize.resolve_draft_quantization``).
+  EAGLE head's linears are quantized (``resolve_draft_quantization``).
 
 ``load_models`` returns built modules (``LoadedModels``) that several engines can share without copying weights.
 """
@@ -20,16 +20,20 @@ from typing import Any
 
 import torch
 
+from specswap.algorithms import algorithm
 from specswap.capability import cpu_capability, native_kernels_available, native_kernels_problem
+from specswap.zoo.registry import REGISTRY_MODELS, is_gguf_file, resolve_checkpoint  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DTYPES", "WEIGHTS", "LoadedModels", "default_draft_name", "gguf_backed", "load_draft", "load_models",
-           "prepare_built", "resolve_checkpoint", "resolve_dtype", "resolve_weights"]
+__all__ = ["DRAFT_QUANTIZATION", "DTYPES", "WEIGHTS", "LoadedModels", "default_draft_name", "gguf_backed",
+           "load_draft", "load_models", "prepare_built", "resolve_checkpoint", "resolve_draft_quantization",
+           "resolve_dtype", "resolve_weights"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 WEIGHTS = ("auto", "native", "bf16", "fp32")
-DRAFT_SUFFIXES = {"EAGLE": "eagle", "STANDALONE": "draft"}
+# speculative_algorithm None: the model's own head where it has one, else prompt lookup
+DEFAULT_WITH_HEAD, DEFAULT_WITHOUT_HEAD = "EAGLE", "NGRAM"
 
 
 @dataclass
@@ -67,12 +71,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch
 
 def gguf_backed(model: Any) -> bool:
     """Whether ``model`` names weights that come from a GGUF file (so native block weights are possible)."""
-    from specswap.zoo.registry import REGISTRY_MODELS
-    return str(model) in REGISTRY_MODELS or _is_gguf_file(model)
-
-
-def _is_gguf_file(model: Any) -> bool:
-    return str(model).lower().endswith(".gguf")
+    return str(model) in REGISTRY_MODELS or is_gguf_file(model)
 
 
 _warned_without_native_kernels = False
@@ -83,8 +82,8 @@ def _warn_once_without_native_kernels(model: Any) -> None:
     global _warned_without_native_kernels
     if not _warned_without_native_kernels:
         _warned_without_native_kernels = True
-        logger.warning("specswap: %s loads dequantized (weights='auto' without native kernels: 3-4x slower to "
-                       "decode): %s", model, native_kernels_problem())
+        logger.warning("specswap: %s loads dequantized (weights='auto' without native kernels: several times "
+                       "slower to decode, results/README.md): %s", model, native_kernels_problem())
 
 
 def resolve_weights(weights: str, model: Any, dtype: str | torch.dtype,
@@ -106,7 +105,6 @@ def resolve_weights(weights: str, model: Any, dtype: str | torch.dtype,
             return ("bf16" if torch_dtype == torch.bfloat16 else "fp32"), torch_dtype
     if weights == "native":
         if not from_gguf:
-            from specswap.zoo.registry import REGISTRY_MODELS
             raise ValueError(f"weights='native' needs a GGUF model (a .gguf file or {', '.join(REGISTRY_MODELS)}); "
                              f"{str(model)!r} has dense weights: use weights='auto', 'bf16' or 'fp32'")
         if not on_cpu:
@@ -118,47 +116,45 @@ def resolve_weights(weights: str, model: Any, dtype: str | torch.dtype,
     return weights, torch_dtype
 
 
+DRAFT_QUANTIZATION = ("auto", "none", "int8", "q8_0")
+
+
+def resolve_draft_quantization(choice: str, name: str | None, dtype: torch.dtype,
+                               device: torch.device | str, native_target: bool = False) -> str | None:
+    """None, "int8" or "q8_0" for a draft (``load_eagle_head(quantization=...)``). "auto": for a target with
+    native (block-format) weights, "q8_0" (the head's linears as ggml blocks beside the target's); for a bf16
+    target on a CPU with AVX2, "int8", where a draft step is bound by reading weights and the int8 head accepted
+    as many tokens as the bf16 one (docs/gemma.md); none otherwise. torch's int8 kernel is vectorized only for
+    bf16 activations and only with AVX2 or AVX-512 (``cpu_capability().avx2``); elsewhere it is a scalar loop."""
+    if choice not in DRAFT_QUANTIZATION:
+        raise ValueError(f"draft quantization {choice!r} is not supported; valid: {DRAFT_QUANTIZATION}")
+    quantizable = algorithm(name).quantizable_draft
+    if choice in ("int8", "q8_0") and not quantizable:
+        raise ValueError(f"draft quantization {choice!r} applies to EAGLE heads; speculative_algorithm is {name!r}")
+    if choice == "int8" and native_target:
+        raise ValueError("draft quantization 'int8' needs a target with bf16/fp32 weights; with native weights "
+                         "use 'q8_0' or 'none'")
+    if choice == "auto":
+        if not quantizable:
+            return None
+        if native_target:
+            return "q8_0"
+        cpu_bf16 = dtype == torch.bfloat16 and torch.device(device).type == "cpu"
+        return "int8" if cpu_bf16 and cpu_capability().avx2 else None
+    return None if choice == "none" else choice
+
+
 # ------------------------------------------------------------------------------------------ checkpoints
 
 
-def resolve_checkpoint(name: str | Path, dtype: torch.dtype | str = torch.bfloat16) -> Path:
-    """The checkpoint directory ``name`` means: a directory as given; a GGUF file or a registry model
-    (``specswap.zoo.registry``) converted once into the weight cache, in ``dtype`` (or "native" blocks); or the
-    shipped model a zoo name refers to."""
-    path = Path(name)
-    if path.is_dir():
-        return path
-    from specswap.zoo import registry
-    if str(name) in registry.REGISTRY_MODELS:
-        return registry.resolve(str(name), dtype)  # ImportError naming the extra to install without it
-    if _is_gguf_file(name):
-        return registry.resolve_gguf_file(path, dtype)
-    try:
-        from specswap import zoo
-        zoo_path = getattr(zoo, "path", None)
-    except ImportError:
-        zoo_path = None
-    if zoo_path is None:
-        raise ValueError(f"model {str(name)!r} is not a checkpoint directory (and the model zoo is not available)")
-    try:
-        path = Path(zoo_path(str(name)))
-    except (KeyError, ValueError, FileNotFoundError) as error:
-        raise ValueError(f"model {str(name)!r} is neither a checkpoint directory, a .gguf file, a registry model "
-                         f"({', '.join(registry.REGISTRY_MODELS)}) nor a zoo model: {error}") from error
-    if not path.is_dir():
-        raise ValueError(f"zoo model {str(name)!r} is not built yet ({path} is missing); build it with "
-                         f"`python -m specswap.zoo train tiny` or pass a checkpoint directory")
-    return path
-
-
-def default_draft_name(model: Any, algorithm: str) -> str:
-    """The zoo's draft for ``model``: ``<model>-eagle`` (EAGLE) or ``<model>-draft`` (STANDALONE). A path has
-    no default draft: the caller must name one."""
-    if Path(str(model)).is_dir() or _is_gguf_file(model):
-        raise ValueError(f"speculative_algorithm {algorithm!r} with a model path ({model}) needs a draft "
+def default_draft_name(model: Any, name: str) -> str:
+    """The zoo's draft for ``model`` under algorithm ``name``: ``<model>-<its draft_suffix>`` (``<model>-eagle``,
+    ``<model>-draft``). A path has no default draft: the caller must name one."""
+    if Path(str(model)).is_dir() or is_gguf_file(model):
+        raise ValueError(f"speculative_algorithm {name!r} with a model path ({model}) needs a draft "
                          f"checkpoint (draft= / --draft-model); only zoo and registry models come with a default "
                          f"draft")
-    return f"{model}-{DRAFT_SUFFIXES[algorithm]}"
+    return f"{model}-{algorithm(name).draft_suffix}"
 
 
 def _draft_directory(model: Any, draft: Any, algorithm: str) -> Path:
@@ -175,15 +171,14 @@ def _draft_directory(model: Any, draft: Any, algorithm: str) -> Path:
 # ---------------------------------------------------------------------------------------------- loading
 
 
-def load_draft(model: Any, draft: Any, algorithm: str, target: Any, quantization: str | None = None) -> Any:
+def load_draft(model: Any, draft: Any, name: str, target: Any, quantization: str | None = None) -> Any:
     """The built draft for ``algorithm`` over the built ``target``: ``draft`` (a checkpoint) or the model's default
     (``default_draft_name``); None for NGRAM / no speculation. ``quantization``: the EAGLE head's, resolved."""
-    from specswap.models import load_draft_model, load_eagle_head
-    if algorithm == "EAGLE":
-        return load_eagle_head(_draft_directory(model, draft, algorithm), target, quantization=quantization)
-    if algorithm == "STANDALONE":
-        return load_draft_model(_draft_directory(model, draft, algorithm), target)
-    return None
+    from specswap.models import load_draft
+    spec = algorithm(name)
+    if not spec.needs_draft:
+        return None
+    return load_draft(spec.draft_suffix, _draft_directory(model, draft, name), target, quantization=quantization)
 
 
 def load_models(model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",
@@ -194,50 +189,48 @@ def load_models(model: Any, draft: Any = None, speculative_algorithm: str | None
     ``draft_quantization``: "auto" | "none" | "int8" | "q8_0" (``resolve_draft_quantization``). ``tokenizer``
     replaces the checkpoint's."""
     from specswap.models import load_model
-    from specswap.models.loading import load_checkpoint_tokenizer
-    from specswap.models.quantize import resolve_draft_quantization
+    from specswap.models.checkpoint import load_checkpoint_tokenizer
 
     weights, torch_dtype = resolve_weights(weights, model, dtype, device)
-    algorithm = speculative_algorithm
-    if algorithm is None:
+    name = speculative_algorithm
+    if name is None:  # the model's head where it has one, else prompt lookup
         try:
-            _draft_directory(model, draft, "EAGLE")
-            algorithm = "EAGLE"
+            _draft_directory(model, draft, DEFAULT_WITH_HEAD)
+            name = DEFAULT_WITH_HEAD
         except ValueError:
-            algorithm = "NGRAM"
-    quantization = resolve_draft_quantization(draft_quantization, algorithm, torch_dtype, device,
+            name = DEFAULT_WITHOUT_HEAD
+    spec = algorithm(name)
+    quantization = resolve_draft_quantization(draft_quantization, name, torch_dtype, device,
                                               native_target=weights == "native")
-    if algorithm in DRAFT_SUFFIXES and draft is None:
-        default_draft_name(model, algorithm)  # a path without a draft is refused before any weights load
+    if spec.needs_draft and draft is None:
+        default_draft_name(model, name)  # a path without a draft is refused before any weights load
     try:
         target_dir = resolve_checkpoint(model, "native" if weights == "native" else torch_dtype)
     except ImportError as error:
         raise ValueError(f"model {str(model)!r} is not available: {error}. For a quick start without it, pass "
                          f"--model tiny") from error
     target = load_model(target_dir, dtype=torch_dtype, device=device)
-    drafter = load_draft(model, draft, algorithm, target, quantization)
+    drafter = load_draft(model, draft, name, target, quantization)
     # a GGUF without tokenizer metadata converts to a directory without tokenizer.json: token ids only
     if tokenizer is None and not (gguf_backed(model) and not (target_dir / "tokenizer.json").is_file()):
         tokenizer = load_checkpoint_tokenizer(target_dir)
-    return LoadedModels(str(model), target, drafter, tokenizer, None if algorithm == "NONE" else algorithm,
-                        torch_dtype, str(device), weights)
+    return LoadedModels(str(model), target, drafter, tokenizer, spec.name, torch_dtype, str(device), weights)
 
 
-def prepare_built(model: torch.nn.Module, draft: Any, algorithm: str | None, weights: str,
+def prepare_built(model: torch.nn.Module, draft: Any, name: str | None, weights: str,
                   draft_quantization: str) -> tuple[Any, str]:
     """(draft, weights) for a target the caller built: its weights are read off the module, and a built head is
     quantized (in place) only when asked by name; "auto" leaves the caller's module be."""
-    from specswap.models.quantize import resolve_draft_quantization
     from specswap.models.quantized import QuantizedLinear
     built_weights = ("native" if isinstance(model.lm_head, QuantizedLinear)
                      else "bf16" if model.dtype == torch.bfloat16 else "fp32")
     if weights not in ("auto", built_weights):
         raise ValueError(f"weights={weights!r} cannot apply to a built model (its weights are {built_weights})")
-    if algorithm in DRAFT_SUFFIXES and not isinstance(draft, torch.nn.Module):
-        raise ValueError(f"with a built target model, speculative_algorithm {algorithm!r} needs a built "
+    if algorithm(name).needs_draft and not isinstance(draft, torch.nn.Module):
+        raise ValueError(f"with a built target model, speculative_algorithm {name!r} needs a built "
                          f"draft model; got draft={draft!r}")
     choice = None if draft_quantization == "auto" else resolve_draft_quantization(
-        draft_quantization, algorithm, model.dtype, model.device, native_target=built_weights == "native")
+        draft_quantization, name, model.dtype, model.device, native_target=built_weights == "native")
     if choice == "int8":
         draft.quantize_int8()
     elif choice == "q8_0":

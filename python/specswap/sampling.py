@@ -137,10 +137,9 @@ def logits_to_probs(
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """Index of the largest value along the last dim, the first one on ties, NaN counting as largest: exactly
-    ``x.argmax(-1)``, but through ``max``, whose CPU kernel is ~4x faster in bf16 (3.8 ms vs 0.9 ms over
-    [4, 262144] on one thread): the verify of every round and every baseline step pays it. A contiguous fp32
-    CPU tensor takes ``torch.ops.specswap.argmax_rows`` (csrc/quant/sampling_scans.cpp), the same indices in
-    0.08 ms against max's 0.42 for a 3-row verify of Gemma's vocabulary."""
+    ``x.argmax(-1)``, but through ``max``, whose CPU kernel is the cheaper one in bf16: the verify of every
+    round and every baseline step pays it. A contiguous fp32 CPU tensor takes ``torch.ops.specswap.argmax_rows``
+    (csrc/cpu_ops/sampling_scans.cpp), the same indices in one pass per row."""
     rows = _extension_op("argmax_rows")
     if (rows is not None and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() >= 1
             and x.shape[-1] > 0 and x.is_contiguous()):
@@ -152,7 +151,7 @@ _EXTENSION_OPS: dict[str, Callable | None] = {}
 
 
 def _extension_op(name: str) -> Callable | None:
-    """torch.ops.specswap.<name> (csrc/quant/sampling_scans.cpp), or None without the extension."""
+    """torch.ops.specswap.<name> (csrc/cpu_ops/sampling_scans.cpp), or None without the extension."""
     if name not in _EXTENSION_OPS:
         try:
             from . import _core  # noqa: F401, PLC0415  (registers torch.ops.specswap)
@@ -207,7 +206,7 @@ def sample_from_probs(probs: torch.Tensor, exponential_noise: torch.Tensor) -> t
 def sample_from_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Draw one token per row by inverting its cumulative law at one uniform: an exact categorical draw (to
     fp32 rounding of the running sum, as torch.multinomial) for one uniform instead of a noise per entry (a
-    262k-entry row of Exp(1) noise costs 1.7 ms; its running sum 0.25).
+    running sum is one cheap pass; a vocabulary of Exp(1) noise is a log per entry).
 
     probs: [B, V] non-negative, each row with positive mass (unnormalised is fine); uniforms: [B] in [0, 1).
     An entry of zero probability is never drawn; a one-hot row returns its hot index for any uniform.
@@ -260,7 +259,7 @@ class KeyedNoise:
     the 2^-24 grid that ``Tensor.uniform_`` uses. Every bit of the 64-bit key counts (a torch CPU generator's
     ``manual_seed`` keeps only the low 32 bits: seeds 2^32 apart give the same stream), the draws are the same
     bits on every device, and the work is in-place integer ops on buffers made here (int64 multiplies wrap as
-    uint64 ones would). About 1.6 ms for a 262k vocabulary on one thread, no slower than uniform_'s mt19937.
+    uint64 ones would), so it costs what ``uniform_``'s generator costs.
     """
 
     def __init__(self, vocab_size: int, device: torch.device | str | None = None):
@@ -304,7 +303,7 @@ def _gumbel_(uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def _row_scans(row: torch.Tensor) -> tuple | None:
-    """(first_argmax, indices_at_least) of specswap._C (csrc/quant/sampling_scans.cpp): the same results as
+    """(first_argmax, indices_at_least) of specswap._C (csrc/cpu_ops/sampling_scans.cpp): the same results as
     ``row.max(-1).indices`` and ``torch.nonzero(row >= threshold)``, in one pass each, for a contiguous fp32 CPU
     row; None for any other row or without the extension."""
     scans = (_extension_op("first_argmax"), _extension_op("indices_at_least"))
@@ -421,8 +420,8 @@ def accept_from_logits(
     Returns (accept_lengths [B], next_tokens [B]).
 
     On the CPU with fp32 logits and draft laws this is ``torch.ops.specswap.accept_chain``
-    (csrc/quant/sampling_scans.cpp: a position's normaliser only where the chain gets to, the stop row's
-    residual and its running sum in one pass each; 0.4 ms against torch's 1.7-2.9 ms for Gemma's vocabulary),
+    (csrc/cpu_ops/sampling_scans.cpp: a position's normaliser only where the chain gets to, the stop row's
+    residual and its running sum in one pass each, where torch makes about eleven),
     elsewhere ``accept_from_logits_torch``; their decisions and draws agree but where rounding puts a uniform
     on a boundary.
     """
@@ -548,6 +547,30 @@ class RoundSampling:
     uniforms: torch.Tensor          # [B, k]
     residual_uniforms: torch.Tensor  # [B] in [0, 1): the draw where the chain stops
     keyed: KeyedDraws | None = None
+
+
+@dataclass
+class PlainRows:
+    """The requests of a drafting round that verify no draft (``disable_speculative_decoding``): each takes the
+    target's token after x_{m-1} (verified position 0), drawn as a tier-0 round draws it: the argmax for greedy
+    rows, else keyed draws (``draws``, built by the slot table from each request's own keys)."""
+
+    rows: list[int]                  # their rows in the batch
+    index: torch.Tensor              # [P] the same rows, on the device
+    draws: RoundSampling | None = None  # their settings [P] and keyed draws; None: all greedy
+
+
+def take_plain_tokens(plain: PlainRows, logits: torch.Tensor, accept_lengths: torch.Tensor,
+                      next_tokens: torch.Tensor) -> None:
+    """Set a = 0 and the target's own token at verified position 0 for ``plain``'s rows, in place.
+    logits: [B, T, V]; accept_lengths, next_tokens: [B]."""
+    first = logits[plain.index, :1]                                                   # [P, 1, V]
+    if plain.draws is None:
+        tokens = argmax(first[:, 0])                                                  # [P]
+    else:
+        tokens = torch.tensor([draw(0) for draw in keyed_draws(first, plain.draws)], device=logits.device)
+    accept_lengths[plain.index] = 0
+    next_tokens[plain.index] = tokens
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import pytest
 from scripts import load_script
 
 from components import require_native_kernels
+from specswap.models import quantized
 
 require_native_kernels()
 

@@ -148,7 +148,7 @@ def test_policy_default_and_choice():
 
 def test_schema_is_the_config_table():
     from specswap._core import adaptive_config_schema
-    from specswap.config import VALID_KEYS
+    from specswap.adaptive_config import VALID_KEYS
 
     schema = adaptive_config_schema()
     defaults = AdaptiveConfig().to_dict()

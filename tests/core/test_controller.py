@@ -1,140 +1,112 @@
-"""The adaptive controller driving a worker through the AdaptiveSpecWorker protocol."""
+"""The adaptive controller over a state pool: fed one round result a call, it switches the pool, nothing else."""
 
 import pytest
 
-from specswap import AdaptiveController, AdaptiveSpecWorker, SpecRuntimeState
-
-
-class RecordingWorker:
-    def __init__(self, speculative_num_steps=3):
-        self.speculative_num_steps = speculative_num_steps
-        self.speculative_num_draft_tokens = speculative_num_steps + 1
-        self.built = []
-        self.applied = []
-
-    def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens):
-        self.built.append((speculative_num_steps, speculative_num_draft_tokens))
-        return SpecRuntimeState(
-            speculative_num_steps,
-            speculative_num_draft_tokens,
-            draft=f"draft{speculative_num_steps}",
-            verify=f"verify{speculative_num_steps}",
-            draft_extend=f"extend{speculative_num_steps}",
-        )
-
-    def apply_runtime_state(self, state):
-        if state is None:
-            return
-        self.speculative_num_steps = state.speculative_num_steps
-        self.speculative_num_draft_tokens = state.speculative_num_draft_tokens
-        self.applied.append(state.speculative_num_steps)
-
+from specswap import AdaptiveController, SpecRuntimeState, StatePool
+from specswap.worker import RoundResult
+from specswap.worker.drafter import Shadow
 
 FAST = {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1}
 
 
-def test_protocol_is_checkable():
-    assert isinstance(RecordingWorker(), AdaptiveSpecWorker)
+def pool_of(tiers=(1, 3, 7), start=3):
+    """A pool with a placeholder state per tier (stages are opaque to the controller), ``start`` active."""
+    pool = StatePool()
+    for steps in tiers:
+        pool.register(SpecRuntimeState(steps, steps + 1, draft=f"draft{steps}", verify=f"verify{steps}",
+                                       draft_extend=f"extend{steps}", round=f"round{steps}"))
+    pool.activate(start)
+    return pool
 
 
-def test_init_states_builds_every_candidate_once():
-    worker = RecordingWorker(3)
-    controller = AdaptiveController(worker, None)
-    worker.apply_runtime_state(controller.init_states())
-    assert worker.built == [(1, 2), (3, 4), (7, 8)]
-    assert worker.applied == [3]
-    assert controller.init_states().speculative_num_steps == 3  # idempotent: nothing rebuilt
-    assert len(worker.built) == 3
+def verified(accept_lengths, tier, seconds=0.0, sampled=False, speculating=None, ran=None, shadow=None):
+    """The result of a round of ``tier`` (``ran``: the tier it really ran, 0 for a plain decode in its place)."""
+    ran = tier if ran is None else ran
+    speculating = [True] * len(accept_lengths) if speculating is None else speculating
+    return RoundResult([[0]] * len(accept_lengths), list(accept_lengths), ran, tier, seconds, sampled, speculating,
+                       shadow)
 
 
-def test_initial_tier_added_not_leaked():
-    worker = RecordingWorker(2)
-    controller = AdaptiveController(worker, None)
-    controller.init_states()
-    assert [k for k, _ in worker.built] == [1, 2, 3, 7]
-    assert controller.current_steps == 2
+def test_the_start_up_tier_is_the_policy_s_and_every_candidate_must_be_in_the_pool():
+    pool = pool_of(start=3)
+    controller = AdaptiveController(pool, None)
+    assert controller.candidate_steps == [1, 3, 7] and pool.active_steps == 3
+    with pytest.raises(ValueError, match=r"candidate tiers \[2\] have no state in the pool"):
+        AdaptiveController(pool_of(), {"candidate_steps": [1, 2, 3]})
+    with pytest.raises(ValueError, match="no active tier"):
+        AdaptiveController(StatePool(), None)
 
 
-def test_switches_apply_the_prebuilt_state():
-    worker = RecordingWorker(3)
-    controller = AdaptiveController(worker, FAST)
-    worker.apply_runtime_state(controller.init_states())
-    switched = controller.on_verify_complete([3, 3])
-    assert switched is not None and switched.speculative_num_steps == 7
-    assert worker.speculative_num_steps == 3  # the controller never applies a state itself: its owner does
-    worker.apply_runtime_state(switched)
-    assert worker.speculative_num_steps == 7 and worker.speculative_num_draft_tokens == 8
-    switched = controller.on_verify_complete([0])
-    assert switched is not None
-    worker.apply_runtime_state(switched)
-    assert worker.speculative_num_steps == 1
-    assert controller.on_verify_complete([]) is None
-    assert worker.applied == [3, 7, 1]
-    assert len(worker.built) == 3  # nothing built after start-up
+def test_a_switch_activates_the_prebuilt_state_and_nothing_else():
+    pool = pool_of()
+    controller = AdaptiveController(pool, FAST)
+    before = pool.acquire()
+    assert controller.observe(verified([3, 3], 3)) == 7
+    state = pool.acquire()
+    assert state.speculative_num_steps == 7 and state.speculative_num_draft_tokens == 8 and state.round == "round7"
+    assert before.round == "round3"  # a holder of the old state still sees it whole
+    assert controller.observe(verified([0], 7)) == 1 and pool.active_steps == 1
+    assert controller.observe(verified([], 1)) is None
     stats = controller.stats()
     assert stats["num_switches"] == 2 and stats["current_steps"] == 1
+    assert [row["speculative_num_steps"] for row in stats["tiers"]] == [1, 3, 7]
 
 
-def test_thousands_of_switches_build_nothing_new():
-    worker = RecordingWorker(3)
-    controller = AdaptiveController(worker, FAST)
-    controller.init_states()
+def test_thousands_of_switches_only_move_the_pool():
+    pool = pool_of()
+    controller = AdaptiveController(pool, FAST)
     for i in range(3000):
-        worker.apply_runtime_state(controller.on_verify_complete([6] if i % 2 else [0]))
-    assert len(worker.built) == 3
-    assert controller.stats()["num_switches"] == 3000
+        controller.observe(verified([6] if i % 2 else [0], pool.active_steps))
+    assert controller.stats()["num_switches"] == 3000 and len(pool) == 3
 
 
-def test_registered_state_is_reused():
-    worker = RecordingWorker(3)
-    controller = AdaptiveController(worker, None)
-    controller.register(worker.build_adaptive_runtime_state(3, 4))
-    controller.init_states()
-    assert worker.built == [(3, 4), (1, 2), (7, 8)]
+def test_requests_with_speculation_off_are_no_acceptance_observation():
+    pool = pool_of()
+    controller = AdaptiveController(pool, FAST)
+    # the request that speculated accepted nothing; the one with speculation off (accept 0 too) is left out
+    assert controller.observe(verified([0, 0], 3, speculating=[False, False])) is None
+    assert controller.params.num_batches == 0
+    assert controller.observe(verified([3, 0], 3, speculating=[True, False])) == 7  # ema 3: up, as for [3] alone
+
+
+def test_a_plain_decode_in_the_tier_s_place_is_timed_as_tier_zero_never_a_switch():
+    pool = pool_of(tiers=(0, 1, 3), start=3)
+    controller = AdaptiveController(pool, {"policy": "goodput", "candidate_steps": [0, 1, 3], "probe_rounds": 0,
+                                           **FAST})
+    assert controller.observe(verified([0, 0], 3, seconds=0.5, ran=0)) is None
+    assert controller.params.num_batches == 0
+    assert controller.stats()["measured_costs"]["greedy"][2][0] == 0.5
+
+
+def test_shadows_reach_the_policy():
+    pool = pool_of(tiers=(0, 3), start=0)
+    config = {"policy": "goodput", "candidate_steps": [0, 3], "probe_rounds": 0, "probe_interval": 10_000, **FAST}
+    controller = AdaptiveController(pool, config, shadows=True)
+    for _ in range(4):
+        controller.observe(verified([0], 0, seconds=1.0, shadow=Shadow([3, 3], 3)))
+    assert pool.active_steps == 3  # every shadow says tier 3 accepts all its drafts
 
 
 def test_config_from_path(tmp_path):
     path = tmp_path / "adaptive.json"
     path.write_text('{"candidate_steps": [2, 4]}')
-    worker = RecordingWorker(4)
-    controller = AdaptiveController(worker, path)
+    controller = AdaptiveController(pool_of(tiers=(2, 4), start=4), path)
     assert controller.candidate_steps == [2, 4]
 
 
-def test_bad_config_fails_before_building():
-    worker = RecordingWorker(3)
+def test_bad_config_is_refused_naming_the_key():
     with pytest.raises(ValueError, match="ema_alpha"):
-        AdaptiveController(worker, {"ema_alpha": 3})
-    assert worker.built == []
-
-
-def test_worker_must_implement_protocol():
-    class NotAWorker:
-        speculative_num_steps = 3
-
-    with pytest.raises(TypeError, match="build_adaptive_runtime_state"):
-        AdaptiveController(NotAWorker(), None)
-
-
-def test_wrong_state_from_worker():
-    class LyingWorker(RecordingWorker):
-        def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens):
-            return SpecRuntimeState(5, 6)
-
-    with pytest.raises(ValueError, match="returned a state for 5 steps"):
-        AdaptiveController(LyingWorker(3), None).init_states()
+        AdaptiveController(pool_of(), {"ema_alpha": 3})
 
 
 def test_round_seconds_reach_the_goodput_policy_and_stats():
-    worker = RecordingWorker(3)
-    controller = AdaptiveController(worker, {"policy": "goodput", "probe_rounds": 0, "warmup_batches": 100})
-    controller.init_states()
-    controller.on_verify_complete([3, 1], 0.25)
-    controller.on_verify_complete([3, 1], 0.5, sampled=True)
-    controller.on_verify_complete([3, 1])  # untimed: no cost sample
+    controller = AdaptiveController(pool_of(), {"policy": "goodput", "probe_rounds": 0, "warmup_batches": 100})
+    controller.observe(verified([3, 1], 3, seconds=0.25))
+    controller.observe(verified([3, 1], 3, seconds=0.5, sampled=True))
+    controller.observe(verified([3, 1], 3, seconds=0.25))  # the estimates follow the last round's kind: greedy
     stats = controller.stats()
     assert stats["policy"] == "goodput"
-    assert stats["alpha"] == controller.alpha == pytest.approx(4 / 5)
+    assert stats["alpha"] == controller.alpha == pytest.approx(4 / 5)  # 4 of 5 drafts accepted in every round
     assert stats["measured_costs"] == {"greedy": {2: {3: 0.25}}, "sampled": {2: {3: 0.5}}}
     assert stats["cost_estimates"][3] == 0.25
 
@@ -144,20 +116,14 @@ def test_a_drafter_with_shadows_is_not_held_back_from_tier_zero():
     config = {"policy": "goodput", "candidate_steps": [0, 1], "probe_rounds": 0, "blind_zero_margin": 0.25,
               **FAST}
 
-    class Drafter:
-        shadow_steps = 4  # NGRAM's: it looks up drafts at tier 0 and reports what they would have accepted
-
     def tiers(with_shadows):
-        worker = RecordingWorker(1)
-        if with_shadows:
-            worker.drafter = Drafter()
-        controller = AdaptiveController(worker, config)
-        worker.apply_runtime_state(controller.init_states())
+        pool = pool_of(tiers=(0, 1), start=1)
+        controller = AdaptiveController(pool, config, shadows=with_shadows)
         visited = []
         for _ in range(6):
             steps = controller.current_steps
             visited.append(steps)
-            worker.apply_runtime_state(controller.on_verify_complete([0, 0], 1.0 if steps == 0 else 1.15))
+            controller.observe(verified([0, 0], steps, seconds=1.0 if steps == 0 else 1.15))
         return visited
 
     assert tiers(with_shadows=False) == [1] * 6  # blind at tier 0 (EAGLE): held back

@@ -23,12 +23,13 @@ class CharTokenizer:
 
 
 def finish_all(engine, ids=(), finished=None):
-    """Step until nothing is unfinished; every finished output by request id: those the steps returned, and
-    those of ``ids`` that finished inside a generate() (Engine.pop_finished)."""
+    """Step until nothing is unfinished; every finished output by request id: those the steps returned, with
+    those that finished inside a generate() (the next step() returns them, so one more runs at the end)."""
     finished = {} if finished is None else finished
-    while engine.has_unfinished():
+    while True:
         finished.update((output.request_id, output) for output in engine.step().finished)
-    for request_id in ids:
-        if request_id not in finished:
-            finished[request_id] = engine.pop_finished(request_id)
+        if not engine.has_unfinished():
+            break
+    missing = [request_id for request_id in ids if request_id not in finished]
+    assert not missing, f"requests {missing} never finished"
     return finished

@@ -95,18 +95,21 @@ def test_ngram_accepts_on_repetitive_output_and_stays_identical():
 
 def test_plain_decodes_in_a_drafting_tier_s_place_are_timed_as_tier_zero():
     # NGRAM with nothing to look up runs a plain decode at tier 3: the controller gets each one as a timed
-    # tier-0 round (on_plain_round), and no verify of tier 3 is reported for it
-    config = {"candidate_steps": [0, 3], "probe_rounds": 0, "warmup_batches": 1000}
+    # tier-0 round, and no verify of tier 3 is reported for it
+    config = {"policy": "goodput", "candidate_steps": [0, 3], "probe_rounds": 0, "warmup_batches": 1000}
     eng = engine("NGRAM", speculative_num_steps=3, speculative_adaptive=True, speculative_adaptive_config=config)
-    plain, verifies = [], []
-    eng.controller.on_plain_round = lambda *args: plain.append(args)
-    verify = eng.controller.on_verify_complete
-    eng.controller.on_verify_complete = lambda *args: verifies.append(args) or verify(*args)
+    results = []
+    observe = eng.controller.observe
+    eng.controller.observe = lambda result: results.append(result) or observe(result)
     eng.generate([[2, 3, 4], [9, 9, 9, 9, 9]], 12)
     rounds = eng.stats()["rounds_per_tier"]
     assert rounds.get(0) and rounds.get(3), rounds
-    assert len(plain) == rounds[0] and len(verifies) == rounds[3]
-    assert all(batch in (1, 2) and seconds > 0 and sampled is False for batch, seconds, sampled in plain)
+    plain = [r for r in results if not r.measured_tier]
+    assert len(plain) == rounds[0] and len(results) - len(plain) == rounds[3]
+    assert all(r.tier == 3 and r.speculative_num_steps == 0 and r.round_seconds > 0 and not r.sampled for r in plain)
+    assert eng.controller.params.num_batches == rounds[3]  # only the verifies of tier 3 are observations
+    measured = eng.stats()["measured_costs"]["greedy"]
+    assert any(0 in tiers for tiers in measured.values())  # the plain decodes' cost went to tier 0
 
 
 def test_adaptive_config_without_the_flag_is_an_error():
@@ -337,7 +340,7 @@ def test_continuous_batching_with_arrivals_aborts_and_switching(arrivals, max_ba
 
 
 def test_draft_quantization_of_a_built_head_only_when_named():
-    from specswap.models.quantize import Int8Linear
+    from specswap.models.draft_quantization import Int8Linear
     target, head = attention_pair(head_noise=0.2)
     Engine(target, head, "EAGLE", max_seq_len=32)  # "auto" leaves a caller's module as it is
     assert not isinstance(head.fc, Int8Linear)

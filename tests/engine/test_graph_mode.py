@@ -68,10 +68,10 @@ def test_gemma_graph_replay_matches_eager(gemma):
     # Gemma's embedding scale is a tensor made from a Python float inside forward (an allocation filled
     # outside the dispatcher): the graph must keep it, not replay an empty allocation
     from spec_helpers import run_to_completion
-    from specswap.worker import EAGLEWorker
+    from specswap.worker import SpeculativeWorker
     target, tokenizer = gemma
     prompt = tokenizer.encode(GEMMA_PROMPT, add_bos=True)
-    outputs = [run_to_completion(EAGLEWorker(target, None, None, max_batch_size=1, max_seq_len=64, graphs=graphs),
+    outputs = [run_to_completion(SpeculativeWorker(target, None, None, max_batch_size=1, max_seq_len=64, graphs=graphs),
                                  [prompt], 6)[0][0] for graphs in (False, True)]
     assert tokenizer.decode(outputs[0]) == " jumps over the lazy dog."
     assert outputs[1] == outputs[0]

@@ -1,8 +1,8 @@
 """Session fixtures for the Gemma 3 270M tests.
 
-The converted cache lives where users' does (``$SPECSWAP_CACHE_DIR`` or ``~/.cache/specswap``), so only the first
-run pays the ~45 s conversion; transformers' own GGUF load (~40-70 s) happens at most once per session, and only
-for the parity tests that need it.
+The converted cache lives in the suite's weight cache (``SPECSWAP_TEST_CACHE_DIR``, tests/conftest.py; never the
+user's), so only the first run of a checkout pays the conversion; transformers' own GGUF load happens at most once
+per session, and only for the parity tests that need it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from specswap.zoo.gemma_eagle import DEFAULT_OUT
+from specswap.zoo.eagle_training import DEFAULT_OUT
 
 MAX_SHIPPED_BYTES = 25 * 2**20
 

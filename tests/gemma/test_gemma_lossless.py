@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specswap.zoo.gemma_eagle import DEFAULT_OUT
+from specswap.zoo.eagle_training import DEFAULT_OUT
 
 PROMPTS = ["def add(a, b):", "1, 2, 3, 4, 5,"]
 NEW_TOKENS = 20

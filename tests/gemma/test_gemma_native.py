@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from components import require_native_kernels
-from specswap.zoo.gemma_eagle import DEFAULT_OUT
+from specswap.zoo.eagle_training import DEFAULT_OUT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from spec_helpers import run_to_completion  # noqa: E402
@@ -90,11 +90,11 @@ def test_native_forced_switching_every_round_is_lossless(gemma_native, native_re
     """A different tier every round (1, 3, 7, 1, ...), driven on the worker between rounds."""
     from specswap.engine import encode_text
     from specswap.sampling import SamplingParams
-    from specswap.worker import EAGLEWorker
+    from specswap.worker import SpeculativeWorker
 
     model, tokenizer = gemma_native
     tiers = (1, 3, 7)
-    worker = EAGLEWorker(model, None, "NGRAM", 3, max_batch_size=len(PROMPTS), max_seq_len=96, tiers=tiers)
+    worker = SpeculativeWorker(model, None, "NGRAM", 3, max_batch_size=len(PROMPTS), max_seq_len=96, tiers=tiers)
     prompts = [encode_text(tokenizer, p) for p in PROMPTS]
     outputs, _, used = run_to_completion(worker, prompts, NEW_TOKENS, SamplingParams(max_new_tokens=NEW_TOKENS),
                                          switch=lambda i: tiers[i % len(tiers)])

@@ -157,7 +157,7 @@ def _generate_switching_every_round(engine, cycle):
     ids = [engine.add_request(text, max_new_tokens=MAX_NEW_TOKENS) for text in TEXTS]
     round_index, finished = 0, {}
     while engine.has_unfinished():
-        engine.worker.apply_runtime_state(engine.worker._tier(cycle[round_index % len(cycle)]))
+        engine.worker.pool.activate(cycle[round_index % len(cycle)])
         finished.update((output.request_id, output) for output in engine.step().finished)
         round_index += 1
     return [finished[i].token_ids for i in ids]

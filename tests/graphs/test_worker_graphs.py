@@ -15,7 +15,7 @@ from specswap.capability import cpu_capability  # noqa: E402
 from specswap.controller import AdaptiveController  # noqa: E402
 from specswap.graphs import capture_count  # noqa: E402
 from specswap.sampling import SamplingParams  # noqa: E402
-from specswap.worker import EAGLEWorker  # noqa: E402
+from specswap.worker import SpeculativeWorker  # noqa: E402
 from specswap.worker.tiers import Forwards  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 2], [3, 3, 3, 3, 3, 3, 7], [11, 4]]
@@ -37,16 +37,14 @@ def _worker(device, algorithm, steps, graphs, tiers=(), round_graphs=None, pair=
         draft_model = target  # a draft equal to the target accepts everything
     else:
         draft_model = None
-    return EAGLEWorker(target, draft_model, algorithm, steps, max_batch_size=4, max_seq_len=96, tiers=tiers,
+    return SpeculativeWorker(target, draft_model, algorithm, steps, max_batch_size=4, max_seq_len=96, tiers=tiers,
                        graphs=graphs, round_graphs=round_graphs)
 
 
 def _switching_every_round(worker):
     """A controller that may switch tier every round (alpha 1, no warm-up), every tier built, its tier applied."""
-    controller = AdaptiveController(worker, {"candidate_steps": [1, 3, 7], "ema_alpha": 1.0,
-                                             "warmup_batches": 0, "update_interval": 1})
-    worker.apply_runtime_state(controller.init_states())
-    return controller
+    return AdaptiveController(worker.pool, {"candidate_steps": [1, 3, 7], "ema_alpha": 1.0,
+                                            "warmup_batches": 0, "update_interval": 1})
 
 
 def _assert_switched(tiers):
@@ -114,22 +112,22 @@ def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(device, a
     stage_only, _, _ = run_to_completion(_worker(device, algorithm, steps, graphs=True, round_graphs=False,
                                                  pair=pair), PROMPTS, 20)
     worker = _worker(device, algorithm, steps, graphs=True, round_graphs=True, pair=pair)
-    tier_states = worker._tiers.values()
-    assert all(tier.round_graph is not None for tier in tier_states) and steps in worker._tiers
+    tier_states = worker.rounds.values()
+    assert all(tier.graph is not None for tier in tier_states) and steps in worker.rounds
     replays = []
     for tier in tier_states:
-        def counted(slots, key_length, graphs=tier.round_graph):
+        def counted(slots, key_length, graphs=tier.graph):
             replays.append(len(slots))
             return graphs(slots, key_length)
 
-        tier.round_graph = counted
+        tier.graph = counted
 
     def no_stage_replay(*args, **kwargs):
         raise AssertionError("a greedy round replayed a stage graph instead of its round graph")
 
     for tier in tier_states:  # greedy rounds must not touch the stage graphs at all
-        stages = tier.round.forwards
-        tier.round.forwards = Forwards(
+        stages = tier.run.forwards
+        tier.run.forwards = Forwards(
             verify=no_stage_replay, draft_steps={width: no_stage_replay for width in stages.draft_steps},
             draft_extend=no_stage_replay if stages.draft_extend is not None else None)
     tokens, _, _ = run_to_completion(worker, PROMPTS, 20)
@@ -141,7 +139,7 @@ def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(device, a
 def test_round_graphs_follow_tier_switches_and_report_memory(device):
     worker = _worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=True, pair="attention")
     controller = _switching_every_round(worker)
-    assert {t for t, tier in worker._tiers.items() if tier.round_graph is not None} == {1, 3, 7}
+    assert {t for t, tier in worker.rounds.items() if tier.graph is not None} == {1, 3, 7}
     captured = capture_count()
     tokens, _, tiers = run_to_completion(worker, PROMPTS, 40, controller=controller)
     assert capture_count() == captured
@@ -152,8 +150,8 @@ def test_round_graphs_follow_tier_switches_and_report_memory(device):
     # CUDA a runner's share of the graph pool depends on what was captured before it, so two workers differ)
     memory = worker.tier_memory_bytes()
     for t in (1, 3, 7):
-        tier = worker._tiers[t]
-        rounds, stages = tier.round_graph.memory_bytes(), tier.round.forwards
+        tier = worker.rounds[t]
+        rounds, stages = tier.graph.memory_bytes(), tier.run.forwards
         assert rounds > 0
         assert memory[t] >= rounds + stages.verify.memory_bytes() + stages.draft_extend.memory_bytes()
 
@@ -161,19 +159,19 @@ def test_round_graphs_follow_tier_switches_and_report_memory(device):
 def test_round_graphs_need_graph_mode_and_default_to_small_targets():
     target = random_target(seed=0)
     with pytest.raises(ValueError, match="needs graphs=True"):
-        EAGLEWorker(target, None, None, graphs=False, round_graphs=True)
-    assert EAGLEWorker(target, None, None, max_seq_len=32, graphs=True).round_graphs_enabled
-    assert not EAGLEWorker(target, None, None, max_seq_len=32, graphs=False).round_graphs_enabled
+        SpeculativeWorker(target, None, None, graphs=False, round_graphs=True)
+    assert SpeculativeWorker(target, None, None, max_seq_len=32, graphs=True).round_graphs_enabled
+    assert not SpeculativeWorker(target, None, None, max_seq_len=32, graphs=False).round_graphs_enabled
 
 
 @pytest.mark.capability
 def test_bf16_weight_repacking_follows_the_cpu_capability(cpu_override):
     # mkldnn::_reorder_linear_weight raises without oneDNN's bf16 path: the worker repacks only where it exists
     target = random_target(seed=0).to(torch.bfloat16)
-    worker = EAGLEWorker(target, None, None, max_batch_size=4, max_seq_len=96, graphs=True)
+    worker = SpeculativeWorker(target, None, None, max_batch_size=4, max_seq_len=96, graphs=True)
     assert worker.graph_context.pool.pack_linear_weights == cpu_capability().onednn_bf16
     assert not cpu_override("-avx512").onednn_bf16
-    worker = EAGLEWorker(target, None, None, max_batch_size=4, max_seq_len=96, graphs=True)
+    worker = SpeculativeWorker(target, None, None, max_batch_size=4, max_seq_len=96, graphs=True)
     assert not worker.graph_context.pool.pack_linear_weights
     tokens, _, _ = run_to_completion(worker, PROMPTS, 8)  # captured and replayed in bf16, nothing repacked
     assert worker.graph_context.pool.derived_bytes == 0 and all(len(t) == 8 for t in tokens)

@@ -12,10 +12,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from spec_helpers import bigram_pair, random_eagle_head, random_target, run_to_completion  # noqa: E402
 
 from specswap.capability import cpu_capability  # noqa: E402
-from specswap.models.quantize import (Int8Linear, quantize_linears_int8, quantize_rows_int8,  # noqa: E402
-                                      resolve_draft_quantization)
+from specswap.loading import resolve_draft_quantization  # noqa: E402
+from specswap.models.draft_quantization import Int8Linear, quantize_linears_int8, quantize_rows_int8  # noqa: E402
 from specswap.sampling import argmax  # noqa: E402
-from specswap.worker import EAGLEWorker  # noqa: E402
+from specswap.worker import SpeculativeWorker  # noqa: E402
 
 # the int8 kernel dispatches on the CPU's vector level, and "auto" consults cpu_capability()
 pytestmark = pytest.mark.capability
@@ -93,13 +93,13 @@ def test_head_int8_mode_keeps_dtype_cache_and_target_untouched():
 def test_int8_head_output_equals_target_only_in_fp32(graphs, steps):
     prompts = [[1, 5, 9, 2], [3, 3, 3, 3, 3, 3, 7], [11, 4]]
     target, head = bigram_pair(head_noise=0.1)
-    full = EAGLEWorker(target, head, "EAGLE", steps, max_batch_size=4, max_seq_len=64, graphs=graphs)
-    reference, _, _ = run_to_completion(EAGLEWorker(target, None, None, 0, max_batch_size=4, max_seq_len=64,
+    full = SpeculativeWorker(target, head, "EAGLE", steps, max_batch_size=4, max_seq_len=64, graphs=graphs)
+    reference, _, _ = run_to_completion(SpeculativeWorker(target, None, None, 0, max_batch_size=4, max_seq_len=64,
                                                     graphs=graphs), prompts, 20)
     tokens_full, accepts_full, _ = run_to_completion(full, prompts, 20)
     _, quantized_head = bigram_pair(head_noise=0.1)
     quantized_head.quantize_int8()
-    quantized = EAGLEWorker(target, quantized_head, "EAGLE", steps, max_batch_size=4, max_seq_len=64, graphs=graphs)
+    quantized = SpeculativeWorker(target, quantized_head, "EAGLE", steps, max_batch_size=4, max_seq_len=64, graphs=graphs)
     tokens, accepts, _ = run_to_completion(quantized, prompts, 20)
     assert tokens == reference == tokens_full
     # the int8 head still drafts what the bf16 one does most of the time

@@ -154,10 +154,10 @@ def test_native_ngram_equals_target_only_at_every_tier(steps, native_models, nat
 def test_native_ngram_forced_switching_every_round_is_lossless(native_models, native_reference, prompts):
     """A different tier every round (1, 3, 7, 1, ...), driven on the worker between rounds."""
     from specswap.sampling import SamplingParams
-    from specswap.worker import EAGLEWorker
+    from specswap.worker import SpeculativeWorker
 
     tiers = (1, 3, 7)
-    worker = EAGLEWorker(native_models.target, None, "NGRAM", 3, max_batch_size=NATIVE_PROMPTS, max_seq_len=96,
+    worker = SpeculativeWorker(native_models.target, None, "NGRAM", 3, max_batch_size=NATIVE_PROMPTS, max_seq_len=96,
                          tiers=tiers)
     params = SamplingParams(max_new_tokens=NATIVE_NEW_TOKENS, ignore_eos=True)
     outputs, _, used = run_to_completion(worker, prompts[:NATIVE_PROMPTS], NATIVE_NEW_TOKENS, params,

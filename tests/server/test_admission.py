@@ -207,6 +207,7 @@ def test_the_server_deadline_bounds_every_request_and_a_request_may_only_shorten
     ("/generate", {"text": ["a", "b"], "rid": ["r1", "r1"]}, "rid"),
     ("/generate", {"text": ["a", "b"], "rid": "r1"}, "rid"),
     ("/generate", {"text": "a", "sampling_param": {}}, "sampling_param"),          # a typo: unknown key
+    ("/generate", {"text": "a", "sampling_param": None}, "sampling_param"),        # unknown even when null
     ("/generate", {"text": "a", "top_logprobs_num": 5}, "top_logprobs_num"),       # known, not supported
     ("/generate", {"text": "a", "return_hidden_states": True}, "return_hidden_states"),
 ])

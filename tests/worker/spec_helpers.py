@@ -6,7 +6,7 @@ torch.set_num_threads(1)  # the machine is shared; tiny models gain nothing from
 
 from specswap.models import EagleConfig, EagleHead, LlamaConfig, LlamaForCausalLM
 from specswap.sampling import SamplingParams
-from specswap.worker import EAGLEWorker
+from specswap.worker import SpeculativeWorker
 
 
 def random_target(vocab_size=64, hidden_size=32, num_layers=2, seed=0, logit_scale=1.0) -> LlamaForCausalLM:
@@ -30,11 +30,12 @@ def random_eagle_head(target: LlamaForCausalLM, seed=1, token_map=None) -> Eagle
     return head.eval()
 
 
-def run_to_completion(worker: EAGLEWorker, prompts, max_new_tokens, params=None, switch=None, controller=None):
+def run_to_completion(worker: SpeculativeWorker, prompts, max_new_tokens, params=None, switch=None, controller=None):
     """Prefill every prompt into its own slot, then run rounds until each has max_new_tokens tokens.
 
-    ``switch``: optional callable(round_index) -> tier applied before that round (static switch patterns).
-    ``controller``: an AdaptiveController fed after every round, whose switches are applied (as the engine does).
+    ``switch``: optional callable(round_index) -> tier activated in the worker's pool before that round (static
+    switch patterns). ``controller``: an AdaptiveController over the worker's pool, fed every round's result (as
+    the engine feeds it).
     Returns (tokens per prompt, accept lengths per prompt, tiers used per round).
     """
     params = params or SamplingParams(max_new_tokens=max_new_tokens)
@@ -45,27 +46,17 @@ def run_to_completion(worker: EAGLEWorker, prompts, max_new_tokens, params=None,
     running = [s for s in running if len(outputs[s]) < max_new_tokens]
     while running:
         if switch is not None:
-            worker.apply_runtime_state(worker._tier(switch(round_index)))
+            worker.pool.activate(switch(round_index))
         result = worker.decode_round(running)
         tiers.append(result.speculative_num_steps)
         if controller is not None:
-            feed_controller(controller, worker, result)
+            controller.observe(result)
         for slot, new, accepted in zip(running, result.new_tokens, result.accept_lengths):
             outputs[slot].extend(new)
             accepts[slot].append(accepted)
         running = [s for s in running if len(outputs[s]) < max_new_tokens]
         round_index += 1
     return [out[:max_new_tokens] for out in outputs], accepts, tiers
-
-
-def feed_controller(controller, worker, result):
-    """What the engine does after a round: feed the controller what the round measured, apply its switch."""
-    if result.shadow:
-        controller.on_shadow(result.shadow, result.shadow_steps)
-    if result.measured_tier:
-        switched = controller.on_verify_complete(result.accept_lengths, result.round_seconds, result.sampled)
-        if switched is not None:
-            worker.apply_runtime_state(switched)
 
 
 def reference_greedy(target: LlamaForCausalLM, prompt, max_new_tokens):

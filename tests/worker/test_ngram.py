@@ -1,8 +1,8 @@
-"""NGRAM drafting (specswap.ngram): prompt lookup, the wildcard for a changed token, counters extrapolated."""
+"""NGRAM drafting (specswap.prompt_lookup): prompt lookup, the wildcard for a changed token, counters extrapolated."""
 
 import pytest
 
-from specswap.ngram import NumberTokens, propose_ngram
+from specswap.prompt_lookup import NumberTokens, propose_ngram
 
 NUMBERS = NumberTokens(range(100, 110))  # token 100 + d is the digit d; text tokens are below 100
 ID, EQ, SEMI, NL = 1, 2, 3, 4
@@ -104,7 +104,7 @@ COUNTER_PROMPTS = [[20, 54, 1, 20, 54, 2, 20, 54, 3, 20], [20, 54, 8, 9, 20, 54,
 def test_counter_drafts_leave_the_greedy_output_target_only(steps, monkeypatch):
     import specswap.worker.ngram
     from spec_helpers import bigram_pair, run_to_completion
-    from specswap.worker import EAGLEWorker
+    from specswap.worker import SpeculativeWorker
 
     target = bigram_pair()[0]
     numbers = NumberTokens(range(10))  # tokens 0..9 taken for digits
@@ -116,9 +116,9 @@ def test_counter_drafts_leave_the_greedy_output_target_only(steps, monkeypatch):
         return drafts
 
     monkeypatch.setattr(specswap.worker.ngram, "propose_ngram", spy)
-    worker = EAGLEWorker(target, None, "NGRAM", steps, max_batch_size=3, max_seq_len=48, ngram_numbers=numbers)
+    worker = SpeculativeWorker(target, None, "NGRAM", steps, max_batch_size=3, max_seq_len=48, number_tokens=numbers)
     tokens, _, _ = run_to_completion(worker, COUNTER_PROMPTS, 12)
-    reference, _, _ = run_to_completion(EAGLEWorker(target, None, None, max_batch_size=3, max_seq_len=48),
+    reference, _, _ = run_to_completion(SpeculativeWorker(target, None, None, max_batch_size=3, max_seq_len=48),
                                         COUNTER_PROMPTS, 12)
     assert tokens == reference
     assert any(extrapolated)  # the drafts were the extrapolated ones at least once (the target then rejected them)
@@ -140,11 +140,11 @@ def test_the_engine_gives_ngram_the_digits_of_a_tokenizer_that_splits_numbers():
 
     target = bigram_pair()[0]
     engine = Engine(target, None, "NGRAM", tokenizer=DigitTokenizer(), max_seq_len=32)
-    assert engine.worker.ngram_numbers.ids == tuple(range(4, 14))
+    assert engine.worker.number_tokens.ids == tuple(range(4, 14))
     assert Engine(target, None, "NGRAM", tokenizer=DigitTokenizer(), max_seq_len=32,
-                  ngram_numbers=False).worker.ngram_numbers is None
-    assert Engine(target, None, None, tokenizer=DigitTokenizer(), max_seq_len=32).worker.ngram_numbers is None
-    assert Engine("tiny", speculative_algorithm="NGRAM").worker.ngram_numbers is None  # its BPE merges "12"
+                  ngram_numbers=False).worker.number_tokens is None
+    assert Engine(target, None, None, tokenizer=DigitTokenizer(), max_seq_len=32).worker.number_tokens is None
+    assert Engine("tiny", speculative_algorithm="NGRAM").worker.number_tokens is None  # its BPE merges "12"
 
 
 # ---- tier 0's shadow observations ------------------------------------------------------------------------
@@ -157,6 +157,7 @@ def test_tier_zero_checks_lookups_against_the_tokens_emitted_since():
 
     from specswap.worker.ngram import SHADOW_EVERY, NgramDrafter
     from specswap.worker.slots import SlotTable
+    from specswap.worker.drafter import Shadow
     from specswap.worker.layout import ChainLayout
     from specswap.worker.tiers import TierBuffers
 
@@ -168,22 +169,22 @@ def test_tier_zero_checks_lookups_against_the_tokens_emitted_since():
     table.host_tokens[1] = [5, 6, 7]                  # 3 tokens: not a checked position
     assert drafter.begin_round(tier0, [0, 1])
     table.host_tokens[0] += [2]                       # one token a round at tier 0
-    assert drafter.take_shadow([0, 1], drafting=False) == []      # not settled yet
+    assert drafter.take_shadow([0, 1], drafting=False) is None      # not settled yet
     table.host_tokens[0] += [3]
-    assert drafter.take_shadow([0, 1], drafting=False) == []
+    assert drafter.take_shadow([0, 1], drafting=False) is None
     table.host_tokens[0] += [9]                       # the third draft (1) missed: two would have been accepted
-    assert drafter.take_shadow([0, 1], drafting=False) == [2]
-    assert drafter.take_shadow([0, 1], drafting=False) == []      # reported once
+    assert drafter.take_shadow([0, 1], drafting=False) == Shadow([2], 3)
+    assert drafter.take_shadow([0, 1], drafting=False) is None      # reported once
     table.host_tokens[0] = [4, 4, 4, 4]               # drafts [4, 4, 4]; all three come true
     drafter.begin_round(tier0, [0])
     table.host_tokens[0] += [4, 4, 4]
-    assert drafter.take_shadow([0], drafting=False) == [3]
+    assert drafter.take_shadow([0], drafting=False) == Shadow([3], 3)
     table.host_tokens[0] = [4, 4, 4, 4]
     drafter.begin_round(tier0, [0])
-    assert drafter.take_shadow([0], drafting=True) == []           # a drafting round was observed itself
+    assert drafter.take_shadow([0], drafting=True) is None           # a drafting round was observed itself
     table.host_tokens[0] += [4, 4, 4]
-    assert drafter.take_shadow([0], drafting=False) == []
-    assert NgramDrafter(table, None).take_shadow([0], drafting=False) == []  # without tier 0: no checks
+    assert drafter.take_shadow([0], drafting=False) is None
+    assert NgramDrafter(table, None).take_shadow([0], drafting=False) is None  # without tier 0: no checks
 
 
 def test_tier_zero_shadows_are_what_the_largest_tier_would_have_accepted():
@@ -191,19 +192,20 @@ def test_tier_zero_shadows_are_what_the_largest_tier_would_have_accepted():
     with a lookup, how many of its 3 drafts the tokens emitted from p on confirm: computed here from the
     output afterwards, in the order they settle."""
     from spec_helpers import attention_pair, run_to_completion
-    from specswap.worker import EAGLEWorker
+    from specswap.worker import SpeculativeWorker
     from specswap.worker.ngram import SHADOW_EVERY
 
     target = attention_pair()[0]
     prompt, new = [1, 5, 9, 2], 120
-    worker = EAGLEWorker(target, None, "NGRAM", speculative_num_steps=0, tiers=(0, 3), max_seq_len=160)
+    worker = SpeculativeWorker(target, None, "NGRAM", speculative_num_steps=0, tiers=(0, 3), max_seq_len=160)
     shadows = []
     decode_round = worker.decode_round
 
     def recording(slots):
         result = decode_round(slots)
-        assert result.shadow_steps == 3
-        shadows.extend(result.shadow)
+        if result.shadow is not None:
+            assert result.shadow.steps == 3
+            shadows.extend(result.shadow.accept_lengths)
         return result
 
     worker.decode_round = recording
@@ -227,7 +229,14 @@ def test_the_engine_feeds_tier_zero_shadows_to_its_controller(monkeypatch):
     from specswap.engine import Engine
 
     fed = []
-    monkeypatch.setattr(AdaptiveController, "on_shadow", lambda self, accepted, steps: fed.append((accepted, steps)))
+    observe = AdaptiveController.observe
+
+    def recording(self, result):
+        if result.shadow is not None:
+            fed.append((result.shadow.accept_lengths, result.shadow.steps))
+        return observe(self, result)
+
+    monkeypatch.setattr(AdaptiveController, "observe", recording)
     config = {"policy": "goodput", "candidate_steps": [0, 3], "probe_rounds": 0, "probe_interval": 10_000,
               "warmup_batches": 10_000}
     engine = Engine(attention_pair()[0], None, "NGRAM", speculative_num_steps=0, speculative_adaptive=True,

@@ -19,7 +19,7 @@ from specswap.models.gemma3 import Gemma3Config
 from specswap.models.layers import Attention
 from specswap.sampling import (KeyedDraws, KeyedNoise, KeyedRow, RoundSampling, SamplingParams, accept_greedy,
                                accept_greedy_tree, accept_keyed, accept_keyed_tree, keyed_draws)
-from specswap.worker import EAGLEWorker
+from specswap.worker import SpeculativeWorker
 from specswap.worker.drafter import Drafter
 from specswap.worker.layout import TreeLayout
 
@@ -232,7 +232,7 @@ def test_tree_drafter_is_lossless(mode, sampled):
     params = SamplingParams(max_new_tokens=24, temperature=1.0 if sampled else 0.0)
     seeds = [11, 12, 13] if sampled else None
     options = dict(max_batch_size=4, max_seq_len=64, graphs=mode != "eager", round_graphs=mode == "round_graphs")
-    plain = EAGLEWorker(target, None, speculative_algorithm=None, **options)
+    plain = SpeculativeWorker(target, None, speculative_algorithm=None, **options)
     expected, _ = decode(plain, PROMPTS, 24, params, seeds)
     reference = {slot: prompt + out for slot, (prompt, out) in enumerate(zip(PROMPTS, expected))}
     drafters = []
@@ -241,7 +241,7 @@ def test_tree_drafter_is_lossless(mode, sampled):
         drafters.append(HiddenBranchDrafter(slots, reference))
         return drafters[-1]
 
-    tree = EAGLEWorker(target, None, speculative_algorithm=factory, speculative_num_steps=4, **options)
+    tree = SpeculativeWorker(target, None, speculative_algorithm=factory, speculative_num_steps=4, **options)
     got, accepts = decode(tree, PROMPTS, 24, params, seeds)
     assert got == expected
     assert max(accepts) == 2 and accepts.count(2) >= 5       # the hidden branch is found, in either position
@@ -253,7 +253,7 @@ def test_tree_rounds_accept_through_the_second_branch():
     chain (its positions m-1.., the target's hidden states there)."""
     target = invariant(random_target(seed=3, logit_scale=3.0))
     params = SamplingParams(max_new_tokens=20)
-    plain = EAGLEWorker(target, None, speculative_algorithm=None, max_batch_size=4, max_seq_len=64)
+    plain = SpeculativeWorker(target, None, speculative_algorithm=None, max_batch_size=4, max_seq_len=64)
     expected, _ = decode(plain, PROMPTS, 20, params)
     reference = {slot: prompt + out for slot, (prompt, out) in enumerate(zip(PROMPTS, expected))}
 
@@ -273,7 +273,7 @@ def test_tree_rounds_accept_through_the_second_branch():
 
     extended = []
 
-    tree = EAGLEWorker(target, None, speculative_algorithm=lambda slots: SecondBranch(slots, reference),
+    tree = SpeculativeWorker(target, None, speculative_algorithm=lambda slots: SecondBranch(slots, reference),
                        speculative_num_steps=4, max_batch_size=4, max_seq_len=64)
     got, accepts = decode(tree, PROMPTS, 20, params)
     assert got == expected
@@ -298,4 +298,4 @@ def test_a_tree_with_the_wrong_node_count_is_refused():
             return True
 
     with pytest.raises(ValueError, match="draft tree has 4 nodes; it must have 3"):
-        EAGLEWorker(target, None, speculative_algorithm=lambda slots: Wrong(slots, {}), speculative_num_steps=3)
+        SpeculativeWorker(target, None, speculative_algorithm=lambda slots: Wrong(slots, {}), speculative_num_steps=3)

@@ -1,4 +1,4 @@
-"""EAGLEWorker: greedy outputs equal target-only decoding for every tier, draft alignment, sampling law."""
+"""SpeculativeWorker: greedy outputs equal target-only decoding for every tier, draft alignment, sampling law."""
 
 import itertools
 
@@ -8,11 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spec_helpers import (attention_pair, bigram_pair, random_eagle_head, random_target, reference_eagle_drafts,
-                          feed_controller, reference_greedy, run_to_completion)
+                          reference_greedy, run_to_completion)
 from specswap.sampling import (LOSSLESS, SamplingParams, Verifier, accept_draft_tokens, logits_to_probs,
                                sample_from_cdf)
-from specswap.ngram import NumberTokens
-from specswap.worker import EAGLEWorker
+from specswap.prompt_lookup import NumberTokens
+from specswap.worker import SpeculativeWorker
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [9, 9, 9, 9, 2]]
 MAX_NEW = 14
@@ -55,7 +55,7 @@ def make_pair(name):
 
 # ngram_numbers: tokens 0..9 taken for digits, so NGRAM extrapolates "counters" in the target's loops (its
 # drafts go wrong more often than plain copies; the output must not move)
-WORKER_OPTIONS = {"ngram_numbers": {"ngram_numbers": NumberTokens(range(10))}}
+WORKER_OPTIONS = {"ngram_numbers": {"number_tokens": NumberTokens(range(10))}}
 PAIRS = ["eagle_random", "eagle_token_map", "eagle_exact", "eagle_close", "eagle_partial", "standalone_self",
          "standalone_copy", "ngram", "ngram_numbers"]
 _pair_cache = {}
@@ -68,7 +68,7 @@ def pair(name):
 
 
 def target_only(target, prompts, max_new_tokens):
-    worker = EAGLEWorker(target, None, None, max_seq_len=64)
+    worker = SpeculativeWorker(target, None, None, max_seq_len=64)
     return run_to_completion(worker, prompts, max_new_tokens)[0]
 
 
@@ -82,7 +82,7 @@ def test_target_only_matches_full_recompute_greedy():
 @pytest.mark.parametrize("steps", range(0, 8))
 def test_greedy_equals_target_only_for_every_tier(name, steps):
     target, draft, algorithm = pair(name)
-    worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=steps, max_seq_len=64,
+    worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=steps, max_seq_len=64,
                          **WORKER_OPTIONS.get(name, {}))
     tokens, accepts, _ = run_to_completion(worker, PROMPTS, MAX_NEW)
     assert tokens == target_only(target, PROMPTS, MAX_NEW)
@@ -102,7 +102,7 @@ def test_eagle_drafts_follow_the_alignment(name):
     """Each round's drafts equal a from-scratch recompute of the head over the committed tokens."""
     target, head, _ = pair(name)
     steps = 4
-    worker = EAGLEWorker(target, head, "EAGLE", speculative_num_steps=steps, max_seq_len=64)
+    worker = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=steps, max_seq_len=64)
     params = SamplingParams(max_new_tokens=MAX_NEW)
     slots = list(range(len(PROMPTS)))
     first = worker.prefill(slots, PROMPTS, [params] * len(PROMPTS))
@@ -110,7 +110,7 @@ def test_eagle_drafts_follow_the_alignment(name):
     for _ in range(4):
         expected = [reference_eagle_drafts(target, head, c, steps) for c in committed]
         result = worker.decode_round(slots)
-        assert worker.state.draft.draft_tokens[:len(slots)].tolist() == expected
+        assert worker.pool.acquire().draft.draft_tokens[:len(slots)].tolist() == expected
         for c, new in zip(committed, result.new_tokens):
             c.extend(new)
 
@@ -118,16 +118,16 @@ def test_eagle_drafts_follow_the_alignment(name):
 @pytest.mark.parametrize("name", ["eagle_partial", "eagle_token_map"])
 def test_eagle_drafts_are_right_again_after_a_stint_at_tier_zero(name):
     target, head, _ = pair(name)
-    worker = EAGLEWorker(target, head, "EAGLE", speculative_num_steps=3, max_seq_len=64, tiers=(0, 3, 4))
+    worker = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=3, max_seq_len=64, tiers=(0, 3, 4))
     params = SamplingParams(max_new_tokens=MAX_NEW)
     slots = list(range(len(PROMPTS)))
     first = worker.prefill(slots, PROMPTS, [params] * len(PROMPTS))
     committed = [list(p) + [token] for p, token in zip(PROMPTS, first)]
     for steps in (3, 0, 0, 0, 4, 4, 0, 4):
-        worker.apply_runtime_state(worker._tier(steps))
+        worker.pool.activate(steps)
         expected = [reference_eagle_drafts(target, head, c, steps) for c in committed]
         result = worker.decode_round(slots)
-        assert worker.state.draft.draft_tokens[:len(slots)].tolist() == expected
+        assert worker.pool.acquire().draft.draft_tokens[:len(slots)].tolist() == expected
         for c, new in zip(committed, result.new_tokens):
             c.extend(new)
 
@@ -161,7 +161,7 @@ def test_tier_zero_runs_no_draft_and_the_self_draft_accepts_everything_after_it(
             calls.append(args[0].shape)
             return target(*args, **kwargs)
 
-    worker = EAGLEWorker(target, CountingDraft(), "STANDALONE", speculative_num_steps=0, max_seq_len=64,
+    worker = SpeculativeWorker(target, CountingDraft(), "STANDALONE", speculative_num_steps=0, max_seq_len=64,
                          tiers=(0, 3))
     params = SamplingParams(max_new_tokens=MAX_NEW)
     worker.prefill([0, 1], PROMPTS[:2], [params] * 2)
@@ -169,7 +169,7 @@ def test_tier_zero_runs_no_draft_and_the_self_draft_accepts_everything_after_it(
     for _ in range(4):
         assert worker.decode_round([0, 1]).accept_lengths == [0, 0]
     assert calls == []  # tier 0 costs what target-only decoding costs
-    worker.apply_runtime_state(worker._tier(3))
+    worker.pool.activate(3)
     for _ in range(3):
         assert worker.decode_round([0, 1]).accept_lengths == [3, 3]  # caught up: the copy agrees everywhere
 
@@ -187,7 +187,7 @@ SWITCH_PAIRS = ["eagle_partial", "eagle_close", "eagle_random", "standalone_self
 )
 def test_greedy_equals_target_only_under_any_switch_pattern(name, prompts, max_new_tokens, pattern):
     target, draft, algorithm = pair(name)
-    worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=pattern[0], max_seq_len=40,
+    worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=pattern[0], max_seq_len=40,
                          tiers=range(8), **WORKER_OPTIONS.get(name, {}))
     switched = []
 
@@ -205,47 +205,62 @@ def test_greedy_equals_target_only_under_any_switch_pattern(name, prompts, max_n
 
 def test_caches_are_sized_for_the_largest_tier():
     target, draft, _ = pair("standalone_self")
-    worker = EAGLEWorker(target, draft, "STANDALONE", speculative_num_steps=1, max_seq_len=24, tiers=(1, 3, 7))
-    assert worker.target_cache.capacity >= 24 + 7 and worker.draft_cache.capacity >= 24 + 7
-    with pytest.raises(ValueError, match="tier 9 exceeds the largest tier 7"):
-        worker.build_adaptive_runtime_state(9, 10)
-    eagle = EAGLEWorker(target, random_eagle_head(target), "EAGLE", speculative_num_steps=1, max_seq_len=24,
-                        tiers=(1, 3))
-    with pytest.raises(ValueError, match="tier 0 is not one the worker was sized for"):
-        eagle.build_adaptive_runtime_state(0, 1)
+    worker = SpeculativeWorker(target, draft, "STANDALONE", speculative_num_steps=1, max_seq_len=24, tiers=(1, 3, 7))
+    assert worker.target_cache.capacity >= 24 + 7 and worker.drafter.cache.capacity >= 24 + 7
+    assert worker.tiers == [1, 3, 7]
+    with pytest.raises(ValueError, match="no state registered for speculative_num_steps=9"):
+        worker.pool.activate(9)
     # fill to the last position at tier 7: verify writes reach max_seq_len + 6
     prompt = list(range(20))
-    state7 = worker.build_adaptive_runtime_state(7, 8)
     worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=4)])
-    worker.apply_runtime_state(state7)
+    worker.pool.activate(7)
     while worker.slots.host_seq_lens[0] < 24:
         worker.decode_round([0])
 
 
-def test_worker_satisfies_the_controller_protocol():
-    from specswap.controller import AdaptiveController, AdaptiveSpecWorker
+def test_a_tier_the_worker_was_not_built_for_cannot_be_activated():
+    target, _, _ = pair("standalone_self")
+    eagle = SpeculativeWorker(target, random_eagle_head(target), "EAGLE", speculative_num_steps=1, max_seq_len=24,
+                              tiers=(1, 3))
+    assert eagle.tiers == [1, 3]  # no tier 0: the head keeps no tier-0 features to catch up from
+    with pytest.raises(ValueError, match="no state registered for speculative_num_steps=0; registered tiers: "
+                                         r"\[1, 3\]"):
+        eagle.pool.activate(0)
+
+
+def test_the_controller_switches_the_worker_s_pool():
+    from specswap.controller import AdaptiveController
     target, draft, _ = pair("standalone_self")
-    worker = EAGLEWorker(target, draft, "STANDALONE", speculative_num_steps=2, max_seq_len=24, tiers=(1, 3, 7))
-    assert isinstance(worker, AdaptiveSpecWorker)
-    controller = AdaptiveController(worker, {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1})
-    worker.apply_runtime_state(controller.init_states())
+    worker = SpeculativeWorker(target, draft, "STANDALONE", speculative_num_steps=2, max_seq_len=24, tiers=(1, 3, 7))
+    controller = AdaptiveController(worker.pool, {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1})
     assert controller.candidate_steps == [1, 2, 3, 7] and worker.active_steps == 2
     worker.prefill([0], [[1, 2, 3]], [SamplingParams(max_new_tokens=8)])
     # the self-draft accepts both drafts: ema 2 > 2 - 0.5, the policy moves up
-    feed_controller(controller, worker, worker.decode_round([0]))
-    assert worker.active_steps == 3
-    feed_controller(controller, worker, worker.decode_round([0]))  # ema 3 > 3 - 0.5: up again
+    assert controller.observe(worker.decode_round([0])) == 3 and worker.active_steps == 3
+    assert controller.observe(worker.decode_round([0])) == 7  # ema 3 > 3 - 0.5: up again
     assert worker.active_steps == 7
 
 
-def test_start_up_tier_is_built_once_and_shared_with_the_controller_state():
+def test_every_tier_is_built_once_at_start_up_and_its_state_is_what_the_round_runs():
+    from specswap.graphs import capture_count
     target, draft, _ = pair("eagle_partial")
-    worker = EAGLEWorker(target, draft, "EAGLE", speculative_num_steps=3, max_seq_len=24, tiers=(1, 3, 7))
-    state = worker.build_adaptive_runtime_state(3, 4)
-    assert state.draft is worker.state.draft and state.verify is worker.state.verify
-    assert worker.build_adaptive_runtime_state(7, 8).draft is not state.draft
-    with pytest.raises(ValueError, match="steps 3 with 5 draft tokens"):
-        worker.build_adaptive_runtime_state(3, 5)
+    worker = SpeculativeWorker(target, draft, "EAGLE", speculative_num_steps=3, max_seq_len=24, tiers=(1, 3, 7),
+                               graphs=True)
+    captured = capture_count()
+    states = {}
+    for steps in (1, 3, 7):
+        worker.pool.activate(steps)
+        state = worker.pool.acquire()
+        assert state.speculative_num_steps == steps == state.round.stages.speculative_num_steps
+        assert state.speculative_num_draft_tokens == state.verify.layout.num_draft_tokens == steps + 1
+        assert state.draft is state.round.stages.draft and state.verify is state.round.stages.verify
+        states[steps] = state
+    assert states[7].draft is not states[3].draft
+    worker.prefill([0], [[1, 2, 3]], [SamplingParams(max_new_tokens=8)])
+    for steps in (7, 1, 3):
+        worker.pool.activate(steps)
+        assert worker.decode_round([0]).speculative_num_steps == steps
+    assert capture_count() == captured  # nothing built or captured after start-up
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -255,27 +270,23 @@ def test_ngram_round_with_nothing_to_look_up_is_a_plain_decode_the_controller_do
     lonely_prompt = next(p for p in ([a, a + 1, a + 2] for a in range(2, 60))
                          if target_only(target, [p], 1)[0][0] not in p)
     every_token = list(range(64))  # any new token occurred before: a lookup always matches
-    seen = []
+    from specswap.controller import AdaptiveController
 
-    class Recorder:
-        def on_verify_complete(self, accept_lengths, seconds, sampled):
-            seen.append(list(accept_lengths))
-
-    worker = EAGLEWorker(target, None, "NGRAM", speculative_num_steps=3, max_batch_size=2, max_seq_len=96,
-                         graphs=graphs)
-    recorder = Recorder()
+    worker = SpeculativeWorker(target, None, "NGRAM", speculative_num_steps=3, max_batch_size=2, max_seq_len=96,
+                               graphs=graphs)
+    controller = AdaptiveController(worker.pool, {"candidate_steps": [0, 3], "warmup_batches": 0})
     worker.prefill([0, 1], [lonely_prompt, every_token], [SamplingParams()] * 2)
     lonely = worker.decode_round([0])
-    feed_controller(recorder, worker, lonely)
+    controller.observe(lonely)
     assert lonely.speculative_num_steps == 0 and lonely.accept_lengths == [0] and len(lonely.new_tokens[0]) == 1
     assert lonely.tier == 3 and not lonely.measured_tier
-    assert seen == []  # it tested no tier: the controller does not see it
+    assert controller.params.num_batches == 0  # it tested no tier: no acceptance observation
     mixed = worker.decode_round([0, 1])
-    feed_controller(recorder, worker, mixed)
-    assert mixed.speculative_num_steps == 3 and len(seen) == 1  # one row has a match: the tier runs for both
-    tokens, _, _ = run_to_completion(EAGLEWorker(target, None, "NGRAM", 3, max_batch_size=2, max_seq_len=96,
+    controller.observe(mixed)
+    assert mixed.speculative_num_steps == 3 and controller.params.num_batches == 1  # the tier runs for both
+    tokens, _, _ = run_to_completion(SpeculativeWorker(target, None, "NGRAM", 3, max_batch_size=2, max_seq_len=96,
                                                  graphs=graphs), [lonely_prompt, every_token], 12)
-    reference, _, _ = run_to_completion(EAGLEWorker(target, None, None, max_batch_size=2, max_seq_len=96),
+    reference, _, _ = run_to_completion(SpeculativeWorker(target, None, None, max_batch_size=2, max_seq_len=96),
                                         [lonely_prompt, every_token], 12)
     assert tokens == reference
 
@@ -283,12 +294,12 @@ def test_ngram_round_with_nothing_to_look_up_is_a_plain_decode_the_controller_do
 def test_bad_worker_arguments_are_named():
     target = random_target()
     with pytest.raises(ValueError, match="'MEDUSA'"):
-        EAGLEWorker(target, None, "MEDUSA")
-    with pytest.raises(ValueError, match="needs a draft model"):
-        EAGLEWorker(target, None, "EAGLE")
+        SpeculativeWorker(target, None, "MEDUSA")
+    with pytest.raises(ValueError, match="needs an EAGLE head"):
+        SpeculativeWorker(target, None, "EAGLE")
     with pytest.raises(ValueError, match="pass draft=None"):
-        EAGLEWorker(target, target, "NGRAM")
-    worker = EAGLEWorker(target, None, None, max_seq_len=16)
+        SpeculativeWorker(target, target, "NGRAM")
+    worker = SpeculativeWorker(target, None, None, max_seq_len=16)
     with pytest.raises(ValueError, match="prompt of 0 tokens"):
         worker.check_prompt([])
     with pytest.raises(ValueError, match="prompt of 16 tokens"):
@@ -405,7 +416,7 @@ def test_sampled_continuations_follow_the_target_law(device, algorithm, steps, p
         verifier = BIASED_KEYED_VERIFIERS[biased]
     elif biased:
         verifier = BIASED_VERIFIERS[biased]
-    worker = EAGLEWorker(target, draft, algorithm, speculative_num_steps=steps, max_batch_size=8, max_seq_len=16,
+    worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=steps, max_batch_size=8, max_seq_len=16,
                          verifier=verifier)
     assert worker.keyed_sampling == (algorithm == "NGRAM")
     # a biased verifier is far off; the unbiased runs need the samples to have power

@@ -1,4 +1,4 @@
-"""Starting an EAGLE head's training from a saved head (``gemma_eagle.train(init=...)``): the weights carry over
+"""Starting an EAGLE head's training from a saved head (``eagle_training.train(init=...)``): the weights carry over
 exactly, and a head of another draft vocabulary is refused by name."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from specswap import zoo
 from specswap.models import load_model, save_eagle_head
-from specswap.zoo.gemma_eagle import make_head, start_from
+from specswap.zoo.eagle_training import make_head, start_from
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from specswap.zoo import __main__ as zoo_cli
-from specswap.zoo import gemma_eagle
+from specswap.zoo import eagle_training
 
 
 @pytest.fixture
 def calls(monkeypatch):
     recorded = []
-    monkeypatch.setattr(gemma_eagle, "main", lambda argv: recorded.append(list(argv)))
+    monkeypatch.setattr(eagle_training, "main", lambda argv: recorded.append(list(argv)))
     return recorded
 
 
@@ -45,10 +45,10 @@ def test_bad_targets_are_refused_before_anything_runs(calls, capsys, argv, messa
 
 
 def test_the_trainer_defaults_follow_the_target():
-    assert gemma_eagle.default_out("smollm2-135m").name == "smollm2-135m-eagle"
-    assert gemma_eagle.default_work("smollm2-135m").name == "smollm2-135m-eagle-run"
+    assert eagle_training.default_out("smollm2-135m").name == "smollm2-135m-eagle"
+    assert eagle_training.default_work("smollm2-135m").name == "smollm2-135m-eagle-run"
     with pytest.raises(ValueError, match="supported: gemma-3-270m, smollm2-135m"):
-        gemma_eagle.check_target("llama-3")
+        eagle_training.check_target("llama-3")
 
 
 def test_unknown_family_is_refused(capsys):
@@ -59,9 +59,9 @@ def test_unknown_family_is_refused(capsys):
 
 def test_gemma_head_measurement_refuses_bad_sizes_before_loading_anything(tmp_path):
     with pytest.raises(ValueError, match="new_tokens must be >= 1"):
-        gemma_eagle.measure(tmp_path, tmp_path, new_tokens=0)
+        eagle_training.measure(tmp_path, tmp_path, new_tokens=0)
     with pytest.raises(ValueError, match="prompts_per_domain must be >= 1"):
-        gemma_eagle.measure(tmp_path, tmp_path, prompts_per_domain=0)
+        eagle_training.measure(tmp_path, tmp_path, prompts_per_domain=0)
 
 
 def test_heldout_prompts_are_the_stored_windows_then_more_drawn_from_the_heldout_split():
@@ -75,11 +75,11 @@ def test_heldout_prompts_are_the_stored_windows_then_more_drawn_from_the_heldout
         calls.append(1)
         return streams
 
-    few = gemma_eagle.heldout_prompts(data, 2, 6, heldout_streams)
+    few = eagle_training.heldout_prompts(data, 2, 6, heldout_streams)
     assert torch.equal(few["code"], stored[:2, :6]) and torch.equal(few["prose"], stored[2:, :6])
     assert not calls  # the stored windows suffice: the corpus is not rebuilt
-    more = gemma_eagle.heldout_prompts(data, 5, 6, heldout_streams)
-    again = gemma_eagle.heldout_prompts(data, 5, 6, heldout_streams)
+    more = eagle_training.heldout_prompts(data, 5, 6, heldout_streams)
+    again = eagle_training.heldout_prompts(data, 5, 6, heldout_streams)
     for domain, first in (("code", 1000), ("prose", 5000)):
         assert more[domain].shape == (5, 6)
         assert torch.equal(more[domain][:2], few[domain])  # the stored ones first, so earlier figures stay comparable

@@ -45,7 +45,7 @@ def candidate_steps(config_path: str | None) -> list[int]:
     """The adaptive config's candidate tiers (the static modes to compare against)."""
     if config_path is None:
         return list(DEFAULT_STATIC_STEPS)
-    from specswap.config import load_adaptive_config
+    from specswap.adaptive_config import load_adaptive_config
     return [int(k) for k in load_adaptive_config(config_path).candidate_steps if int(k) > 0]
 
 

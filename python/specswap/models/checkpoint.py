@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import CheckpointError, EagleConfig, LlamaConfig, read_config_json
+from .model_config import CheckpointError, EagleConfig, LlamaConfig, read_config_json
 from .eagle import EagleHead
 from .gemma3 import Gemma3Config, Gemma3ForCausalLM
 from .llama import LlamaForCausalLM
@@ -299,6 +299,21 @@ def load_draft_model(path: str | Path, target: LlamaForCausalLM, dtype: torch.dt
         raise CheckpointError(f"{Path(path) / 'config.json'}: draft vocab_size {draft.config.vocab_size} does not "
                               f"match the target's vocab_size {target.config.vocab_size}")
     return draft
+
+
+DRAFT_KINDS = ("eagle", "draft")
+
+
+def load_draft(kind: str, path: str | Path, target: LlamaForCausalLM, quantization: str | None = None) -> nn.Module:
+    """A draft of ``kind`` over the built ``target``: "eagle" (an EAGLE head; ``quantization`` None, "int8" or
+    "q8_0") or "draft" (a standalone draft model)."""
+    if kind == "eagle":
+        return load_eagle_head(path, target, quantization=quantization)
+    if kind == "draft":
+        if quantization is not None:
+            raise ValueError(f"draft quantization {quantization!r} applies to EAGLE heads, not draft models")
+        return load_draft_model(path, target)
+    raise ValueError(f"draft kind {kind!r} is not one of {DRAFT_KINDS}")
 
 
 def _contiguous_cpu(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specswap.capability import cpu_capability
 
 
 def quantize_rows_int8(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,30 +55,3 @@ def quantize_linears_int8(module: nn.Module) -> int:
         else:
             replaced += quantize_linears_int8(child)
     return replaced
-
-
-DRAFT_QUANTIZATION = ("auto", "none", "int8", "q8_0")
-
-
-def resolve_draft_quantization(choice: str, algorithm: str | None, dtype: torch.dtype,
-                               device: torch.device | str, native_target: bool = False) -> str | None:
-    """None, "int8" or "q8_0" for a draft (``load_eagle_head(quantization=...)``). "auto": for a target with
-    native (block-format) weights, "q8_0" (the head's linears as ggml blocks beside the target's); for a bf16
-    target on a CPU with AVX2, "int8", where a draft step is bound by reading weights and the int8 head accepted
-    as many tokens as the bf16 one (docs/gemma.md); none otherwise. torch's int8 kernel is vectorized only for
-    bf16 activations and only with AVX2 or AVX-512 (``cpu_capability().avx2``); elsewhere it is a scalar loop."""
-    if choice not in DRAFT_QUANTIZATION:
-        raise ValueError(f"draft quantization {choice!r} is not supported; valid: {DRAFT_QUANTIZATION}")
-    if choice in ("int8", "q8_0") and algorithm != "EAGLE":
-        raise ValueError(f"draft quantization {choice!r} applies to EAGLE heads; speculative_algorithm is {algorithm!r}")
-    if choice == "int8" and native_target:
-        raise ValueError("draft quantization 'int8' needs a target with bf16/fp32 weights; with native weights "
-                         "use 'q8_0' or 'none'")
-    if choice == "auto":
-        if algorithm != "EAGLE":
-            return None
-        if native_target:
-            return "q8_0"
-        cpu_bf16 = dtype == torch.bfloat16 and torch.device(device).type == "cpu"
-        return "int8" if cpu_bf16 and cpu_capability().avx2 else None
-    return None if choice == "none" else choice

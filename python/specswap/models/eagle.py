@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import EagleConfig
+from .model_config import EagleConfig
 from .kv_cache import KVCache
 from .layers import DecoderLayer, RMSNorm, RotaryEmbedding, plan_attention
 from .llama import check_cache
 from .outputs import ModelOutput
-from .quantize import int8_linear, quantize_linears_int8, quantize_rows_int8
+from .draft_quantization import int8_linear, quantize_linears_int8, quantize_rows_int8
 from .quantized import QuantizedLinear
 
 

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import CheckpointError, RopeConfig, _eos_ids
+from .model_config import CheckpointError, RopeConfig, _eos_ids
 from .kv_cache import KVCache
 from .layers import (ACTIVATIONS, Attention, AttentionPlan, GatedMLP, RMSNorm, RotaryEmbedding, keys_needed,
                      plan_attention)
-from .llama import CausalLM, check_cache, check_cacheless
+from .causal_lm import CausalLM, check_cache, check_cacheless
 from .outputs import ModelOutput
 
 SLIDING_ATTENTION = "sliding_attention"

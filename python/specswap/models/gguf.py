@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import torch
 
-from .config import CheckpointError
+from .model_config import CheckpointError
 from .gguf_tokenizer import build_gguf_tokenizer, sentencepiece_merges, tokenizer_config_from_gguf
 
 logger = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ def llama_family_config_from_gguf(arch: str, model_type: str) -> Callable[[Any, 
     """The config reader of a Llama-block architecture: a config.json dict for ``model_type`` from the file's
     ``<arch>.*`` metadata (the keys llama.cpp writes; a missing required key is named)."""
     def read(reader, source: str) -> dict[str, Any]:
-        from .loading import MODEL_ARCHITECTURES  # noqa: PLC0415
+        from .checkpoint import MODEL_ARCHITECTURES  # noqa: PLC0415
 
         num_heads = int(gguf_field(reader, f"{arch}.attention.head_count"))
         hidden = int(gguf_field(reader, f"{arch}.embedding_length"))
@@ -532,7 +532,7 @@ def build_gguf_cache(gguf_path: str | Path, cache_dir: str | Path, gguf_sha256: 
 
 def _linear_names(config: dict[str, Any], source: str) -> set[str]:
     """Names of the bias-free nn.Linear modules of the model ``config`` describes (built on the meta device)."""
-    from .loading import MODEL_ARCHITECTURES  # noqa: PLC0415
+    from .checkpoint import MODEL_ARCHITECTURES  # noqa: PLC0415
 
     architecture = MODEL_ARCHITECTURES[config["model_type"]]
     with torch.device("meta"):

@@ -27,7 +27,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from .config import CheckpointError
+from .model_config import CheckpointError
 
 TOKEN_TYPE_CONTROL = 3       # llama.cpp token types
 TOKEN_TYPE_USER_DEFINED = 4

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import LlamaConfig, RopeConfig
+from .model_config import LlamaConfig, RopeConfig
 from .kv_cache import KVCache
 
 ACTIVATIONS = {

@@ -8,9 +8,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import LlamaConfig
+from .causal_lm import CausalLM, check_cache, check_cacheless
 from .kv_cache import KVCache
 from .layers import DecoderLayer, RMSNorm, RotaryEmbedding, plan_attention
+from .model_config import LlamaConfig
 from .outputs import ModelOutput
 
 
@@ -22,76 +23,6 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-
-class CausalLM(nn.Module):
-    """What every target architecture shares: ``model.embed_tokens``, ``lm_head`` (tied when the config says
-    so), rotary tables rebuilt after loading, and a KV cache shaped from the config."""
-
-    config: LlamaConfig
-    model: nn.Module
-    lm_head: nn.Linear
-
-    @property
-    def embed_tokens(self) -> nn.Embedding:
-        return self.model.embed_tokens
-
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, slots: torch.Tensor | None,
-                key_length: int | None = None, logits_at: torch.Tensor | None = None,
-                with_logits: bool = True, tree_mask: torch.Tensor | None = None) -> ModelOutput:
-        """Run T new tokens per request, writing their keys/values into the cache rows ``slots``.
-
-        input_ids: [B, T] int64; positions: [B, T] int64 absolute positions, consecutive within a row;
-        slots: [B] int64 cache rows. ``key_length`` (> every position) skips a host sync when given.
-        ``tree_mask`` ([T, T] or [B, T, T] bool): the T tokens are a draft tree rooted at the first, positions
-        are the root's plus each node's depth, and node i is stored at the root's position + i
-        (``layers.plan_attention``).
-        ``cache=None`` (training only): causal attention within the T tokens, positions must be 0..T-1 style.
-        ``logits_at`` / ``with_logits``: see ``output``. The embedding is the architecture's own (Gemma's
-        scales), then ``forward_hidden`` runs its decoder.
-        """
-        return self.forward_hidden(self.model.embed_tokens(input_ids), positions, cache, slots, key_length,
-                                   logits_at, with_logits, tree_mask)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head over final-normed hidden states [..., H] -> [..., V]."""
-        return self.lm_head(hidden)
-
-    def output(self, hidden: torch.Tensor, logits_at: torch.Tensor | None, with_logits: bool) -> ModelOutput:
-        """Final-normed ``hidden`` [B, T, H] with logits at every position, at one position per row
-        (``logits_at``: [B] -> logits [B, 1, V]), or none (``with_logits=False``: feature extraction, where the
-        LM head over a large vocabulary would cost more than the decoder)."""
-        if not with_logits:
-            return ModelOutput(logits=None, hidden=hidden)
-        if logits_at is not None:
-            rows = torch.arange(hidden.shape[0], device=hidden.device)
-            return ModelOutput(logits=self.compute_logits(hidden[rows, logits_at].unsqueeze(1)), hidden=hidden)
-        return ModelOutput(logits=self.compute_logits(hidden), hidden=hidden)
-
-    def finish_loading(self, device: torch.device | str) -> None:
-        """Re-tie weights and rebuild non-persistent buffers after ``load_state_dict(assign=True)``."""
-        self.tie_weights()
-        for module in self.modules():
-            if isinstance(module, RotaryEmbedding):
-                module.reset(device)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        # models with block-quantized weights (``load_gguf_native``) name their activation dtype
-        return getattr(self, "activation_dtype", None) or self.lm_head.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    def make_cache(self, max_batch_size: int, capacity: int, dtype: torch.dtype | None = None,
-                   device: torch.device | str | None = None) -> KVCache:
-        return KVCache(self.config.num_hidden_layers, max_batch_size, self.config.num_key_value_heads, capacity,
-                       self.config.head_dim, dtype=dtype or self.dtype, device=device or self.device)
 
 
 class LlamaForCausalLM(CausalLM):
@@ -128,24 +59,3 @@ class LlamaForCausalLM(CausalLM):
             for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
                 hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plan)
         return self.output(self.model.norm(hidden), logits_at, with_logits)
-
-
-def check_cacheless(tree_mask: torch.Tensor | None) -> None:
-    if tree_mask is not None:
-        raise ValueError("a tree_mask needs a KV cache (the cacheless training forward is causal)")
-
-
-def check_cache(cache: KVCache, num_layers: int, input_ids: torch.Tensor, slots: torch.Tensor) -> None:
-    """Cheap shape checks (no device sync) that turn index errors deep in attention into clear messages.
-
-    input_ids (or positions): [B, T]; slots: [B].
-    """
-    if cache.num_layers != num_layers:
-        raise ValueError(f"KV cache has {cache.num_layers} layers but the model has {num_layers}; "
-                         "make the cache with this model's make_cache()")
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids and positions must be [B, T]; got shape {tuple(input_ids.shape)}")
-    if slots.shape != input_ids.shape[:1]:
-        raise ValueError(f"slots must be [B] = [{input_ids.shape[0]}]; got shape {tuple(slots.shape)}")
-    if input_ids.shape[0] > cache.max_batch_size:
-        raise ValueError(f"batch of {input_ids.shape[0]} exceeds the cache's max_batch_size {cache.max_batch_size}")

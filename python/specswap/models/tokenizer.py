@@ -9,7 +9,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-from .config import CheckpointError
+from .model_config import CheckpointError
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

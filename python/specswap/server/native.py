@@ -128,6 +128,9 @@ def _sampling(values: Any, where: str) -> tuple[SamplingParams, str | None]:
 def _body_keys(body: dict) -> None:
     """A 400 naming the first key that is unknown, unsupported, or set to a value this server cannot honour."""
     for key, value in body.items():
+        if key not in BODY_KEYS and key not in UNSUPPORTED_FIELDS and key not in NEUTRAL_BODY:
+            raise _bad(f"unknown field '{key}'; /generate takes {', '.join(BODY_KEYS)} (and SGLang's other fields "
+                       f"at their defaults)", key)
         if key in BODY_KEYS or value is None:
             continue
         if key in UNSUPPORTED_FIELDS:
@@ -138,10 +141,8 @@ def _body_keys(body: dict) -> None:
             allowed = NEUTRAL_BODY[key]
             if allowed == "any" or any(value == a and type(value) is type(a) for a in allowed):
                 continue
-            raise _bad(f"'{key}' is not supported by this server (only "
-                       f"{', '.join(repr(a) for a in (None, *allowed))}), got {value!r:.80}", key)
-        raise _bad(f"unknown field '{key}'; /generate takes {', '.join(BODY_KEYS)} (and SGLang's other fields at "
-                   f"their defaults)", key)
+        raise _bad(f"'{key}' is not supported by this server (only "
+                   f"{', '.join(repr(a) for a in (None, *allowed))}), got {value!r:.80}", key)
 
 
 def _rids(body: dict, count: int, batched: bool) -> list[str] | None:

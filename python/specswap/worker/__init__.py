@@ -8,15 +8,17 @@ so m grows by a+1; rollback is forgetting lengths. Tier k = 0 verifies
 [x_{m-1}] alone (plain decoding) and runs no draft: the draft falls behind and
 the first round of a tier k >= 1 catches each lagging request up.
 
-Rooms: ``worker`` (EAGLEWorker: caches, tiers, prefill, the host side of a
-round), ``round`` (the round driver on tensors), ``drafter`` (the Drafter
-interface, no-draft, shared model-drafter parts), ``eagle``, ``standalone``,
-``ngram`` (one drafter per algorithm), ``slots`` (the per-request slot table),
-``tiers`` (per-tier buffers and the execution mode, ``Forwards``).
+Rooms: ``worker`` (SpeculativeWorker: caches, the state pool of tiers, prefill,
+the host side of a round), ``round`` (the round driver on tensors), ``drafter``
+(the Drafter interface, no-draft, shared model-drafter parts), ``eagle``,
+``standalone``, ``ngram`` (one drafter per algorithm, named in
+``specswap.algorithms``), ``layout`` (a chain or a tree), ``slots`` (the
+per-request slot table), ``tiers`` (a tier's stages and round, and the
+execution mode, ``Forwards``).
 """
 
-from specswap.worker.tiers import DraftExtendStage, DraftStage, TierState, VerifyStage
-from specswap.worker.worker import ROUND_GRAPH_MAX_PARAMS, SPECULATIVE_ALGORITHMS, EAGLEWorker, RoundResult
+from specswap.worker.tiers import DraftExtendStage, DraftStage, TierRound, TierStages, VerifyStage
+from specswap.worker.worker import ROUND_GRAPH_MAX_PARAMS, RoundResult, SpeculativeWorker
 
-__all__ = ["EAGLEWorker", "RoundResult", "TierState", "DraftStage", "VerifyStage", "DraftExtendStage",
-           "SPECULATIVE_ALGORITHMS", "ROUND_GRAPH_MAX_PARAMS"]
+__all__ = ["SpeculativeWorker", "RoundResult", "TierStages", "TierRound", "DraftStage", "VerifyStage",
+           "DraftExtendStage", "ROUND_GRAPH_MAX_PARAMS"]

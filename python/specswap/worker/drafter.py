@@ -16,13 +16,40 @@ as a chain, so ``extend`` and the round driver see a chain either way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from specswap.sampling import RoundSampling, argmax, logits_to_probs, sample_from_probs
 from specswap.worker.slots import SlotTable
-from specswap.worker.tiers import DraftStage, EagerForward, Forwards, TierState
+from specswap.worker.tiers import DraftStage, EagerForward, Forwards, TierStages
+
+
+@dataclass
+class DrafterContext:
+    """What a drafter is built from (``Drafter.build``): the models, the slot table, the caches' shape, the
+    tiers it must serve and the algorithm's extra inputs."""
+
+    draft: Any                   # the draft model (None for drafters without one)
+    target: torch.nn.Module
+    slots: SlotTable
+    cache_rows: int
+    cache_capacity: int
+    tiers: tuple[int, ...]       # every tier the worker was sized for (0 among them: tier-0 rounds run)
+    number_tokens: Any = None    # specswap.prompt_lookup.NumberTokens for a drafter that extrapolates counters
+
+    @property
+    def max_steps(self) -> int:
+        return max(self.tiers)
+
+
+@dataclass
+class Shadow:
+    """A drafter's part of a round's result: what deterministic drafts of ``steps`` tokens would have accepted
+    per request, settled by the tokens emitted since (checked at tier 0, where nothing is verified)."""
+
+    accept_lengths: list[int]
+    steps: int
 
 
 @dataclass
@@ -50,6 +77,13 @@ class Drafter:
     vocab_size: int | None = None  # the draft vocabulary's size (None: no draft model)
     # deterministic drafts (no law): sampled rounds accept them against keyed draws (sampling.accept_keyed)
     keyed_sampling = True
+    # whether begin_round may find nothing worth verifying, so the worker keeps a plain-decode round (tier 0)
+    plain_fallback = False
+
+    @classmethod
+    def build(cls, context: DrafterContext) -> "Drafter":
+        """The drafter for a worker (``algorithms.Algorithm.drafter`` names the class)."""
+        return cls()
 
     def supports(self, steps: int) -> bool:
         """Whether this drafter can run tier ``steps`` (its state was sized for it)."""
@@ -63,28 +97,28 @@ class Drafter:
     def prefill(self, batch: PrefillBatch) -> None:
         pass
 
-    def begin_round(self, tier: TierState, slots: Sequence[int]) -> bool:
+    def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         """Host-side work before the round; False: nothing is worth verifying, run a plain decode instead."""
         return True
 
-    def draft(self, tier: TierState, forwards: Forwards, slot_index: torch.Tensor, seq_lens: torch.Tensor,
+    def draft(self, tier: TierStages, forwards: Forwards, slot_index: torch.Tensor, seq_lens: torch.Tensor,
               key_length: int, sampling: RoundSampling | None) -> None:
         """Fill tier.draft.draft_tokens [B, k] (and their laws for sampled rounds); no host sync."""
 
-    def extend(self, tier: TierState, forwards: Forwards, slot_index: torch.Tensor, seq_lens: torch.Tensor,
+    def extend(self, tier: TierStages, forwards: Forwards, slot_index: torch.Tensor, seq_lens: torch.Tensor,
                positions: torch.Tensor, target_hidden: torch.Tensor, accept_lengths: torch.Tensor,
                next_tokens: torch.Tensor, key_length: int) -> None:
         """Bring the draft's state up to the accepted tokens; no host sync."""
 
-    def end_round(self, tier: TierState, slots: Sequence[int]) -> None:
+    def end_round(self, tier: TierStages, slots: Sequence[int]) -> None:
         """Host-side bookkeeping after the round's tokens are committed."""
 
     shadow_steps = 0  # the tier take_shadow's observations are for (0: it makes none)
 
-    def take_shadow(self, slots: Sequence[int], drafting: bool) -> list[int]:
+    def take_shadow(self, slots: Sequence[int], drafting: bool) -> Shadow | None:
         """After a round: what drafts of ``shadow_steps`` tokens would have accepted, for checks the emitted
-        tokens settled (deterministic drafters at tier 0: ``NgramDrafter``); none by default."""
-        return []
+        tokens settled (deterministic drafters at tier 0: ``NgramDrafter``); None when there are none."""
+        return None
 
     def release(self, slot: int) -> None:
         pass
@@ -119,12 +153,12 @@ class ModelDrafter(Drafter):
         self.draft_len = [0] * len(slots.host_seq_lens)
         self._step_graphs: dict[int, object] | None = None  # draft-step StageGraphs, shared by every tier
 
-    def begin_round(self, tier: TierState, slots: Sequence[int]) -> bool:
+    def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         if tier.speculative_num_steps:
             self.catch_up(slots)
         return True
 
-    def end_round(self, tier: TierState, slots: Sequence[int]) -> None:
+    def end_round(self, tier: TierStages, slots: Sequence[int]) -> None:
         if tier.speculative_num_steps:  # the draft is in step again (tier 0 leaves it behind)
             for slot in slots:
                 self.draft_len[slot] = self.slots.host_seq_lens[slot] - self.lag

@@ -17,7 +17,7 @@ import torch
 
 from specswap.worker.drafter import ModelDrafter, PrefillBatch, sample_draft
 from specswap.worker.slots import SlotTable
-from specswap.worker.tiers import EagerForward, Forwards, TierState
+from specswap.worker.tiers import EagerForward, Forwards, TierStages
 
 
 class EagleDrafter(ModelDrafter):
@@ -38,6 +38,11 @@ class EagleDrafter(ModelDrafter):
                                           device=device) if keep_tier0_features else None
         self._rows = torch.arange(len(slots.host_seq_lens), device=device)  # 0..max_batch-1
 
+    @classmethod
+    def build(cls, context) -> "EagleDrafter":
+        return cls(context.draft, context.target, context.slots, context.cache_rows, context.cache_capacity,
+                   keep_tier0_features=0 in context.tiers)
+
     def supports(self, steps: int) -> bool:
         return steps > 0 or self.tier0_features is not None
 
@@ -52,7 +57,7 @@ class EagleDrafter(ModelDrafter):
         self.next_draft_logits[batch.slot_index] = out.logits[batch.rows, last]
         self.next_draft_hidden[batch.slot_index] = out.hidden[batch.rows, last]
 
-    def draft(self, tier: TierState, forwards: Forwards, slot_index, seq_lens, key_length, sampling) -> None:
+    def draft(self, tier: TierStages, forwards: Forwards, slot_index, seq_lens, key_length, sampling) -> None:
         steps = tier.speculative_num_steps
         if not steps:
             return
@@ -67,7 +72,7 @@ class EagleDrafter(ModelDrafter):
                                               hidden.unsqueeze(1))
                 logits, hidden = out.logits[:, 0], out.hidden[:, 0]
 
-    def extend(self, tier: TierState, forwards: Forwards, slot_index, seq_lens, positions, target_hidden,
+    def extend(self, tier: TierStages, forwards: Forwards, slot_index, seq_lens, positions, target_hidden,
                accept_lengths, next_tokens, key_length) -> None:
         """Head over [d_1..d_a, b] with target features f_{m-1}..f_{m+a-1}; keep its output at index a."""
         steps = tier.speculative_num_steps

@@ -35,6 +35,11 @@ class ChainLayout:
     def __init__(self, steps: int, device: torch.device):
         self.offsets = torch.arange(steps + 1, device=device)  # [k+1] each token's position past m-1
 
+    @property
+    def num_draft_tokens(self) -> int:
+        """Tokens the verify reads: x_{m-1} and the drafts (SGLang's speculative_num_draft_tokens)."""
+        return len(self.offsets)
+
     def accept(self, verifier: Verifier, out, verify_ids: torch.Tensor, draft_tokens: torch.Tensor,
                positions: torch.Tensor, slot_index: torch.Tensor, sampling: RoundSampling | None):
         """-> (accept_lengths [B], next_tokens [B], positions [B, k+1], target hidden [B, k+1, H]) in path order."""
@@ -78,6 +83,8 @@ class TreeLayout:
         # paths[t]: the nodes from the root to t, then t again up to T entries (past the accepted length they
         # are written past the committed length, where nothing reads them)
         self.paths = torch.tensor([line + [line[-1]] * (nodes - len(line)) for line in lineage], device=device)
+
+    num_draft_tokens = ChainLayout.num_draft_tokens
 
     def accept(self, verifier: Verifier, out, verify_ids: torch.Tensor, draft_tokens: torch.Tensor,
                positions: torch.Tensor, slot_index: torch.Tensor, sampling: RoundSampling | None):

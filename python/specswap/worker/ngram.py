@@ -1,4 +1,4 @@
-"""NGRAM drafting: prompt lookup in the request's own tokens (``specswap.ngram``), no draft model.
+"""NGRAM drafting: prompt lookup in the request's own tokens (``specswap.prompt_lookup``), no draft model.
 
 Each request's drafts continue the latest earlier match of its last tokens (a
 request with no match, in a batch where others have one, repeats its last
@@ -22,10 +22,10 @@ from typing import Sequence
 
 import torch
 
-from specswap.ngram import NumberTokens, propose_ngram
-from specswap.worker.drafter import Drafter
+from specswap.prompt_lookup import NumberTokens, propose_ngram
+from specswap.worker.drafter import Drafter, Shadow
 from specswap.worker.slots import SlotTable
-from specswap.worker.tiers import TierState
+from specswap.worker.tiers import TierStages
 
 
 # positions apart of the lookups tier 0 checks (a lookup costs up to half a millisecond over a long history)
@@ -33,13 +33,19 @@ SHADOW_EVERY = 4
 
 
 class NgramDrafter(Drafter):
+    plain_fallback = True  # a batch where no request has a match runs a plain decode
     def __init__(self, slots: SlotTable, numbers: NumberTokens | None, shadow_steps: int = 0):
         self.slots, self.numbers = slots, numbers
         self.shadow_steps = shadow_steps  # the tier tier-0 rounds check lookups for (0: none)
         # per slot: (position the drafts would continue from, the drafts) not yet settled
         self._pending: list[list[tuple[int, list[int]]]] = [[] for _ in slots.host_tokens]
 
-    def begin_round(self, tier: TierState, slots: Sequence[int]) -> bool:
+    @classmethod
+    def build(cls, context) -> "NgramDrafter":
+        # with tier 0 among the tiers, its rounds check lookups for the largest tier
+        return cls(context.slots, context.number_tokens, shadow_steps=context.max_steps if 0 in context.tiers else 0)
+
+    def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         steps = tier.speculative_num_steps
         if not steps:
             self._look_up_shadow(slots)
@@ -63,7 +69,7 @@ class NgramDrafter(Drafter):
             if proposal:
                 self._pending[slot].append((len(tokens), proposal))
 
-    def take_shadow(self, slots: Sequence[int], drafting: bool) -> list[int]:
+    def take_shadow(self, slots: Sequence[int], drafting: bool) -> Shadow | None:
         """What the checked lookups of these requests would have accepted, for those the emitted tokens
         settled since the last call; a round that drafted (``drafting``) drops them instead (it was observed)."""
         settled = []
@@ -82,7 +88,7 @@ class NgramDrafter(Drafter):
                 else:
                     keep.append((start, proposal))
             self._pending[slot] = keep
-        return settled
+        return Shadow(settled, self.shadow_steps) if settled else None
 
     def release(self, slot: int) -> None:
         self._pending[slot].clear()

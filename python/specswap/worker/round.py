@@ -15,23 +15,24 @@ from __future__ import annotations
 
 import torch
 
-from specswap.sampling import RoundSampling, Verifier
+from specswap.sampling import PlainRows, RoundSampling, Verifier, take_plain_tokens
 from specswap.worker.slots import SlotTable
-from specswap.worker.tiers import Forwards, TierState
+from specswap.worker.tiers import Forwards, TierStages
 
 
 class Round:
-    """``round(slot_index [B], key_length, sampling) -> (accept_lengths [B], next_tokens [B])`` for one tier.
+    """``round(slot_index [B], key_length, sampling, plain) -> (accept_lengths [B], next_tokens [B])`` for one tier.
 
     ``sampling``: None for an all-greedy batch, else the round's settings and draws (sampling.RoundSampling).
-    ``key_length`` exceeds every position the round writes.
+    ``plain``: the requests with speculation off (sampling.PlainRows), or None. ``key_length`` exceeds every
+    position the round writes.
     """
 
-    def __init__(self, tier: TierState, slots: SlotTable, drafter, forwards: Forwards, verifier: Verifier):
+    def __init__(self, tier: TierStages, slots: SlotTable, drafter, forwards: Forwards, verifier: Verifier):
         self.tier, self.slots, self.drafter, self.forwards, self.verifier = tier, slots, drafter, forwards, verifier
 
-    def __call__(self, slot_index: torch.Tensor, key_length: int,
-                 sampling: RoundSampling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, slot_index: torch.Tensor, key_length: int, sampling: RoundSampling | None = None,
+                 plain: PlainRows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         tier, slots, forwards = self.tier, self.slots, self.forwards
         batch = slot_index.shape[0]
         seq_lens = slots.seq_lens[slot_index]                               # [B] m
@@ -46,8 +47,10 @@ class Round:
         out = forwards.verify(verify_ids, positions, slot_index, key_length)
 
         # accept; from here on the accepted tokens are a chain (a tree's path laid out as one)
-        accept_lengths, next_tokens, positions, hidden = tier.layout.accept(
+        accept_lengths, next_tokens, positions, hidden = tier.verify.layout.accept(
             self.verifier, out, verify_ids, draft_tokens, positions, slot_index, sampling)  # [B], [B], ...
+        if plain is not None:  # requests with speculation off take the target's own token after x_{m-1}: a = 0
+            take_plain_tokens(plain, out.logits, accept_lengths, next_tokens)
         self.drafter.extend(tier, forwards, slot_index, seq_lens, positions, hidden, accept_lengths,
                             next_tokens, key_length)
 

@@ -14,8 +14,8 @@ from typing import Sequence
 
 import torch
 
-from specswap.sampling import (KeyedDraws, KeyedNoise, KeyedRow, RoundSampling, SamplingParams, draw_key,
-                               draw_uniform_, exponential_)
+from specswap.sampling import (KeyedDraws, KeyedNoise, KeyedRow, PlainRows, RoundSampling, SamplingParams,
+                               draw_key, draw_uniform_, exponential_)
 
 
 class SlotTable:
@@ -73,6 +73,28 @@ class SlotTable:
     def all_greedy(self, slots: Sequence[int]) -> bool:
         return all(self.params[s].greedy for s in slots)
 
+    def plain_rows(self, slots: Sequence[int]) -> PlainRows | None:
+        """The rows of requests with speculation off (``disable_speculative_decoding``), or None."""
+        rows = [row for row, s in enumerate(slots) if self.params[s].disable_speculative_decoding]
+        return PlainRows(rows, torch.tensor(rows, device=self.device)) if rows else None
+
+    def plain_draws(self, plain: PlainRows, slots: Sequence[int], keyed_noise: KeyedNoise,
+                    keyed_drafts: bool) -> PlainRows:
+        """``plain`` with its sampled rows' draws, each as a tier-0 round of its own would make it: keyed by output
+        position (deterministic drafts), else by a fresh key from the request's generator. After ``sampling``,
+        which leaves these requests' generators alone."""
+        members = [slots[row] for row in plain.rows]
+        if all(self.params[s].greedy for s in members):
+            return plain
+        rows = [KeyedRow(self.params[s].greedy, self.params[s].temperature, self.keyed_seeds[s],
+                         self.host_seq_lens[s] - self.prompt_lens[s]) if keyed_drafts else
+                KeyedRow(self.params[s].greedy, self.params[s].temperature, self._round_key(s), 0) for s in members]
+        index = torch.tensor(members, device=self.device)
+        draws = RoundSampling(self.temperature[index], self.top_k[index], self.top_p[index],
+                              any(self.params[s].needs_filter for s in members), draft_probs=None, uniforms=None,
+                              residual_uniforms=None, keyed=KeyedDraws(rows, keyed_noise))
+        return PlainRows(plain.rows, plain.index, draws)
+
     def sampling(self, tier, slots: Sequence[int], slot_index: torch.Tensor, keyed_noise: KeyedNoise,
                  keyed_drafts: bool) -> RoundSampling:
         """A sampled round's settings and draws [B]. ``keyed_drafts`` (deterministic drafts): draws keyed by
@@ -108,8 +130,8 @@ class SlotTable:
         draft.draft_noise[:batch].fill_(1.0)
         verify.residual_uniforms[:batch].zero_()  # greedy rows: a one-hot law, any uniform draws its token
         for row, slot in enumerate(slots):
-            if self.params[slot].greedy:
-                continue
+            if self.params[slot].greedy or self.params[slot].disable_speculative_decoding:
+                continue  # no draws (a request with speculation off draws its tier-0 key in plain_draws)
             generator = self.generators[slot]
             exponential_(draft.draft_noise[row], generator)
             draw_uniform_(verify.uniforms[row], generator)

@@ -12,7 +12,7 @@ import torch
 
 from specswap.worker.drafter import ModelDrafter, PrefillBatch, sample_draft
 from specswap.worker.slots import SlotTable
-from specswap.worker.tiers import Forwards, TierState
+from specswap.worker.tiers import Forwards, TierStages
 
 
 class StandaloneDrafter(ModelDrafter):
@@ -28,11 +28,15 @@ class StandaloneDrafter(ModelDrafter):
         self.vocab_size = target.config.vocab_size
         self._step_one_offsets = torch.arange(2, device=slots.device)  # [2]: m-2, m-1
 
+    @classmethod
+    def build(cls, context) -> "StandaloneDrafter":
+        return cls(context.draft, context.target, context.slots, context.cache_rows, context.cache_capacity)
+
     def prefill(self, batch: PrefillBatch) -> None:
         super().prefill(batch)
         self.model(batch.input_ids, batch.positions, self.cache, batch.slot_index, key_length=batch.key_length)
 
-    def draft(self, tier: TierState, forwards: Forwards, slot_index, seq_lens, key_length, sampling) -> None:
+    def draft(self, tier: TierStages, forwards: Forwards, slot_index, seq_lens, key_length, sampling) -> None:
         steps = tier.speculative_num_steps
         if not steps:
             return

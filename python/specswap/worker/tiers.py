@@ -1,8 +1,8 @@
 """A tier's buffers and how its stages run.
 
-A tier k (speculative_num_steps) drafts k tokens and verifies k + 1. Its
-buffers are built once, at start-up, and shared with the SpecRuntimeState the
-controller keeps for it. ``Forwards`` is the tier's execution mode, chosen
+A tier k (speculative_num_steps) drafts k tokens and verifies its layout's
+``num_draft_tokens`` (a chain: k + 1). Its stages are built once, at start-up,
+and the worker's C++ state pool holds them with the round that runs them. ``Forwards`` is the tier's execution mode, chosen
 once when the tier is built: each stage either calls its model directly
 (``EagerForward``) or replays that stage's graphs (``specswap.graphs.StageGraphs``);
 both take the same arguments, so the round itself never asks which.
@@ -62,39 +62,54 @@ class DraftStage:
 
 @dataclass
 class VerifyStage:
-    """Per-tier verify buffers."""
+    """Per-tier verify buffers, and how the verified tokens relate (``worker.layout``: a chain or a tree)."""
 
-    input_ids: torch.Tensor        # [max_batch, k+1] int64: [x_{m-1}, d_1..d_k]
-    offsets: torch.Tensor          # [k+1] int64: each verified token's position past m-1 (a chain: 0..k; a
+    input_ids: torch.Tensor        # [max_batch, T] int64: [x_{m-1}, d_1..d_{T-1}]
+    offsets: torch.Tensor          # [T] int64: each verified token's position past m-1 (a chain: 0..k; a
                                    # tree: its depth)
     uniforms: torch.Tensor         # [max_batch, k] float32
     residual_uniforms: torch.Tensor  # [max_batch] float32: the draw where a chain stops
+    layout: Any = None             # worker.layout.ChainLayout or TreeLayout
 
 
 @dataclass
 class DraftExtendStage:
     """Per-tier draft-extend buffers."""
 
-    input_ids: torch.Tensor  # [max_batch, k+1] int64: [d_1..d_a, b, stale...]
+    input_ids: torch.Tensor  # [max_batch, k+1] int64: [d_1..d_a, b, stale...] (the accepted path is a chain)
 
 
 @dataclass
-class TierState:
-    """Everything one tier needs: its buffers, its round (on the forwards chosen for it) and, in graph mode for
-    small targets, its whole greedy round captured as one graph."""
+class TierStages:
+    """One tier's stages, what its drafter and round driver read: its shape and buffers. The C++ state pool
+    holds them (``SpecRuntimeState``), with the round that runs them (``TierRound``)."""
 
     speculative_num_steps: int
-    speculative_num_draft_tokens: int
+    speculative_num_draft_tokens: int  # verified tokens: x_{m-1} and the draft nodes (the layout's width)
     draft: DraftStage
     verify: VerifyStage
     draft_extend: DraftExtendStage
-    layout: Any = None           # worker.layout.ChainLayout or TreeLayout: how the verified tokens relate
-    round: Any = None            # worker.round.Round over this tier's forwards
-    round_graph: Any = None      # specswap.graphs.RoundGraphs of the greedy round, or None
 
     def buffer_bytes(self) -> int:
         tensors = (self.draft.draft_tokens, self.verify.input_ids, self.verify.uniforms, self.draft_extend.input_ids)
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class TierRound:
+    """What runs a tier's round: the driver over its stages (``worker.round.Round``, on the forwards chosen for
+    the tier: eager or stage graphs) and, in graph mode for small targets, its whole greedy round captured as
+    one graph (``specswap.graphs.RoundGraphs``)."""
+
+    stages: TierStages
+    run: Any                # worker.round.Round
+    graph: Any = None       # specswap.graphs.RoundGraphs, or None
+
+    def memory_bytes(self) -> int:
+        """Bytes its buffers and graph runners hold beyond the shared weights and caches."""
+        forwards = self.run.forwards
+        graphs = (forwards.verify, forwards.draft_extend, self.graph)
+        return self.stages.buffer_bytes() + sum(g.memory_bytes() for g in graphs if g is not None)
 
 
 class TierBuffers:
@@ -106,14 +121,13 @@ class TierBuffers:
         self.draft_probs = torch.zeros(max_batch_size, max_steps, vocab_size, device=device)          # [S, k_max, V]
         self.draft_noise = torch.ones(max_batch_size, max_steps, draft_vocab_size, device=device)     # [S, k_max, Vd]
 
-    def build(self, steps: int, layout) -> TierState:
-        """Tier ``steps``'s buffers; ``layout`` (worker.layout) gives the verified tokens' offsets."""
-        batch, device = self.max_batch_size, self.device
+    def build(self, steps: int, layout) -> TierStages:
+        """Tier ``steps``'s buffers; ``layout`` (worker.layout) gives the verified tokens' count and offsets."""
+        batch, device, width = self.max_batch_size, self.device, layout.num_draft_tokens
         draft = DraftStage(draft_tokens=torch.zeros(batch, steps, dtype=torch.long, device=device),
                            draft_probs=self.draft_probs[:, :steps], draft_noise=self.draft_noise[:, :steps])
-        verify = VerifyStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device),
-                             offsets=layout.offsets,
-                             uniforms=torch.zeros(batch, steps, device=device),
-                             residual_uniforms=torch.zeros(batch, device=device))
+        verify = VerifyStage(input_ids=torch.zeros(batch, width, dtype=torch.long, device=device),
+                             offsets=layout.offsets, uniforms=torch.zeros(batch, steps, device=device),
+                             residual_uniforms=torch.zeros(batch, device=device), layout=layout)
         extend = DraftExtendStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device))
-        return TierState(steps, steps + 1, draft, verify, extend, layout)
+        return TierStages(steps, width, draft, verify, extend)

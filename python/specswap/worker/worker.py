@@ -1,11 +1,12 @@
-"""``EAGLEWorker``: the running batch's decode rounds over one target and a drafter, per-tier state.
+"""``SpeculativeWorker``: the running batch's decode rounds over one target and a drafter.
 
-The worker owns the caches, the slot table and one ``TierState`` per tier, and
-runs a round on the host side: the drafter's host part, then the tier's
+The worker owns the caches, the slot table and the C++ state pool that holds
+one state per tier (its stages and the round that runs them), and runs a
+round on the host side: the drafter's host part, then the active tier's
 greedy round graph or its ``Round`` (eager or stage graphs, chosen when the
 tier was built), then the one host sync and the bookkeeping. It returns what
-the round measured; the policy loop that may switch the tier lives in the
-engine. Rollback is forgetting lengths: nothing is copied (a tree tier moves
+the round measured; the policy that may switch the pool's active tier is the
+adaptive controller's. Rollback is forgetting lengths: nothing is copied (a tree tier moves
 its accepted path's keys into place, ``worker.layout``).
 """
 
@@ -13,24 +14,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from specswap.capability import cpu_capability
-from specswap.ngram import NumberTokens
+from specswap.prompt_lookup import NumberTokens
 from specswap.sampling import (LOSSLESS, KeyedNoise, SamplingParams, Verifier, argmax, draw_key, draw_uniform_,
                                logits_to_probs, position_key, sample_from_cdf, sample_keyed)
-from specswap.worker.drafter import Drafter, PrefillBatch
-from specswap.worker.eagle import EagleDrafter
+from specswap._core import SpecRuntimeState, StatePool
+from specswap.algorithms import algorithm
+from specswap.worker.drafter import Drafter, DrafterContext, PrefillBatch, Shadow
 from specswap.worker.layout import ChainLayout, TreeLayout
-from specswap.worker.ngram import NgramDrafter
 from specswap.worker.round import Round
 from specswap.worker.slots import SlotTable
-from specswap.worker.standalone import StandaloneDrafter
-from specswap.worker.tiers import EagerForward, TierBuffers, TierState
+from specswap.worker.tiers import EagerForward, TierBuffers, TierRound
 
-SPECULATIVE_ALGORITHMS = ("EAGLE", "STANDALONE", "NGRAM", None)
 # graph mode captures whole greedy rounds (RoundGraphs) and repacks bf16 weights for targets up to this size by
 # default: there a round is a few ms and its Python glue a tenth of it; past it a round is memory-bound, capture
 # costs seconds and a packed copy of the weights hundreds of MB
@@ -47,26 +46,34 @@ class RoundResult:
     tier: int                     # the active tier it ran for (NGRAM with nothing to look up runs tier 0 instead)
     round_seconds: float = 0.0    # wall time of the round, host bookkeeping included
     sampled: bool = False         # not all-greedy
-    # what drafts of shadow_steps tokens would have accepted, settled this round (Drafter.take_shadow)
-    shadow: list[int] = field(default_factory=list)
-    shadow_steps: int = 0
+    # per request: whether it speculates (False: speculation off for it, disable_speculative_decoding)
+    speculating: list[bool] = field(default_factory=list)
+    shadow: Shadow | None = None  # the drafter's part: its tier-0 checks settled this round (Drafter.take_shadow)
 
     @property
     def measured_tier(self) -> bool:
         """Whether the round tested the active tier (a plain decode run in its place did not)."""
         return self.speculative_num_steps == self.tier
 
+    @property
+    def drafts_verified(self) -> list[int]:
+        """Drafts each request had verified this round (0 for a plain decode or a request with speculation off)."""
+        return [self.speculative_num_steps if on else 0 for on in self.speculating]
 
-class EAGLEWorker:
-    """Drafts, verifies and draft-extends for a batch of cache slots; implements AdaptiveSpecWorker.
 
-    ``target``: LlamaForCausalLM. ``draft``: an EagleHead (speculative_algorithm "EAGLE"), a
-    LlamaForCausalLM with the target's vocabulary ("STANDALONE"), or None: with "NGRAM" the drafts are
-    looked up in the request's own prompt and output (``specswap.ngram``; ``ngram_numbers``: the tokenizer's
-    digit tokens, which let the lookup extrapolate counters), with speculative_algorithm None it decodes
-    target-only, one token per round; a callable is a drafter factory (``factory(slot_table) -> Drafter``,
-    e.g. a tree drafter). Caches hold max_seq_len plus room for the largest tier in
-    ``tiers`` (never just the active one), so switching up can never overflow them.
+class SpeculativeWorker:
+    """Drafts, verifies and draft-extends for a batch of cache slots, over one target and one drafter.
+
+    ``target``: a causal LM. ``speculative_algorithm``: a name (``specswap.algorithms``: "EAGLE" with an EagleHead
+    as ``draft``, "STANDALONE" with a draft model of the target's vocabulary, "NGRAM" drafting from the request's
+    own tokens, None: target-only, one token per round) or a drafter factory (``factory(slot_table) ->
+    Drafter``, e.g. a tree drafter). ``number_tokens``: the tokenizer's digit tokens, for a drafter that
+    extrapolates counters (NGRAM). Caches hold max_seq_len plus room for the largest of ``tiers`` (never just
+    the active one), so switching up can never overflow them.
+
+    Every tier (``speculative_num_steps`` and ``tiers``) is built at start-up, its stages and round registered in
+    the C++ state pool (``self.pool``); a round runs the pool's active state (one acquire), so switching is
+    ``pool.activate(steps)`` between rounds (the adaptive controller's, or a caller's).
     ``graphs``: replay each stage from graphs captured per tier at start-up; ``round_graphs`` (graph mode
     only; None = auto, on for targets up to ROUND_GRAPH_MAX_PARAMS) also captures each tier's whole greedy
     round (``specswap.graphs.RoundGraphs``), which greedy batches then replay as one tape. ``verifier``: the
@@ -77,15 +84,13 @@ class EAGLEWorker:
                  speculative_algorithm: str | Callable[[SlotTable], Drafter] | None = "EAGLE",
                  speculative_num_steps: int = 3, max_batch_size: int = 8, max_seq_len: int = 512,
                  tiers: Sequence[int] = (), graphs: bool = False, round_graphs: bool | None = None,
-                 ngram_numbers: NumberTokens | None = None, verifier: Verifier = LOSSLESS):
-        if not callable(speculative_algorithm) and speculative_algorithm not in SPECULATIVE_ALGORITHMS:
-            raise ValueError(f"speculative_algorithm {speculative_algorithm!r} is not supported; "
-                             f"valid: {SPECULATIVE_ALGORITHMS} or a drafter factory")
-        if speculative_algorithm in ("EAGLE", "STANDALONE") and draft is None:
-            raise ValueError(f"speculative_algorithm {speculative_algorithm!r} needs a draft model; got draft=None")
-        if speculative_algorithm == "NGRAM" and draft is not None:
-            raise ValueError("speculative_algorithm 'NGRAM' drafts from the request's own tokens; pass draft=None")
-        if speculative_algorithm is None:
+                 number_tokens: NumberTokens | None = None, verifier: Verifier = LOSSLESS):
+        spec = None if callable(speculative_algorithm) else algorithm(speculative_algorithm)
+        if spec is not None and spec.needs_draft and draft is None:
+            raise ValueError(f"speculative_algorithm {spec.name!r} needs {spec.draft_model}; got draft=None")
+        if spec is not None and not spec.needs_draft and draft is not None:
+            raise ValueError(f"speculative_algorithm {spec.flag!r} uses no draft model; pass draft=None")
+        if spec is not None and spec.name is None:
             speculative_num_steps, tiers = 0, ()
         for steps in (speculative_num_steps, *tiers):
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
@@ -96,8 +101,7 @@ class EAGLEWorker:
             raise ValueError(f"max_seq_len must be >= 2; got {max_seq_len}")
         self.target = target
         self.speculative_algorithm = speculative_algorithm
-        self.speculative_num_steps = speculative_num_steps  # initial tier (AdaptiveSpecWorker protocol)
-        self.ngram_numbers = ngram_numbers
+        self.number_tokens = number_tokens
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.max_steps = max((speculative_num_steps, *tiers))
@@ -117,7 +121,12 @@ class EAGLEWorker:
         self.round_graphs_enabled = bool(round_graphs)
         self.target_cache = target.make_cache(cache_rows, self.cache_capacity)
         self.slots = SlotTable(cache_rows, max_batch_size, self.device)
-        self.drafter = self._make_drafter(draft, cache_rows, tier_zero=0 in (speculative_num_steps, *tiers))
+        all_tiers = tuple(sorted({speculative_num_steps, *tiers}))
+        if callable(speculative_algorithm):  # a drafter of the caller's: algorithm(slot table) -> Drafter
+            self.drafter = speculative_algorithm(self.slots)
+        else:
+            self.drafter = spec.drafter_class().build(DrafterContext(
+                draft, target, self.slots, cache_rows, self.cache_capacity, all_tiers, number_tokens))
         self.keyed_sampling = self.drafter.keyed_sampling
         self.token_map = self.drafter.token_map
         self.graph_context = None
@@ -125,9 +134,9 @@ class EAGLEWorker:
             from specswap.graphs import GraphContext
 
             self.graph_context = GraphContext(self.device, max_batch_size, self.cache_capacity)
-            # bf16 matmuls by weights recorded as oneDNN linears over weights repacked once (same bits, 15-40%
-            # faster at decode sizes); the packed copy doubles the weights' memory, so small targets only. The
-            # repacking needs oneDNN's bf16 path (AVX-512 or AVX-NE-CONVERT) and raises without it.
+            # bf16 matmuls by weights recorded as oneDNN linears over weights repacked once (same bits, faster at
+            # decode sizes); the packed copy doubles the weights' memory, so small targets only. The repacking
+            # needs oneDNN's bf16 path (AVX-512 or AVX-NE-CONVERT) and raises without it.
             self.graph_context.pool.pack_linear_weights = small_target and cpu_capability().onednn_bf16
             self.graph_context.share_model(target, self.target_cache)
             if self.drafter.model is not None:
@@ -141,102 +150,65 @@ class EAGLEWorker:
                                     self.drafter.vocab_size or self.vocab_size, self.device)
         self._eager = self.drafter.eager_forwards()  # the eager Forwards, shared by every tier
         self._eager.verify = EagerForward(target, self.target_cache, with_features=False)
-        self.state: Any = None
-        self._tiers: dict[int, TierState] = {}  # built once per tier, shared by the state the controller keeps
-        self.apply_runtime_state(self._tier(speculative_num_steps))
-        if speculative_algorithm == "NGRAM":
-            self._tier(0)  # the plain-decode round that a batch with nothing to look up runs
+        # every tier built (and in graph mode captured) once, here; the pool holds them and the active one
+        self.pool = StatePool()
+        self.rounds: dict[int, TierRound] = {}  # each tier's round (its stages, driver and graph), by steps
+        for steps in all_tiers:
+            self._register(steps)
+        # a drafter that finds nothing worth verifying (NGRAM) runs a plain decode, tier 0, in the tier's place
+        self._plain_round = self.rounds.get(0) or self._register(0) if self.drafter.plain_fallback else None
+        self.pool.activate(speculative_num_steps)
 
-    def _make_drafter(self, draft, cache_rows: int, tier_zero: bool) -> Drafter:
-        algorithm = self.speculative_algorithm
-        if callable(algorithm):  # a drafter of the caller's: algorithm(slot table) -> Drafter
-            return algorithm(self.slots)
-        if algorithm == "EAGLE":
-            return EagleDrafter(draft, self.target, self.slots, cache_rows, self.cache_capacity, tier_zero)
-        if algorithm == "STANDALONE":
-            return StandaloneDrafter(draft, self.target, self.slots, cache_rows, self.cache_capacity)
-        if algorithm == "NGRAM":  # with tier 0 among the tiers, its rounds check lookups for the largest tier
-            return NgramDrafter(self.slots, self.ngram_numbers, shadow_steps=self.max_steps if tier_zero else 0)
-        return Drafter()
-
-    @property
-    def draft(self):
-        return self.drafter.model
-
-    @property
-    def draft_cache(self):
-        return self.drafter.cache
-
-    # ---- AdaptiveSpecWorker protocol -------------------------------------------------------------
-
-    def build_adaptive_runtime_state(self, speculative_num_steps: int, speculative_num_draft_tokens: int):
-        """Preallocate one tier's buffers and wrap them in the core's immutable SpecRuntimeState."""
-        from specswap._core import SpecRuntimeState
-
-        if speculative_num_draft_tokens != speculative_num_steps + 1:
-            raise ValueError(f"a top-1 chain verifies speculative_num_steps + 1 tokens; got steps "
-                             f"{speculative_num_steps} with {speculative_num_draft_tokens} draft tokens")
-        if speculative_num_steps > self.max_steps:
-            raise ValueError(f"tier {speculative_num_steps} exceeds the largest tier {self.max_steps} the caches were "
-                             f"sized for; pass it in tiers= when building the worker")
-        tier = self._tier(speculative_num_steps)
-        return SpecRuntimeState(speculative_num_steps, speculative_num_draft_tokens, draft=tier.draft,
-                                verify=tier.verify, draft_extend=tier.draft_extend)
-
-    def apply_runtime_state(self, state) -> None:
-        """Swap the active tier (a reference swap, between rounds)."""
-        self._active = self._tier(state.speculative_num_steps)
-        self.state = state
+    def _register(self, steps: int) -> TierRound:
+        if steps > self.max_steps or not self.drafter.supports(steps):
+            raise ValueError(f"tier {steps} is not one the worker can run (tiers 0..{self.max_steps}, tier 0 only if "
+                             f"listed); pass it in tiers= when building the worker")
+        round_ = self.rounds[steps] = self._build_round(steps)
+        stages = round_.stages
+        self.pool.register(SpecRuntimeState(steps, stages.speculative_num_draft_tokens, draft=stages.draft,
+                                            verify=stages.verify, draft_extend=stages.draft_extend, round=round_))
+        return round_
 
     @property
     def active_steps(self) -> int:
-        """The tier the next round runs."""
-        return self.state.speculative_num_steps
+        """The tier the next round runs (the pool's active state)."""
+        return self.pool.active_steps
 
-    def _tier(self, steps: int) -> TierState:
-        """Tier ``steps``, built (and in graph mode captured) on first use: the start-up tier is not built twice."""
-        if steps not in self._tiers:
-            if steps > self.max_steps or not self.drafter.supports(steps):
-                raise ValueError(f"tier {steps} is not one the worker was sized for (tiers 0..{self.max_steps}, "
-                                 f"tier 0 only if listed); pass it in tiers= when building the worker")
-            self._tiers[steps] = self._build_tier(steps)
-        return self._tiers[steps]
+    @property
+    def tiers(self) -> list[int]:
+        """Every tier the worker built."""
+        return self.pool.tiers()
 
-    def _build_tier(self, steps: int) -> TierState:
+    def _build_round(self, steps: int) -> TierRound:
         parents = self.drafter.tree_parents(steps)
         layout = ChainLayout(steps, self.device) if parents is None else \
             TreeLayout(parents, self.target_cache, self.device, self.drafter.keyed_sampling)
-        if len(layout.offsets) != steps + 1:
-            raise ValueError(f"tier {steps}'s draft tree has {len(layout.offsets) - 1} nodes; it must have {steps}")
-        tier = self._buffers.build(steps, layout)
+        if layout.num_draft_tokens != steps + 1:
+            raise ValueError(f"tier {steps}'s draft tree has {layout.num_draft_tokens - 1} nodes; it must have {steps}")
+        stages = self._buffers.build(steps, layout)
         eager = self._eager
         if layout.tree_mask is not None:
             eager = replace(eager, verify=EagerForward(self.target, self.target_cache, False, layout.tree_mask))
         context = self.graph_context
         if context is None:
-            tier.round = Round(tier, self.slots, self.drafter, eager, self.verifier)
-            return tier
+            return TierRound(stages, Round(stages, self.slots, self.drafter, eager, self.verifier))
         from specswap.graphs import RoundGraphs, StageGraphs
 
-        verify = StageGraphs(context, "verify", steps, self.target, self.target_cache, steps + 1, with_features=False,
-                             tree_mask=layout.tree_mask)
+        verify = StageGraphs(context, "verify", steps, self.target, self.target_cache, stages.speculative_num_draft_tokens,
+                             with_features=False, tree_mask=layout.tree_mask)
         verify.capture()
         forwards = self.drafter.stage_graphs(context, steps)
         forwards.verify = verify
-        tier.round = Round(tier, self.slots, self.drafter, forwards, self.verifier)
+        round_ = TierRound(stages, Round(stages, self.slots, self.drafter, forwards, self.verifier))
         if self.round_graphs_enabled:  # the same round with the models called directly, recorded as one tape
-            tier.round_graph = RoundGraphs(context, steps, Round(tier, self.slots, self.drafter, eager,
-                                                                 self.verifier), self.slots.seq_lens)
-            tier.round_graph.capture()
-        return tier
+            round_.graph = RoundGraphs(context, stages, Round(stages, self.slots, self.drafter, eager, self.verifier),
+                                       self.slots.seq_lens)
+            round_.graph.capture()
+        return round_
 
     def tier_memory_bytes(self) -> dict[int | str, int]:
         """Bytes each built tier's graph runners and buffers hold beyond the shared weights and caches."""
-        out: dict[int | str, int] = {}
-        for steps, tier in self._tiers.items():
-            forwards = tier.round.forwards
-            graphs = (forwards.verify, forwards.draft_extend, tier.round_graph)
-            out[steps] = tier.buffer_bytes() + sum(g.memory_bytes() for g in graphs if g is not None)
+        out: dict[int | str, int] = {steps: round_.memory_bytes() for steps, round_ in self.rounds.items()}
         if self.drafter.shared_memory_bytes():
             out["draft_steps_shared"] = self.drafter.shared_memory_bytes()
         if self.graph_context is not None and self.graph_context.pool.derived_bytes:
@@ -321,28 +293,36 @@ class EAGLEWorker:
     def decode_round(self, slots: Sequence[int]) -> RoundResult:
         """Draft k tokens per request, verify them in one target forward, accept, draft-extend, commit.
 
-        ``slots``: the running requests' cache rows (each prefilled, each with room for k more tokens).
+        ``slots``: the running requests' cache rows (each prefilled, each with room for k more tokens). The
+        round runs the pool's active state; a request with speculation off (``disable_speculative_decoding``)
+        takes part in the same forward and takes the target's own token after x_{m-1}, as a tier-0 round would.
         """
-        active = tier = self._active
+        active = self.pool.acquire().round  # the one acquire: the active tier's stages and round
+        round_ = active
+        steps = active.stages.speculative_num_steps
         if not slots:
-            return RoundResult([], [], tier.speculative_num_steps, tier.speculative_num_steps)
+            return RoundResult([], [], steps, steps)
         round_start = time.perf_counter()  # the round's cost, for the goodput policy
         table = self.slots
-        if not self.drafter.begin_round(tier, slots):
+        if not self.drafter.begin_round(round_.stages, slots):
             # nothing worth verifying (NGRAM: no request's last token occurs earlier): a plain decode, tier 0
-            tier = self._tiers[0]
+            round_ = self._plain_round
+        tier = round_.stages
         steps = tier.speculative_num_steps
         key_length = max(table.host_seq_lens[s] for s in slots) + steps  # > every position written this round
         # an all-greedy batch skips building distributions: argmax in, argmax out (same tokens)
         all_greedy = table.all_greedy(slots)
-        if all_greedy and tier.round_graph is not None:
+        plain = table.plain_rows(slots) if steps else None  # requests with speculation off, in a drafting round
+        if all_greedy and plain is None and round_.graph is not None:
             # the whole round replayed from one tape: drafts, verify, acceptance, draft-extend, commit
-            accept_lengths, next_tokens = tier.round_graph(slots, key_length)
+            accept_lengths, next_tokens = round_.graph(slots, key_length)
         else:
             slot_index = torch.tensor(slots, device=self.device)        # [B]
             sampling = None if all_greedy else table.sampling(tier, slots, slot_index, self._keyed_noise,
                                                                         self.keyed_sampling)
-            accept_lengths, next_tokens = tier.round(slot_index, key_length, sampling)
+            if plain is not None:
+                plain = table.plain_draws(plain, slots, self._keyed_noise, self.keyed_sampling)
+            accept_lengths, next_tokens = round_.run(slot_index, key_length, sampling, plain)
 
         accept_list = accept_lengths.tolist()  # the round's one host sync
         draft_list = tier.draft.draft_tokens[:len(slots)].tolist()
@@ -352,5 +332,6 @@ class EAGLEWorker:
         table.commit_round(slots, new_tokens)
         self.drafter.end_round(tier, slots)
         shadow = self.drafter.take_shadow(slots, drafting=steps > 0)
-        return RoundResult(new_tokens, accept_list, steps, active.speculative_num_steps,
-                           time.perf_counter() - round_start, not all_greedy, shadow, self.drafter.shadow_steps)
+        speculating = [True] * len(slots) if plain is None else [row not in plain.rows for row in range(len(slots))]
+        return RoundResult(new_tokens, accept_list, steps, active.stages.speculative_num_steps,
+                           time.perf_counter() - round_start, not all_greedy, speculating, shadow)

@@ -34,18 +34,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     if args.command == "train" and args.family in ("eagle", "gemma-3-270m-eagle"):
-        from . import gemma_eagle
-        target = args.target or gemma_eagle.DEFAULT_TARGET
+        from . import eagle_training
+        target = args.target or eagle_training.DEFAULT_TARGET
         if args.family == "gemma-3-270m-eagle" and target != "gemma-3-270m":
             parser.error(f"train gemma-3-270m-eagle trains for gemma-3-270m, not --target {target}; use train eagle")
-        if target not in gemma_eagle.TARGETS:
-            parser.error(f"--target {target!r}: supported targets are {', '.join(gemma_eagle.TARGETS)}")
+        if target not in eagle_training.TARGETS:
+            parser.error(f"--target {target!r}: supported targets are {', '.join(eagle_training.TARGETS)}")
         location = ["--target", target, *(part for flag, value in (("--work", args.work), ("--out", args.out))
                                           if value is not None for part in (flag, str(value)))]
         planned = ["--planned-steps", str(args.planned_steps)] if args.planned_steps else []
-        gemma_eagle.main(["--minutes", str(args.minutes), *location, *planned])
+        eagle_training.main(["--minutes", str(args.minutes), *location, *planned])
         if not args.no_measure:
-            gemma_eagle.main(["--measure", *location])
+            eagle_training.main(["--measure", *location])
         return
     if getattr(args, "target", None) is not None:
         parser.error("--target is for train eagle")

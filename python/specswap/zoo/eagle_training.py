@@ -3,7 +3,7 @@ offline text.
 
     PYTHONPATH=python python -m specswap.zoo train eagle --target gemma-3-270m --minutes 100 \
         [--work ~/.cache/specswap/<target>-eagle-run] [--out python/specswap/zoo/weights/<target>-eagle]
-    PYTHONPATH=python python -m specswap.zoo.gemma_eagle --target smollm2-135m --measure [--work ...] [--out ...]
+    PYTHONPATH=python python -m specswap.zoo.eagle_training --target smollm2-135m --measure [--work ...] [--out ...]
 
 (``train gemma-3-270m-eagle`` is the same as ``train eagle --target gemma-3-270m``.)
 
@@ -72,13 +72,13 @@ def default_out(target: str) -> Path:
 
 def load_target(name: str):
     """The bf16 target and its tokenizer, through the one loader's checkpoint resolution."""
-    from specswap.loading import resolve_checkpoint  # noqa: PLC0415
+    from .registry import resolve_checkpoint  # noqa: PLC0415
     directory = resolve_checkpoint(check_target(name), torch.bfloat16)
     return load_model(directory, torch.bfloat16).requires_grad_(False), load_tokenizer(directory)
 
 
 @dataclass(frozen=True)
-class GemmaEagleRecipe:
+class EagleHeadRecipe:
     """Every knob; recorded verbatim in training_record.json."""
 
     seed: int = 2026
@@ -143,7 +143,7 @@ def heldout_prompts(data: dict, count: int, length: int, heldout_streams) -> dic
     if count <= half:
         return {domain: rows[:count] for domain, rows in prompts.items()}
     streams = heldout_streams()
-    generator = torch.Generator().manual_seed(GemmaEagleRecipe.seed + 2)
+    generator = torch.Generator().manual_seed(EagleHeadRecipe.seed + 2)
     return {domain: torch.cat([rows, random_windows(streams[domain], count - half, length, generator)])
             for domain, rows in prompts.items()}
 
@@ -204,7 +204,7 @@ def make_head(target, token_map: torch.Tensor) -> EagleHead:
 
 
 def head_losses(head: EagleHead, draft_lm_weight: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor,
-                recipe: GemmaEagleRecipe, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+                recipe: EagleHeadRecipe, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
     """Head entry q consumes (x_q, f_{q-1}) and predicts f_q and the distribution of x_{q+1}.
 
     tokens: [B, T]; features: [B, T, H] fp32. Teacher logits over the draft vocabulary are f_q @ W_draft^T.
@@ -225,7 +225,7 @@ def head_losses(head: EagleHead, draft_lm_weight: torch.Tensor, tokens: torch.Te
 
 
 @torch.inference_mode()
-def heldout_top1(target, head: EagleHead, windows: torch.Tensor, recipe: GemmaEagleRecipe) -> dict[str, float]:
+def heldout_top1(target, head: EagleHead, windows: torch.Tensor, recipe: EagleHeadRecipe) -> dict[str, float]:
     """Agreement of the head's top-1 (mapped to target ids) with the target's full-vocabulary greedy token, per
     draft step: step 1 from the target's features, step k from the head's own features of step k-1."""
     agree = [0.0] * recipe.eval_steps
@@ -247,7 +247,7 @@ def heldout_top1(target, head: EagleHead, windows: torch.Tensor, recipe: GemmaEa
 
 # ------------------------------------------------------------------------------------------------ driver
 
-def train(minutes: float, work: Path, out: Path, recipe: GemmaEagleRecipe = GemmaEagleRecipe(),
+def train(minutes: float, work: Path, out: Path, recipe: EagleHeadRecipe = EagleHeadRecipe(),
           target_name: str = DEFAULT_TARGET, init: Path | None = None) -> dict:
     """Train (or resume) a head in ``work``; ``init``: a saved head to start from instead of a fresh one (same
     target, same draft vocabulary: its token map must equal the one this work directory's data derives)."""
@@ -363,7 +363,7 @@ def start_from(head: EagleHead, init: Path, target, token_map: torch.Tensor) -> 
             "train_seconds": record.get("train_seconds")}
 
 
-def ship(head: EagleHead, out: Path, recipe: GemmaEagleRecipe, state: dict, data: dict,
+def ship(head: EagleHead, out: Path, recipe: EagleHeadRecipe, state: dict, data: dict,
          target_name: str = DEFAULT_TARGET) -> None:
     save_eagle_head(head, out, dtype=getattr(torch, recipe.save_dtype))
     record = {
@@ -446,13 +446,13 @@ def measure(work: Path, out: Path, prompts_per_domain: int = 4, prompt_tokens: i
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m specswap.zoo.gemma_eagle", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m specswap.zoo.eagle_training", description=__doc__.split("\n")[0])
     parser.add_argument("--target", default=DEFAULT_TARGET, choices=sorted(TARGETS), help="the registry target")
     parser.add_argument("--minutes", type=float, default=100.0, help="wall-clock budget of this run")
     parser.add_argument("--work", type=Path, help="resumable work directory (default ~/.cache/specswap/<target>-eagle-run)")
     parser.add_argument("--out", type=Path, help="the head's directory (default python/specswap/zoo/weights/<target>-eagle)")
     parser.add_argument("--planned-steps", type=int, help="length of the learning-rate schedule")
-    parser.add_argument("--lr", type=float, help=f"peak learning rate (default {GemmaEagleRecipe.lr})")
+    parser.add_argument("--lr", type=float, help=f"peak learning rate (default {EagleHeadRecipe.lr})")
     parser.add_argument("--init", type=Path,
                         help="start from this saved head (same target and draft vocabulary) instead of a fresh one; "
                              "it is the head to beat: only a better one is written to --out")
@@ -467,11 +467,11 @@ def main(argv: list[str] | None = None) -> None:
     work = args.work or default_work(args.target)
     out = args.out or default_out(args.target)
     if args.measure:
-        torch.set_num_threads(GemmaEagleRecipe.threads)
+        torch.set_num_threads(EagleHeadRecipe.threads)
         print(json.dumps(measure(work, out, prompts_per_domain=args.prompts_per_domain, new_tokens=args.new_tokens,
                                  target_name=args.target), indent=2))
         return
-    recipe = GemmaEagleRecipe()
+    recipe = EagleHeadRecipe()
     if args.planned_steps:
         recipe = replace(recipe, planned_steps=args.planned_steps)
     if args.lr:

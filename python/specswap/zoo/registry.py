@@ -96,4 +96,32 @@ def resolve_gguf_file(path: str | Path, dtype: torch.dtype | str = torch.bfloat1
     return cache_dir / dtype_name
 
 
-__all__ = ["REGISTRY_MODELS", "RegistryModel", "gguf_path", "resolve", "resolve_gguf_file"]
+def is_gguf_file(name: str | Path) -> bool:
+    return str(name).lower().endswith(".gguf")
+
+
+def resolve_checkpoint(name: str | Path, dtype: torch.dtype | str = torch.bfloat16) -> Path:
+    """The one step from a model name or path to its checkpoint directory: a directory as given; a registry model
+    (above) or a GGUF file converted once into the weight cache, in ``dtype`` (or "native" blocks); or the
+    shipped zoo model a name refers to (``specswap.zoo.path``)."""
+    path = Path(name)
+    if path.is_dir():
+        return path
+    if str(name) in REGISTRY_MODELS:
+        return resolve(str(name), dtype)  # ImportError naming the extra to install without it
+    if is_gguf_file(name):
+        return resolve_gguf_file(path, dtype)
+    from specswap import zoo
+    try:
+        path = Path(zoo.path(str(name)))
+    except ValueError as error:
+        raise ValueError(f"model {str(name)!r} is neither a checkpoint directory, a .gguf file, a registry model "
+                         f"({', '.join(REGISTRY_MODELS)}) nor a zoo model: {error}") from error
+    if not path.is_dir():
+        raise ValueError(f"zoo model {str(name)!r} is not built yet ({path} is missing); build it with "
+                         f"`python -m specswap.zoo train tiny` or pass a checkpoint directory")
+    return path
+
+
+__all__ = ["REGISTRY_MODELS", "RegistryModel", "gguf_path", "is_gguf_file", "resolve", "resolve_checkpoint",
+           "resolve_gguf_file"]

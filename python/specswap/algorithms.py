@@ -1,0 +1,60 @@
+"""The speculative algorithms by name: what each drafter needs, in one place.
+
+Every caller that must know something about an algorithm (the loader: whether a draft model loads and its
+default name; the engine: whether the tokenizer's digit tokens go to the drafter; the worker: which drafter to
+build; the flags: which names are valid) asks ``algorithm(name)`` here; nothing else compares algorithm names.
+A new drafter plugs in with one entry: its Drafter class (``worker.drafter``), built from a ``DrafterContext``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+__all__ = ["Algorithm", "ALGORITHMS", "NAMES", "algorithm"]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One speculative algorithm: its name as SGLang spells it, and what its drafter needs."""
+
+    name: str | None            # None: no speculation (the flags' "NONE")
+    draft_model: str | None     # what ``draft`` must be ("an EAGLE head", "a draft model"); None: no draft model
+    draft_suffix: str | None    # a zoo or registry target's default draft is "<model>-<suffix>"
+    quantizable_draft: bool     # its draft's linears may be quantized (draft_quantization int8 / q8_0)
+    number_tokens: bool         # its drafter takes the tokenizer's digit tokens (counter extrapolation)
+    drafter: str                # "module:Class" of its Drafter, imported when a worker builds one
+
+    @property
+    def needs_draft(self) -> bool:
+        return self.draft_model is not None
+
+    @property
+    def flag(self) -> str:
+        """The name on the command line (``--speculative-algorithm``)."""
+        return self.name or "NONE"
+
+    def drafter_class(self) -> type:
+        module, _, name = self.drafter.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+ALGORITHMS: dict[str | None, Algorithm] = {entry.name: entry for entry in (
+    Algorithm("EAGLE", "an EAGLE head", "eagle", quantizable_draft=True, number_tokens=False,
+              drafter="specswap.worker.eagle:EagleDrafter"),
+    Algorithm("STANDALONE", "a draft model", "draft", quantizable_draft=False, number_tokens=False,
+              drafter="specswap.worker.standalone:StandaloneDrafter"),
+    Algorithm("NGRAM", None, None, quantizable_draft=False, number_tokens=True,
+              drafter="specswap.worker.ngram:NgramDrafter"),
+    Algorithm(None, None, None, quantizable_draft=False, number_tokens=False,
+              drafter="specswap.worker.drafter:Drafter"),
+)}
+NAMES: tuple[str, ...] = tuple(entry.flag for entry in ALGORITHMS.values())  # EAGLE STANDALONE NGRAM NONE
+
+
+def algorithm(name: str | None) -> Algorithm:
+    """The algorithm ``name`` names (None or "NONE": no speculation); ValueError lists the valid names."""
+    key = None if name in (None, "NONE") else name
+    if key not in ALGORITHMS:
+        raise ValueError(f"speculative_algorithm {name!r} is not supported; valid: {', '.join(NAMES)} (or None)")
+    return ALGORITHMS[key]
