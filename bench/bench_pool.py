@@ -1,7 +1,19 @@
-"""Python-level cost of the state pool and the policy (google-benchmark).
+"""Cost of the state pool and the policy on the decode path, from Python (google-benchmark's Python bindings),
+and optionally the C++ microbenchmarks (bench/cpp/bench_state_pool.cpp) in the same run:
 
     python bench/bench_pool.py --benchmark_min_time=0.2s
+    python bench/bench_pool.py --json results/state-pool.json [--cpp build/bench/bench_state_pool]
+
+``acquire_round`` is what a decode round does first: acquire the active state and read its round.
 """
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import google_benchmark as benchmark
 
@@ -11,7 +23,8 @@ from specswap import AdaptiveConfig, AdaptiveSpeculativeParams, SpecRuntimeState
 def _pool():
     pool = StatePool()
     for k in (1, 3, 7):
-        pool.register(SpecRuntimeState(k, k + 1, draft=object(), verify=object(), draft_extend=object()))
+        pool.register(SpecRuntimeState(k, k + 1, draft=object(), verify=object(), draft_extend=object(),
+                                       round=object()))
     pool.activate(3)
     return pool
 
@@ -24,10 +37,10 @@ def acquire(state):
 
 
 @benchmark.register
-def acquire_and_read_runner(state):
+def acquire_round(state):
     pool = _pool()
     while state:
-        pool.acquire().verify
+        pool.acquire().round
 
 
 @benchmark.register
@@ -48,5 +61,34 @@ def policy_update_batch8(state):
         params.update(batch)
 
 
+def _rows(path: Path) -> list[dict]:
+    """name and nanoseconds per iteration of every benchmark in a google-benchmark JSON output."""
+    scale = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+    return [{"name": row["name"], "ns_per_iteration": row["real_time"] * scale[row.get("time_unit", "ns")],
+             "iterations": row["iterations"]} for row in json.loads(path.read_text())["benchmarks"]]
+
+
+def main(argv: list[str]) -> None:
+    """``--json PATH``: run the Python benchmarks (and the C++ binary given by ``--cpp``) into one JSON with its
+    provenance; otherwise google-benchmark's own command line."""
+    if "--json" not in argv:
+        benchmark.main()
+        return
+    out = Path(argv[argv.index("--json") + 1])
+    cpp = Path(argv[argv.index("--cpp") + 1]) if "--cpp" in argv else None
+    from specswap.bench.provenance import stamp, write_report
+    with tempfile.TemporaryDirectory() as scratch:
+        python_out, cpp_out = Path(scratch) / "python.json", Path(scratch) / "cpp.json"
+        subprocess.run([sys.executable, __file__, "--benchmark_min_time=0.5s", f"--benchmark_out={python_out}",
+                        "--benchmark_out_format=json"], check=True)
+        report = {**stamp(argv and [sys.argv[0], *argv]), "python": _rows(python_out)}
+        if cpp is not None:
+            subprocess.run([str(cpp), "--benchmark_min_time=0.5s", f"--benchmark_out={cpp_out}",
+                            "--benchmark_out_format=json"], check=True)
+            report["cpp"] = _rows(cpp_out)
+    write_report(out, report)
+    print(f"wrote {out}")
+
+
 if __name__ == "__main__":
-    benchmark.main()
+    main(sys.argv[1:])

@@ -1,0 +1,95 @@
+"""Two checkouts of specswap side by side: the same engines (tiny and Gemma 3 270M, static and adaptive) on the
+same report prompts, each configuration run in a child process per checkout, alternating A, B, A, B over
+repeats, so a slow minute of the machine hurts both alike. Reports tokens/s per checkout and B over A.
+
+    python bench/bench_ab.py --a /path/to/old --b . --repeats 3 --json results/refactor-ab.json
+
+A checkout is a directory with ``python/specswap`` and its built ``_C`` beside it (``tools/build_inplace.sh``, or
+the installed extension linked in). The children import only the public Engine API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+from bench_engine import REPORT_CODE_PROMPTS, REPORT_REPEAT_PROMPTS  # noqa: E402  (the report set)
+
+PROMPTS = REPORT_CODE_PROMPTS[:2] + REPORT_REPEAT_PROMPTS[:2]
+CONFIGS = {  # name -> Engine keyword arguments
+    "tiny eagle static-3": dict(model="tiny", speculative_algorithm="EAGLE", speculative_num_steps=3),
+    "tiny eagle adaptive": dict(model="tiny", speculative_algorithm="EAGLE", speculative_adaptive=True),
+    "tiny ngram adaptive": dict(model="tiny", speculative_algorithm="NGRAM", speculative_adaptive=True,
+                                speculative_adaptive_config="configs/goodput.json"),
+    "gemma ngram static-3": dict(model="gemma-3-270m", speculative_algorithm="NGRAM", speculative_num_steps=3),
+    "gemma eagle adaptive": dict(model="gemma-3-270m", speculative_algorithm="EAGLE", speculative_adaptive=True,
+                                 speculative_adaptive_config="configs/goodput-eagle.json"),
+}
+
+
+def child(config: str, new_tokens: int) -> None:
+    """One configuration in this process: warm up, then decode every prompt at batch 1; prints tokens/s."""
+    import torch
+
+    import specswap
+    torch.set_num_threads(1)
+    kwargs = dict(CONFIGS[config])
+    model = kwargs.pop("model")
+    engine = specswap.Engine(model, max_batch_size=1, max_seq_len=256, **kwargs)
+    engine.generate(PROMPTS[:1], 8)  # warm-up
+    tokens, start = 0, time.perf_counter()
+    for prompt in PROMPTS:
+        tokens += len(engine.generate([prompt], new_tokens, ignore_eos=True)[0].token_ids)
+    print(json.dumps({"tokens_per_second": tokens / (time.perf_counter() - start), "tokens": tokens}))
+
+
+def run(checkout: Path, config: str, new_tokens: int) -> float:
+    env = dict(os.environ, PYTHONPATH=str(checkout / "python"), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(HERE), "--child", config, "--new-tokens", str(new_tokens)],
+                          env=env, cwd=checkout, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"{config} in {checkout} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["tokens_per_second"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", type=Path, help="the first checkout (the baseline)")
+    parser.add_argument("--b", type=Path, help="the second checkout")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.new_tokens)
+        return
+    if args.a is None or args.b is None:
+        parser.error("--a and --b name the two checkouts")
+    rows = []
+    for config in args.configs:
+        speeds = {"a": [], "b": []}
+        for repeat in range(args.repeats):
+            for side in ("a", "b") if repeat % 2 == 0 else ("b", "a"):
+                speeds[side].append(run(getattr(args, side).resolve(), config, args.new_tokens))
+        a, b = statistics.median(speeds["a"]), statistics.median(speeds["b"])
+        rows.append({"config": config, "a_tokens_per_second": a, "b_tokens_per_second": b, "b_over_a": b / a,
+                     "a_runs": speeds["a"], "b_runs": speeds["b"]})
+        print(f"{config:24s} A {a:7.1f} tok/s  B {b:7.1f} tok/s  B/A {b / a:.3f}", flush=True)
+    if args.json:
+        from specswap.bench.provenance import stamp, write_report
+        write_report(args.json, {**stamp(), "a": str(args.a), "b": str(args.b), "prompts": PROMPTS,
+                                 "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
