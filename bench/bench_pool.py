@@ -83,7 +83,8 @@ def main(argv: list[str]) -> None:
                         "--benchmark_out_format=json"], check=True)
         report = {**stamp(argv and [sys.argv[0], *argv]), "python": _rows(python_out)}
         if cpp is not None:
-            subprocess.run([str(cpp), "--benchmark_min_time=0.5s", f"--benchmark_out={cpp_out}",
+            # Debian's libbenchmark takes the seconds as a bare number
+            subprocess.run([str(cpp), "--benchmark_min_time=0.5", f"--benchmark_out={cpp_out}",
                             "--benchmark_out_format=json"], check=True)
             report["cpp"] = _rows(cpp_out)
     write_report(out, report)
