@@ -283,7 +283,8 @@ def test_spec_fields_are_computed_as_sglang_computes_them(http):
 def test_disable_speculative_decoding_is_accepted_everywhere_and_counted(http):
     def disabled_count():
         metrics = http.get("/metrics").text
-        line = next(line for line in metrics.splitlines() if line.startswith("spec_requests_speculation_disabled_total"))
+        line = next(line for line in metrics.splitlines()
+                    if line.startswith("spec_requests_speculation_disabled_total"))
         return float(line.split()[-1])
 
     before = disabled_count()

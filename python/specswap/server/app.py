@@ -33,8 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specswap.capability import cpu_capability
 from specswap.sampling import SamplingParams
 from specswap.server import native, protocol
-from specswap.server.limits import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_CHARS,  # noqa: F401 - re-exported
-                                    RETRY_AFTER_SECONDS, ServerLimits)
+from specswap.server.limits import RETRY_AFTER_SECONDS, ServerLimits
 from specswap.server.metrics import CONTENT_TYPE, ServerMetrics
 from specswap.server.protocol import APIError, ParsedRequest
 from specswap.server.scheduler import Scheduler, Update
@@ -400,7 +399,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
 
     def _unhealthy() -> JSONResponse | None:
         if metrics.draining:
-            return JSONResponse({"status": "draining"}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+            return JSONResponse({"status": "draining"}, status_code=503,
+                                headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         if not scheduler.alive:
             return JSONResponse({"status": "error", "error": repr(scheduler.error)}, status_code=503)
         return None

@@ -64,12 +64,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds from arrival after which a request is aborted (finish reason 'timeout'); "
                              "a request's own 'request_timeout' may only shorten it (default: none)")
     parser.add_argument("--max-prompts-per-request", type=int, default=DEFAULT_MAX_PROMPTS_PER_REQUEST,
-                        help=f"prompts in one /generate batch; more is a 400 (default {DEFAULT_MAX_PROMPTS_PER_REQUEST})")
+                        help=f"prompts in one /generate batch; more is a 400 "
+                             f"(default {DEFAULT_MAX_PROMPTS_PER_REQUEST})")
     parser.add_argument("--max-prompt-chars", type=int, default=DEFAULT_MAX_PROMPT_CHARS,
-                        help=f"characters (or token ids) in one prompt; more is a 400 (default {DEFAULT_MAX_PROMPT_CHARS})")
+                        help=f"characters (or token ids) in one prompt; more is a 400 "
+                             f"(default {DEFAULT_MAX_PROMPT_CHARS})")
     parser.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT,
                         help="on SIGTERM / SIGINT: seconds to let admitted requests finish before the rest are "
-                             f"aborted (finish reason 'shutdown') and the server exits 0 (default {DEFAULT_DRAIN_TIMEOUT:g})")
+                             f"aborted (finish reason 'shutdown') and the server exits 0 "
+                             f"(default {DEFAULT_DRAIN_TIMEOUT:g})")
 
 
 def max_running_requests(args: argparse.Namespace) -> int:
