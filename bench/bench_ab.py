@@ -20,10 +20,14 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parent))
-from bench_engine import REPORT_CODE_PROMPTS, REPORT_REPEAT_PROMPTS  # noqa: E402  (the report set)
+PROMPTS_VARIABLE = "SPECSWAP_AB_PROMPTS"  # the parent's prompts, as JSON, for children of either checkout
 
-PROMPTS = REPORT_CODE_PROMPTS[:2] + REPORT_REPEAT_PROMPTS[:2]
+
+def report_prompts() -> list[str]:
+    """Two code and two repeated-lines prompts of the report set (bench/bench_engine.py, this checkout's)."""
+    sys.path.insert(0, str(HERE.parent))
+    from bench_engine import REPORT_CODE_PROMPTS, REPORT_REPEAT_PROMPTS
+    return REPORT_CODE_PROMPTS[:2] + REPORT_REPEAT_PROMPTS[:2]
 CONFIGS = {  # name -> Engine keyword arguments
     "tiny eagle static-3": dict(model="tiny", speculative_algorithm="EAGLE", speculative_num_steps=3),
     "tiny eagle adaptive": dict(model="tiny", speculative_algorithm="EAGLE", speculative_adaptive=True),
@@ -43,16 +47,18 @@ def child(config: str, new_tokens: int) -> None:
     torch.set_num_threads(1)
     kwargs = dict(CONFIGS[config])
     model = kwargs.pop("model")
+    prompts = json.loads(os.environ[PROMPTS_VARIABLE])
     engine = specswap.Engine(model, max_batch_size=1, max_seq_len=256, **kwargs)
-    engine.generate(PROMPTS[:1], 8)  # warm-up
+    engine.generate(prompts[:1], 8)  # warm-up
     tokens, start = 0, time.perf_counter()
-    for prompt in PROMPTS:
+    for prompt in prompts:
         tokens += len(engine.generate([prompt], new_tokens, ignore_eos=True)[0].token_ids)
     print(json.dumps({"tokens_per_second": tokens / (time.perf_counter() - start), "tokens": tokens}))
 
 
-def run(checkout: Path, config: str, new_tokens: int) -> float:
-    env = dict(os.environ, PYTHONPATH=str(checkout / "python"), OMP_NUM_THREADS="1")
+def run(checkout: Path, config: str, new_tokens: int, prompts: list[str]) -> float:
+    env = dict(os.environ, PYTHONPATH=str(checkout / "python"), OMP_NUM_THREADS="1",
+               **{PROMPTS_VARIABLE: json.dumps(prompts)})
     done = subprocess.run([sys.executable, str(HERE), "--child", config, "--new-tokens", str(new_tokens)],
                           env=env, cwd=checkout, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
@@ -75,19 +81,19 @@ def main() -> None:
         return
     if args.a is None or args.b is None:
         parser.error("--a and --b name the two checkouts")
-    rows = []
+    prompts, rows = report_prompts(), []
     for config in args.configs:
         speeds = {"a": [], "b": []}
         for repeat in range(args.repeats):
             for side in ("a", "b") if repeat % 2 == 0 else ("b", "a"):
-                speeds[side].append(run(getattr(args, side).resolve(), config, args.new_tokens))
+                speeds[side].append(run(getattr(args, side).resolve(), config, args.new_tokens, prompts))
         a, b = statistics.median(speeds["a"]), statistics.median(speeds["b"])
         rows.append({"config": config, "a_tokens_per_second": a, "b_tokens_per_second": b, "b_over_a": b / a,
                      "a_runs": speeds["a"], "b_runs": speeds["b"]})
         print(f"{config:24s} A {a:7.1f} tok/s  B {b:7.1f} tok/s  B/A {b / a:.3f}", flush=True)
     if args.json:
         from specswap.bench.provenance import stamp, write_report
-        write_report(args.json, {**stamp(), "a": str(args.a), "b": str(args.b), "prompts": PROMPTS,
+        write_report(args.json, {**stamp(), "a": str(args.a), "b": str(args.b), "prompts": prompts,
                                  "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": rows})
 
 

@@ -175,8 +175,9 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
                   "EAGLE": EagleHead(EagleConfig.for_target(config), target.embed_tokens, target.lm_head),
                   "STANDALONE": LlamaForCausalLM(LlamaConfig(**{**config.__dict__, "num_hidden_layers": 1}))}
         drafts = {a: drafts[a] and drafts[a].to(dtype).eval() for a in algorithms}
-        if quantization == "int8" and "EAGLE" in drafts:
-            drafts["EAGLE"].quantize_int8()
+        for name, draft in drafts.items():
+            if quantization == "int8" and algorithms_registry.algorithm(name).quantizable_draft:
+                draft.quantize_int8()
         return target, drafts, ByteTokenizer(config.vocab_size)
     from specswap.loading import load_draft, load_models
     if weights is None:  # the dtype's dense weights

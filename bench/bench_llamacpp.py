@@ -267,8 +267,10 @@ def specswap_modes(args) -> dict[str, dict[str, Any]]:
 def load_specswap(args):
     """(target, EAGLE head or None, tokenizer), loaded once by an Engine as a user's Engine(MODEL) loads them."""
     from specswap.engine import Engine  # noqa: PLC0415
-    algorithm = "EAGLE" if "EAGLE" in args.algorithms else None
-    loader = Engine(MODEL, speculative_algorithm=algorithm, weights="native", max_batch_size=1, max_seq_len=64,
+    # the first algorithm with a draft model loads it (the EAGLE head); none: the target alone
+    with_draft = [name for name in args.algorithms if algorithms.algorithm(name).needs_draft]
+    loader = Engine(MODEL, speculative_algorithm=with_draft[0] if with_draft else None, weights="native",
+                    max_batch_size=1, max_seq_len=64,
                     disable_graphs=True)
     return loader.target, loader.draft, loader.tokenizer
 

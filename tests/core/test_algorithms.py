@@ -1,0 +1,62 @@
+"""specswap.algorithms: the one place that knows the speculative algorithms by name, and nothing else compares
+their names."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from specswap import algorithms
+from specswap.algorithms import ALGORITHMS, NAMES, algorithm
+from specswap.worker.drafter import Drafter
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+SCANNED = [REPOSITORY / "python" / "specswap", REPOSITORY / "bench", REPOSITORY / "tools"]
+
+
+def test_every_algorithm_names_what_its_drafter_needs():
+    assert NAMES == ("EAGLE", "STANDALONE", "NGRAM", "NONE")
+    assert algorithm("EAGLE").needs_draft and algorithm("EAGLE").quantizable_draft
+    assert algorithm("STANDALONE").draft_suffix == "draft" and not algorithm("STANDALONE").quantizable_draft
+    assert algorithm("NGRAM").number_tokens and not algorithm("NGRAM").needs_draft
+    assert algorithm(None) is algorithm("NONE") and algorithm(None).name is None
+    for entry in ALGORITHMS.values():
+        assert issubclass(entry.drafter_class(), Drafter)
+
+
+def test_an_unknown_name_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="'MEDUSA' is not supported; valid: EAGLE, STANDALONE, NGRAM, NONE"):
+        algorithm("MEDUSA")
+    with pytest.raises(ValueError, match="'eagle'"):
+        algorithm("eagle")  # names are exact, as SGLang's
+
+
+def comparisons_of_algorithm_names(roots) -> list[str]:
+    names = {name for name in NAMES}
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            if path.resolve() == Path(algorithms.__file__).resolve():
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Compare):
+                    continue
+                operands = [node.left, *node.comparators]
+                constants = {n.value for n in operands if isinstance(n, ast.Constant)}
+                constants |= {e.value for n in operands if isinstance(n, (ast.Tuple, ast.List, ast.Set))
+                              for e in n.elts if isinstance(e, ast.Constant)}
+                if constants & names:
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_nothing_outside_the_registry_compares_algorithm_names():
+    assert not comparisons_of_algorithm_names(SCANNED)
+
+
+def test_the_scan_finds_a_comparison(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "engine.py").write_text('def f(a):\n    return a == "NGRAM" or a in ("EAGLE", "X")\n')
+    assert len(comparisons_of_algorithm_names([tmp_path / "pkg"])) == 2
