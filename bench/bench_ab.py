@@ -92,8 +92,9 @@ def main() -> None:
                      "a_runs": speeds["a"], "b_runs": speeds["b"]})
         print(f"{config:24s} A {a:7.1f} tok/s  B {b:7.1f} tok/s  B/A {b / a:.3f}", flush=True)
     if args.json:
-        from specswap.bench.provenance import stamp, write_report
-        write_report(args.json, {**stamp(), "a": str(args.a), "b": str(args.b), "prompts": prompts,
+        from specswap.bench.provenance import git_commit, stamp, write_report
+        write_report(args.json, {**stamp(), "a": str(args.a), "b": str(args.b), "a_commit": git_commit(args.a),
+                                 "b_commit": git_commit(args.b), "prompts": prompts,
                                  "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": rows})
 
 

@@ -267,6 +267,34 @@ def ab_runs(data: dict) -> tuple[str, str]:
     return str(data.get("what", "")), f"second commit over {first}, median of pairs: " + ", ".join(parts)
 
 
+def serving(data: dict) -> tuple[str, str]:
+    latency = data.get("latency_s") or {}
+    what = (f"`specswap serve` under load: {data.get('clients')} clients for {data.get('minutes')} min "
+            f"(`{data.get('server_command', '')}`)")
+    rss = data.get("server_rss_mib") or {}
+    headline = (f"503 rate {fixed(data['rate_503'], 3)}, 5xx {data.get('server_errors_5xx')}, latency p50 / p95 / "
+                f"p99 {fixed(latency.get('p50', 0))} / {fixed(latency.get('p95', 0))} / {fixed(latency.get('p99', 0))} "
+                f"s, exit {data.get('exit_code')}")
+    if _number(rss.get("before")) and _number(rss.get("after")):
+        headline += f", server RSS {fixed(rss['before'], 1)} -> {fixed(rss['after'], 1)} MiB"
+    return what, headline
+
+
+def state_pool(data: dict) -> tuple[str, str]:
+    parts = [f"{row['name']} {fixed(row['ns_per_iteration'], 1)} ns" for row in data.get("python", [])]
+    parts += [f"C++ {row['name']} {fixed(row['ns_per_iteration'], 2)} ns" for row in data.get("cpp", [])
+              if row["name"].startswith(("BM_Acquire", "BM_Activate"))]
+    return "the state pool on the decode path: acquire, acquire and read the round, a switch (Python and C++)", \
+        "; ".join(parts)
+
+
+def checkouts(data: dict) -> tuple[str, str]:
+    rows = data["rows"]
+    what = (f"two checkouts side by side (`bench/bench_ab.py`, B over A, medians of {data.get('repeats')} "
+            f"alternating runs): A {data.get('a_commit', data.get('a'))}, B {data.get('b_commit', data.get('b'))}")
+    return what, ", ".join(f"{row['config']} {x(row['b_over_a'])}" for row in rows)
+
+
 def generic(data: dict) -> tuple[str, str]:
     """Top-level ratio-like numbers as they are, ratio-like keys of row lists as ranges."""
     parts = []
@@ -305,11 +333,18 @@ def kind(data: dict) -> str:
         return "training"
     if runs and all({"pair", "commit", "tokens_per_second", "model"} <= set(row) for row in runs):
         return "ab"
+    if rows and all({"config", "b_over_a"} <= set(row) for row in rows):
+        return "checkouts"
+    if isinstance(data.get("latency_s"), dict) and "rate_503" in data:
+        return "serving"
+    if isinstance(data.get("python"), list) and all("ns_per_iteration" in row for row in data["python"]):
+        return "state_pool"
     return "generic"
 
 
 SUMMARIES = {"phased": phased, "llamacpp": llamacpp, "forward": forward, "qlinear": qlinear,
-             "engine": engine_rows, "training": training, "ab": ab_runs, "generic": generic}
+             "engine": engine_rows, "training": training, "ab": ab_runs, "checkouts": checkouts, "serving": serving,
+             "state_pool": state_pool, "generic": generic}
 
 
 def summary(result: Result) -> tuple[str, str]:
