@@ -594,3 +594,11 @@ def test_figures_are_numbers_with_a_unit_or_decimals():
             "[a](results/x1.5.json), torch 2.13.0, 262144x640, T=1.0")
     assert [str(figure) for figure in figures(_blank(text, CITATION))] == ["2.4-4.4x", "3.4-3.7x", "63.8 tok/s",
                                                                            "0.498"]
+
+
+DOCS_WORD_LIMIT = 9000  # docs/ holds the contract and the how; measurements live in results/
+
+
+def test_the_docs_stay_reference_sized():
+    words = sum(len(path.read_text().split()) for path in sorted((REPOSITORY / "docs").glob("*.md")))
+    assert words < DOCS_WORD_LIMIT, f"docs/ has {words} words (limit {DOCS_WORD_LIMIT}): move measurements to results/"

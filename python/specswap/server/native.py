@@ -59,6 +59,15 @@ def _is_ids(value: Any) -> bool:
                                                           for t in value)
 
 
+def _check_lengths(prompts: list, batched: bool, field: str, unit: str, limit: int) -> None:
+    """A 400 naming the first prompt longer than ``limit`` (--max-prompt-chars) and where it is."""
+    for index, prompt in enumerate(prompts):
+        if len(prompt) > limit:
+            where = f"{field}[{index}]" if batched else field
+            raise APIError(400, f"{where} has {len(prompt)} {unit}; at most {limit} are accepted "
+                                f"(--max-prompt-chars)", field, "context_length_exceeded")
+
+
 def _prompts(body: dict, max_prompt_chars: int) -> tuple[list[str | list[int]], bool, str]:
     text, input_ids = body.get("text"), body.get("input_ids")
     if text is not None and input_ids is not None:
@@ -67,11 +76,7 @@ def _prompts(body: dict, max_prompt_chars: int) -> tuple[list[str | list[int]], 
         prompts, batched = ([text], False) if isinstance(text, str) else (text, True)
         if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
             raise _bad(f"'text' must be a string or a non-empty list of strings, got {text!r:.80}", "text")
-        for index, prompt in enumerate(prompts):
-            if len(prompt) > max_prompt_chars:
-                where = f"text[{index}]" if batched else "text"
-                raise APIError(400, f"{where} has {len(prompt)} characters; at most {max_prompt_chars} are accepted "
-                                    f"(--max-prompt-chars)", "text", "context_length_exceeded")
+        _check_lengths(prompts, batched, "text", "characters", max_prompt_chars)
         return prompts, batched, "text"
     if input_ids is not None:
         if _is_ids(input_ids):
@@ -81,11 +86,7 @@ def _prompts(body: dict, max_prompt_chars: int) -> tuple[list[str | list[int]], 
         else:
             prompts = None
         if prompts is not None:
-            for index, ids in enumerate(prompts):
-                if len(ids) > max_prompt_chars:
-                    where = f"input_ids[{index}]" if batched else "input_ids"
-                    raise APIError(400, f"{where} has {len(ids)} token ids; at most {max_prompt_chars} are accepted "
-                                        f"(--max-prompt-chars)", "input_ids", "context_length_exceeded")
+            _check_lengths(prompts, batched, "input_ids", "token ids", max_prompt_chars)
             return prompts, batched, "input_ids"
         raise _bad(f"'input_ids' must be a non-empty list of token ids or a non-empty list of such lists, got "
                    f"{input_ids!r:.80}", "input_ids")
