@@ -14,6 +14,7 @@ from specswap.worker.drafter import Drafter
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 SCANNED = [REPOSITORY / "python" / "specswap", REPOSITORY / "bench", REPOSITORY / "tools"]
+REGISTRY = Path(algorithms.__file__).name  # the registry itself, python/specswap/algorithms.py
 
 
 def test_every_algorithm_names_what_its_drafter_needs():
@@ -38,7 +39,7 @@ def comparisons_of_algorithm_names(roots) -> list[str]:
     found = []
     for root in roots:
         for path in sorted(root.rglob("*.py")):
-            if path.resolve() == Path(algorithms.__file__).resolve():
+            if path.relative_to(root).as_posix() == REGISTRY:
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if not isinstance(node, ast.Compare):
