@@ -233,11 +233,12 @@ def _native_kernels_parts() -> tuple[bool, bool]:
     """(the extension was compiled with the native kernels, ggml's CPU library is installed)."""
     import importlib.util
 
+    installed = importlib.util.find_spec("libggml") is not None
     try:
         from specswap import _core
     except ImportError:
-        return False, importlib.util.find_spec("libggml") is not None
-    return bool(getattr(_core._C, "with_ggml", False)), importlib.util.find_spec("libggml") is not None
+        return False, installed
+    return bool(getattr(_core._C, "with_ggml", False)), installed
 
 
 def native_kernels_available() -> bool:

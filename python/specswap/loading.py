@@ -99,7 +99,7 @@ def resolve_weights(weights: str, model: Any, dtype: str | torch.dtype,
         if from_gguf and on_cpu and native_kernels_available():
             weights = "native"
         else:
-            if from_gguf and on_cpu:
+            if from_gguf and on_cpu:  # "auto" would have run it natively here
                 _warn_once_without_native_kernels(model)
             torch_dtype = resolve_dtype(dtype, device)
             return ("bf16" if torch_dtype == torch.bfloat16 else "fp32"), torch_dtype
@@ -174,11 +174,12 @@ def _draft_directory(model: Any, draft: Any, algorithm: str) -> Path:
 def load_draft(model: Any, draft: Any, name: str, target: Any, quantization: str | None = None) -> Any:
     """The built draft for ``algorithm`` over the built ``target``: ``draft`` (a checkpoint) or the model's default
     (``default_draft_name``); None for NGRAM / no speculation. ``quantization``: the EAGLE head's, resolved."""
-    from specswap.models import load_draft
+    from specswap.models import load_draft as load_draft_of_kind
     spec = algorithm(name)
     if not spec.needs_draft:
         return None
-    return load_draft(spec.draft_suffix, _draft_directory(model, draft, name), target, quantization=quantization)
+    return load_draft_of_kind(spec.draft_suffix, _draft_directory(model, draft, name), target,
+                              quantization=quantization)
 
 
 def load_models(model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",

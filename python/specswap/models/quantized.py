@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .._core import _C
-from ..capability import cpu_capability
+from ..capability import cpu_capability, native_kernels_problem
 
 # ggml_type ids (ggml.h); the GGUF file stores the same numbers
 GGML_TYPES: dict[str, int] = {
@@ -32,21 +32,17 @@ REPACKED: dict[str, str] = {"Q8_0": "Q8_0x8", "Q5_0": "Q5_0x8", "Q4_1": "Q4_1x8"
 LAYOUT_TYPES: dict[str, int] = {"Q8_0x8": 1008, "Q5_0x8": 1006, "Q4_1x8": 1003, "Q4_Kx8": 1012, "Q6_Kx8": 1014}
 FILE_TYPE_OF_LAYOUT: dict[str, str] = {layout: file_type for file_type, layout in REPACKED.items()}
 GGML_TYPE_NAMES = {number: name for name, number in (GGML_TYPES | LAYOUT_TYPES).items()}
-GGML_EXTRA_HINT = "pip install libggml-python==0.20.2.post1 (a dependency of specswap on Linux x86-64)"
 
 
 def load_ggml() -> None:
     """Load ggml's CPU library once; errors say what is missing and how to get it."""
-    if not getattr(_C, "with_ggml", False):
-        raise RuntimeError("this specswap build has no quantized linears: it was compiled without the libggml-python "
-                           f"package; {GGML_EXTRA_HINT}, then reinstall specswap")
-    if _C.ggml_loaded():
-        return
-    spec = importlib.util.find_spec("libggml")
-    if spec is None or spec.origin is None:
-        raise RuntimeError(f"quantized (GGUF) weights need ggml's CPU library: {GGML_EXTRA_HINT}, "
-                           "or load the model with weights='bf16' or 'fp32'")
-    _C.ggml_load(str(Path(spec.origin).parent / "lib64"))
+    if getattr(_C, "with_ggml", False) and _C.ggml_loaded():
+        return  # every block linear of a model asks: the loaded case costs one call
+    problem = native_kernels_problem()
+    if problem is not None:
+        raise RuntimeError(f"quantized (GGUF) weights cannot run natively: {problem}; or load the model with "
+                           "weights='bf16' or 'fp32'")
+    _C.ggml_load(str(Path(importlib.util.find_spec("libggml").origin).parent / "lib64"))
     # the multi-row kernels are AVX2 code, their Q8_0-family integer dot AVX-512 VNNI where it exists (the C++
     # also checks cpuid): they run only where the capability says so, so SPECSWAP_CPU_CAPS=-avx512 runs the AVX2
     # kernels and -avx2 sends every row through ggml's vec_dot, as such CPUs would
