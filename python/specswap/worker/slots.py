@@ -86,9 +86,7 @@ class SlotTable:
         members = [slots[row] for row in plain.rows]
         if all(self.params[s].greedy for s in members):
             return plain
-        rows = [KeyedRow(self.params[s].greedy, self.params[s].temperature, self.keyed_seeds[s],
-                         self.host_seq_lens[s] - self.prompt_lens[s]) if keyed_drafts else
-                KeyedRow(self.params[s].greedy, self.params[s].temperature, self._round_key(s), 0) for s in members]
+        rows = [self._keyed_row(s, keyed_drafts) for s in members]
         index = torch.tensor(members, device=self.device)
         draws = RoundSampling(self.temperature[index], self.top_k[index], self.top_p[index],
                               any(self.params[s].needs_filter for s in members), draft_probs=None, uniforms=None,
@@ -103,18 +101,23 @@ class SlotTable:
         drawn from the request's own generator (one integer a round instead of a vocabulary of noise)."""
         batch = len(slots)
         keyed = None
-        if keyed_drafts:
-            keyed = KeyedDraws([KeyedRow(self.params[s].greedy, self.params[s].temperature, self.keyed_seeds[s],
-                                         self.host_seq_lens[s] - self.prompt_lens[s]) for s in slots], keyed_noise)
-        elif not tier.speculative_num_steps:
-            keyed = KeyedDraws([KeyedRow(self.params[s].greedy, self.params[s].temperature, self._round_key(s), 0)
-                                for s in slots], keyed_noise)
+        if keyed_drafts or not tier.speculative_num_steps:
+            keyed = KeyedDraws([self._keyed_row(s, keyed_drafts) for s in slots], keyed_noise)
         else:
             self._draw_noise(tier, slots)
         return RoundSampling(self.temperature[slot_index], self.top_k[slot_index], self.top_p[slot_index],
                              any(self.params[s].needs_filter for s in slots),
                              draft_probs=tier.draft.draft_probs[:batch], uniforms=tier.verify.uniforms[:batch],
                              residual_uniforms=tier.verify.residual_uniforms[:batch], keyed=keyed)
+
+    def _keyed_row(self, slot: int, by_position: bool) -> KeyedRow:
+        """A request's keyed draws for this round: keyed by output position (``by_position``: deterministic
+        drafts), else a tier-0 round's, keyed by a fresh key from its generator."""
+        params = self.params[slot]
+        if by_position:
+            return KeyedRow(params.greedy, params.temperature, self.keyed_seeds[slot],
+                            self.host_seq_lens[slot] - self.prompt_lens[slot])
+        return KeyedRow(params.greedy, params.temperature, self._round_key(slot), 0)
 
     def _round_key(self, slot: int) -> int:
         """A fresh key from the request's generator (greedy rows draw nothing)."""

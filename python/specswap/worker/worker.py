@@ -156,7 +156,9 @@ class SpeculativeWorker:
         for steps in all_tiers:
             self._register(steps)
         # a drafter that finds nothing worth verifying (NGRAM) runs a plain decode, tier 0, in the tier's place
-        self._plain_round = self.rounds.get(0) or self._register(0) if self.drafter.plain_fallback else None
+        self._plain_round = None
+        if self.drafter.plain_fallback:
+            self._plain_round = self.rounds[0] if 0 in self.rounds else self._register(0)
         self.pool.activate(speculative_num_steps)
 
     def _register(self, steps: int) -> TierRound:
