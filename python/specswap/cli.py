@@ -84,7 +84,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              args.draft_quantization, args.weights)
     engine = build_engine(models, algorithm, args.speculative_num_steps, args.speculative_adaptive,
                           args.speculative_adaptive_config, max_running_requests(args), args.max_seq_len,
-                          disable_graphs=args.disable_cuda_graph)
+                          disable_graphs=args.disable_cuda_graph, speculative_eagle_topk=args.speculative_eagle_topk,
+                          speculative_num_draft_tokens=args.speculative_num_draft_tokens)
     server_args = {key: value for key, value in vars(args).items() if key not in ("func", "api_key")}
     app = create_app(engine, args.served_model_name or args.model, api_key=args.api_key, server_args=server_args,
                      limits=limits)

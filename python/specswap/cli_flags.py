@@ -33,7 +33,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
                         help="EAGLE, STANDALONE, NGRAM (prompt lookup, no draft model) or NONE"
                              + ("" if default_algorithm else " (default: EAGLE when the model has a head, else NGRAM)"))
     parser.add_argument("--speculative-num-steps", type=int, default=3, help="draft steps per round (static tier)")
-    parser.add_argument("--speculative-eagle-topk", type=int, default=1, help="draft tree width; only 1 is supported")
+    parser.add_argument("--speculative-eagle-topk", type=int, default=1,
+                        help="children kept per expanded draft node: 1 drafts a chain, > 1 a tree of depth "
+                             "--speculative-num-steps (EAGLE, STANDALONE: EAGLE-2's dynamic tree; NGRAM: a trie)")
+    parser.add_argument("--speculative-num-draft-tokens", type=int, default=None,
+                        help="tokens a tree's verify reads, the root included (default steps x topk + 1; a chain: "
+                             "steps + 1)")
     parser.add_argument("--speculative-adaptive-config", default=None,
                         help="adaptive policy JSON (docs/policy.md); needs --speculative-adaptive")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
@@ -54,9 +59,21 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
 
 def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> None:
     """Start-up errors for flag combinations that would otherwise be silently ignored."""
-    if args.speculative_eagle_topk != 1:
-        raise ValueError(f"--speculative-eagle-topk {args.speculative_eagle_topk} is not supported; only 1 (a draft "
-                         f"chain) is implemented")
+    from specswap.worker.layout import tree_shape
+    try:
+        tree_shape(args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
+    except ValueError as error:  # named as the flags name it
+        raise ValueError(f"{error} (--speculative-num-steps {args.speculative_num_steps}, --speculative-eagle-topk "
+                         f"{args.speculative_eagle_topk}, --speculative-num-draft-tokens "
+                         f"{args.speculative_num_draft_tokens})") from None
+    if args.speculative_eagle_topk > 1 and args.speculative_algorithm is not None and \
+            algorithm(args.speculative_algorithm).name is None:
+        raise ValueError("--speculative-eagle-topk > 1 drafts a tree: it needs a --speculative-algorithm (EAGLE, "
+                         "STANDALONE or NGRAM); got NONE")
+    if args.speculative_eagle_topk > 1 and adaptive_flag:
+        raise ValueError("--speculative-eagle-topk > 1 with --speculative-adaptive: the adaptive policy chooses "
+                         "among chains only; run the tree as a static tier (specswap bench: --modes "
+                         "tree<steps>x<topk>x<num_draft_tokens>)")
     if args.speculative_num_steps < 1:
         raise ValueError(f"--speculative-num-steps must be >= 1, got {args.speculative_num_steps}")
     if args.speculative_adaptive_config is not None and not adaptive_flag:
@@ -72,7 +89,8 @@ def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> No
 
 def build_engine(models: LoadedModels, speculative_algorithm: str | None, speculative_num_steps: int = 3,
                  speculative_adaptive: bool = False, speculative_adaptive_config: Any = None,
-                 max_batch_size: int = 8, max_seq_len: int | None = None, disable_graphs: bool = False):
+                 max_batch_size: int = 8, max_seq_len: int | None = None, disable_graphs: bool = False,
+                 speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None):
     """An Engine over already loaded modules (no weights are copied). ``speculative_algorithm`` None or "NONE":
     target only. ``disable_graphs`` (``--disable-cuda-graph``) runs the worker eagerly."""
     from specswap.engine import Engine
@@ -81,4 +99,5 @@ def build_engine(models: LoadedModels, speculative_algorithm: str | None, specul
     return Engine(models.target, draft, spec.name, speculative_num_steps=speculative_num_steps,
                   speculative_adaptive=speculative_adaptive, speculative_adaptive_config=speculative_adaptive_config,
                   max_batch_size=max_batch_size, max_seq_len=max_seq_len, tokenizer=models.tokenizer,
-                  disable_graphs=disable_graphs)
+                  disable_graphs=disable_graphs, speculative_eagle_topk=speculative_eagle_topk,
+                  speculative_num_draft_tokens=speculative_num_draft_tokens)

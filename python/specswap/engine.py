@@ -24,6 +24,7 @@ from specswap.loading import resolve_checkpoint, resolve_dtype  # re-exported: c
 from specswap.prompt_lookup import NumberTokens
 from specswap.sampling import SamplingParams
 from specswap.worker import SpeculativeWorker
+from specswap.worker.layout import tree_shape
 
 __all__ = ["Engine", "RequestOutput", "StepOutput", "resolve_dtype", "resolve_checkpoint", "encode_text"]
 
@@ -158,7 +159,11 @@ class Engine:
     either way, only the acceptance can move. A built head is quantized, in place, only when named. ``round_graphs`` (None = auto: on for targets up to 50M parameters) also captures each tier's whole
     greedy round as one graph (docs/graphs.md). ``ngram_numbers``: NGRAM drafts extrapolate counters (``id = 4``
     after ``id = 2``, ``id = 3``) where the tokenizer writes numbers one digit per token (``specswap.prompt_lookup``);
-    False copies them as plain prompt lookup does.
+    False copies them as plain prompt lookup does. ``speculative_eagle_topk`` > 1 drafts a tree of depth
+    ``speculative_num_steps`` verifying ``speculative_num_draft_tokens`` tokens (the root included; default
+    steps x topk + 1) as SGLang's flags do, for every drafter: EAGLE and standalone keep each depth's top-k
+    children by path probability (EAGLE-2), NGRAM a trie of lookups (docs/trees.md). A tree tier is static:
+    the adaptive policy chooses among chains.
     """
 
     def __init__(self, model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",
@@ -166,8 +171,15 @@ class Engine:
                  speculative_adaptive_config: Any = None, device: str | torch.device = "cpu",
                  dtype: str | torch.dtype = "auto", max_batch_size: int = 8, max_seq_len: int | None = None,
                  tokenizer: Any = None, disable_graphs: bool = False, draft_quantization: str = "auto",
-                 round_graphs: bool | None = None, ngram_numbers: bool = True, weights: str = "auto"):
+                 round_graphs: bool | None = None, ngram_numbers: bool = True, weights: str = "auto",
+                 speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None):
         spec = algorithm(speculative_algorithm)
+        shape = tree_shape(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
+        if shape[1] > 1 and speculative_adaptive:
+            raise ValueError(f"speculative_eagle_topk {speculative_eagle_topk} with speculative_adaptive: the adaptive "
+                             f"policy chooses among chains only; run the tree {shape} as a static tier")
+        if shape[1] > 1 and spec.name is None:
+            raise ValueError("speculative_eagle_topk > 1 needs a speculative_algorithm (EAGLE, STANDALONE or NGRAM)")
         if speculative_adaptive_config is not None and not speculative_adaptive:
             raise ValueError("speculative_adaptive_config was given but speculative_adaptive is False; pass "
                              "speculative_adaptive=True to use it (the config is never silently ignored)")
@@ -201,7 +213,8 @@ class Engine:
             numbers = NumberTokens.from_tokenizer(self.tokenizer)
         self.worker = SpeculativeWorker(target, draft, spec.name, speculative_num_steps, max_batch_size,
                                         max_seq_len, tiers=tiers, graphs=not disable_graphs,
-                                        round_graphs=None if disable_graphs else round_graphs, number_tokens=numbers)
+                                        round_graphs=None if disable_graphs else round_graphs, number_tokens=numbers,
+                                        speculative_eagle_topk=shape[1], speculative_num_draft_tokens=shape[2])
         if speculative_adaptive:
             from specswap.controller import AdaptiveController
             self.controller = AdaptiveController(self.worker.pool, adaptive_config,

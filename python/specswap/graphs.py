@@ -115,13 +115,14 @@ class StageGraphs(_BucketedGraphs):
     [B, 1, V], as an EAGLE head's draft-extend needs them at the accepted length only."""
 
     def __init__(self, context: GraphContext, stage: str, speculative_num_steps: int, model: torch.nn.Module,
-                 cache, num_tokens: int, with_features: bool, tree_mask: torch.Tensor | None = None,
-                 logits_at: bool = False):
+                 cache, num_tokens: int, with_features: bool, tree_nodes: int | None = None,
+                 tree_base: bool = False, logits_at: bool = False):
         super().__init__(context, stage, speculative_num_steps, num_tokens)
         self.model = model
         self.logits_at = logits_at
-        # a tree tier's verify: the tree's mask [T, T], the same on every replay
-        self.options = {} if tree_mask is None else {"tree_mask": tree_mask}
+        # a tree tier's verify (tree_nodes = T: a replay's tree_mask [B, T, T]) or a tree drafter's frontier step
+        # (tree_base: a replay's (mask [B, T, R], base [B, 1]) region of R = tree_nodes nodes)
+        self.tree_nodes, self.tree_base = tree_nodes, tree_base
         self.cache = cache
         self.with_features = with_features
         self.device = cache.keys[0].device
@@ -143,7 +144,17 @@ class StageGraphs(_BucketedGraphs):
         for name, tensor in (("input_ids", input_ids), ("positions", positions), ("slots", slots),
                              ("logits", logits), ("hidden", hidden)):
             runner.set_buffer(name, tensor)
-        options = dict(self.options)
+        options = {}
+        if self.tree_nodes is not None:  # padded rows: each token sees itself (its region's last nodes)
+            nodes = self.tree_nodes
+            tree_mask = torch.zeros(batch, tokens, nodes, dtype=torch.bool, device=device)    # [b, T, R]
+            tree_mask[:, torch.arange(tokens), nodes - tokens + torch.arange(tokens)] = True
+            runner.set_buffer("tree_mask", tree_mask)
+            options["tree_mask"] = tree_mask
+            if self.tree_base:
+                base = torch.zeros(batch, 1, dtype=torch.long, device=device)                  # [b, 1]
+                runner.set_buffer("tree_base", base)
+                options["tree_mask"] = (tree_mask, base)
         if self.logits_at:
             options["logits_at"] = torch.zeros(batch, dtype=torch.long, device=device)  # [b]
             runner.set_buffer("logits_at", options["logits_at"])
@@ -171,9 +182,13 @@ class StageGraphs(_BucketedGraphs):
         return getattr(config, "draft_vocab_size", None) or config.vocab_size  # an EAGLE head's config has no vocab_size
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, key_length: int,
-                 features: torch.Tensor | None = None, logits_at: torch.Tensor | None = None) -> ModelOutput:
+                 features: torch.Tensor | None = None, logits_at: torch.Tensor | None = None,
+                 tree_mask=None) -> ModelOutput:
         """Replay the forward for these inputs; returns views of the runner's outputs (valid until its next replay)."""
         # input_ids, positions: [B, T]; slots: [B]; features: [B, T, H] (EAGLE head); logits_at: [B]
+        if (tree_mask is not None) != (self.tree_nodes is not None):
+            raise ValueError(f"{self.stage} graphs were captured {'with' if self.tree_nodes else 'without'} a tree "
+                             f"mask; a replay must {'pass' if self.tree_nodes else 'not pass'} one")
         if (logits_at is not None) != self.logits_at:
             raise ValueError(f"{self.stage} graphs were captured {'with' if self.logits_at else 'without'} "
                              f"logits_at; a replay must {'pass' if self.logits_at else 'not pass'} it")
@@ -196,6 +211,11 @@ class StageGraphs(_BucketedGraphs):
             rows["features"].copy_(features)
         if logits_at is not None:
             rows["logits_at"].copy_(logits_at)
+        if tree_mask is not None:
+            if self.tree_base:
+                tree_mask, base = tree_mask
+                rows["tree_base"].copy_(base)
+            rows["tree_mask"].copy_(tree_mask)
         runner.replay()
         return ModelOutput(logits=rows["logits"], hidden=rows["hidden"])
 

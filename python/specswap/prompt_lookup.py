@@ -87,6 +87,51 @@ def propose_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATC
     return []
 
 
+def propose_ngram_tree(tokens: list[int], depth: int, topk: int, max_nodes: int, max_match: int = NGRAM_MAX_MATCH,
+                       min_match: int = NGRAM_MIN_MATCH, numbers: NumberTokens | None = None,
+                       max_sources: int = 16) -> tuple[list[int], list[int]]:
+    """A trie of continuations: ``propose_ngram``'s drafts first, then what followed other occurrences of the
+    text's suffix (the longest suffixes first, the latest occurrences first), merged so that a node keeps at
+    most ``topk`` children, the trie at most ``max_nodes`` nodes and ``depth`` levels. Returns (node tokens,
+    node parents), nodes numbered from 1 in insertion order (a parent comes before its children; 0 is the
+    text's last token, the root); ([], []) when nothing occurs earlier."""
+    primary = propose_ngram(tokens, depth, max_match, min_match, numbers)
+    if not primary:
+        return [], []
+    node_tokens: list[int] = []
+    parents: list[int] = []
+    child_of: dict[tuple[int, int], int] = {}
+    children = [0]
+
+    def insert(branch: list[int]) -> None:
+        node = 0
+        for token in branch[:depth]:
+            if (node, token) in child_of:
+                node = child_of[node, token]
+                continue
+            if len(node_tokens) >= max_nodes or children[node] >= topk:
+                return
+            node_tokens.append(token)
+            parents.append(node)
+            children[node] += 1
+            children.append(0)
+            child_of[node, token] = len(node_tokens)
+            node = len(node_tokens)
+
+    insert(primary)
+    length, sources = len(tokens), 0
+    for size in range(min(max_match, length - 1), min_match - 1, -1):
+        pattern = tokens[length - size:]
+        end = _latest_end(tokens, pattern, length - 1)
+        while end is not None and sources < max_sources and len(node_tokens) < max_nodes:
+            insert(tokens[end:end + depth])
+            sources += 1
+            end = _latest_end(tokens, pattern, end - 1)
+        if sources >= max_sources or len(node_tokens) >= max_nodes:
+            break
+    return node_tokens, parents
+
+
 def _latest_end(tokens: list[int], pattern: list[int], last_end: int) -> int | None:
     """The end (index past the last token) of the latest occurrence of ``pattern`` ending at or before
     ``last_end``; None if there is none."""

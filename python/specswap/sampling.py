@@ -35,7 +35,7 @@ __all__ = [
     "sample_keyed",
     "accept_keyed",
     "accept_greedy_tree",
-    "accept_keyed_tree",
+    "accept_keyed_tree", "accept_tree_law",
     "keyed_draws",
     "accept",
     "Verifier",
@@ -489,13 +489,17 @@ def accept_greedy_tree(target_logits: torch.Tensor, node_tokens: torch.Tensor, p
     is the target's argmax after its parent, then the target's argmax after that node.
 
     target_logits: [B, T, V] after each node; node_tokens: [B, T] (node 0, the root, is x_{m-1});
-    parents: [T] (the root's own index for the root); ancestors: [T, T] float, 1 where the column is a non-root
-    ancestor-or-self of the row; depth_rank: [T] distinct ranks ordering nodes by depth. A chain gives
-    accept_greedy's result. No host sync. Returns (last accepted node [B], next_tokens [B]).
+    parents: [T] or [B, T] (the root's own index for the root); ancestors: [T, T] or [B, T, T] float, 1 where the
+    column is a non-root ancestor-or-self of the row; depth_rank: [T] or [B, T] distinct ranks ordering nodes
+    by depth. A chain gives accept_greedy's result. No host sync. Returns (last accepted node [B], next_tokens
+    [B]).
     """
     target_argmax = argmax(target_logits)                                   # [B, T]
-    misses = (node_tokens != target_argmax[:, parents]).float()             # [B, T]
-    accepted = (misses @ ancestors.T) == 0                                  # [B, T]; the root always
+    batch, nodes = target_argmax.shape
+    expected = target_argmax.gather(1, parents.expand(batch, nodes))        # [B, T] the argmax after the parent
+    misses = (node_tokens != expected).to(ancestors.dtype)                  # [B, T]
+    ancestors = ancestors.expand(batch, nodes, nodes)
+    accepted = torch.bmm(ancestors, misses.unsqueeze(-1)).squeeze(-1) == 0  # [B, T]; the root always
     last = (accepted * depth_rank).argmax(dim=-1)                           # [B]
     return last, target_argmax.gather(1, last.unsqueeze(-1)).squeeze(-1)
 
@@ -512,6 +516,51 @@ def accept_keyed_tree(draw: Callable[[int], int], node_tokens: Sequence[int],
         if child is None:
             return path, token
         path.append(child)
+
+
+def accept_tree_law(target_law: Callable[[int], torch.Tensor], node_tokens: Sequence[int],
+                    children: Sequence[Sequence[int]], child_law: Callable[[int], torch.Tensor | None],
+                    uniforms: Sequence[float], residual_uniform: float) -> tuple[list[int], int]:
+    """Multi-draft speculative sampling down a draft tree (SpecInfer's and EAGLE-2's recursive rejection):
+    at the current node with target law p, try each child c in turn: accept it with probability
+    min(1, p(c) / q_c(c)), q_c the law its token was drawn from; on rejection p becomes the normalised residual
+    max(p - q_c, 0) and the next sibling is tried. An accepted child becomes the current node; when every
+    child is rejected (or the node is a leaf) the emitted token is drawn from p. The emitted path follows the
+    target's law exactly whenever each child is drawn from its q_c given the siblings tried before it (children
+    drawn independently from one law, or a point mass: ``child_law(c)`` None, a top-k child, where the rule
+    accepts with p(c) and removes c from p).
+
+    ``target_law(node)``: the target's law [V] after that node; ``uniforms``: one per child tried (the tries
+    along a path never exceed the nodes); ``residual_uniform``: the final draw. Returns (the accepted path of
+    node indices, root first; the emitted token).
+    """
+    path, tries = [0], 0
+    while True:
+        law = target_law(path[-1]).double()
+        for child in children[path[-1]]:
+            token, draft = node_tokens[child], child_law(child)
+            ratio = law[token] if draft is None else law[token] / draft[token].double()
+            accepted = uniforms[tries] < ratio
+            tries += 1
+            if accepted:
+                path.append(child)
+                break
+            law = _tree_residual(law, token, draft)
+        else:
+            uniform = torch.tensor([residual_uniform], dtype=torch.float32, device=law.device)
+            return path, int(sample_from_cdf(law.unsqueeze(0), uniform)[0])
+
+
+def _tree_residual(law: torch.Tensor, token: int, draft: torch.Tensor | None) -> torch.Tensor:
+    """max(p - q, 0), normalised (q a point mass at ``token`` when None); p itself if nothing is left (p <= q
+    everywhere: then the child was accepted with probability one)."""
+    if draft is None:
+        residual = law.clone()
+        residual[token] = 0.0
+    else:
+        residual = (law - draft.double()).clamp_min(0.0)
+    total = residual.sum()
+    return residual / total if total > 0 else law
 
 
 # ---- the one acceptance entry point of a decode round ---------------------------------------------------
@@ -583,6 +632,7 @@ class Verifier:
     from_logits: Callable | None = accept_from_logits
     keyed: Callable = accept_keyed
     keyed_tree: Callable = accept_keyed_tree
+    tree_law: Callable = accept_tree_law
 
 
 LOSSLESS = Verifier()
@@ -626,9 +676,10 @@ def _accept_keyed_rows(accept_row: Callable, logits: torch.Tensor, draft_tokens:
 
 
 def keyed_draws(logits: torch.Tensor, sampling: RoundSampling,
-                depths: Sequence[int] | None = None) -> list[Callable[[int], int]]:
+                depths: Sequence[int] | Sequence[Sequence[int]] | None = None) -> list[Callable[[int], int]]:
     """One ``draw(i)`` per request over logits [B, T, V]: the target's token after verified token i, the argmax
-    for greedy rows, else keyed by output position start + depths[i] (a chain's depths are 0..T-1)."""
+    for greedy rows, else keyed by output position start + depths[i] (a chain's depths are 0..T-1; per row:
+    a list of lists)."""
     temperature, top_k, top_p, apply_filters = sampling.temperature, sampling.top_k, sampling.top_p, \
         sampling.apply_filters
     noise = sampling.keyed.noise
@@ -644,7 +695,8 @@ def keyed_draws(logits: torch.Tensor, sampling: RoundSampling,
                                               top_k[row:row + 1], top_p[row:row + 1], True)[0].log()
             else:
                 log_weights = logits[row, i].float() / keyed.temperature
-            depth = i if depths is None else depths[i]
+            row_depths = depths[row] if depths is not None and isinstance(depths[0], (list, tuple)) else depths
+            depth = i if row_depths is None else row_depths[i]
             return sample_keyed(log_weights, position_key(keyed.seed, keyed.start + depth), noise)
         draws.append(draw)
     return draws

@@ -62,8 +62,15 @@ def test_serve_tiny_eagle_adaptive_from_the_command_line(tmp_path):
 
 
 def test_start_up_errors_name_the_flag(tmp_path, capsys):
-    assert main(["serve", "--speculative-eagle-topk", "2"]) == 2
-    assert "--speculative-eagle-topk 2 is not supported" in capsys.readouterr().err
+    assert main(["serve", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "2",
+                 "--speculative-algorithm", "NGRAM"]) == 2
+    err = capsys.readouterr().err
+    assert "speculative_num_draft_tokens 2 does not fit" in err and "--speculative-num-draft-tokens 2" in err
+    assert main(["serve", "--speculative-eagle-topk", "2"]) == 2  # the default algorithm: NONE
+    assert "drafts a tree: it needs a --speculative-algorithm" in capsys.readouterr().err
+    assert main(["serve", "--speculative-eagle-topk", "2", "--speculative-algorithm", "NGRAM",
+                 "--speculative-adaptive"]) == 2
+    assert "chooses among chains only" in capsys.readouterr().err
     assert main(["serve", "--speculative-adaptive"]) == 2  # adaptive with the default NONE algorithm
     assert "needs a --speculative-algorithm" in capsys.readouterr().err
     assert main(["serve", "--model", "no-such-model", "--speculative-algorithm", "NGRAM"]) == 2
@@ -80,6 +87,7 @@ def test_start_up_errors_name_the_flag(tmp_path, capsys):
 def test_adaptive_config_without_the_flag_is_refused():
     class Args:
         speculative_eagle_topk = 1
+        speculative_num_draft_tokens = None
         speculative_num_steps = 3
         speculative_adaptive_config = "x.json"
         speculative_algorithm = "EAGLE"

@@ -71,11 +71,11 @@ def test_tree_forward_equals_each_branch_as_a_chain(name, kernel):
     vocab = model.config.vocab_size
     prefix = [(7 * i + 3) % vocab for i in range(9)]
     nodes = [prefix[-1], 11, 12, 21, 22]                       # root (x_{m-1}) then the two branches
-    layout = TreeLayout(TWO_BRANCHES, None, torch.device("cpu"), keyed_sampling=True)
+    layout = TreeLayout.fixed(TWO_BRANCHES, None, torch.device("cpu"))
     cache = model.make_cache(1, 32)
     forward(model, cache, prefix[:-1], list(range(len(prefix) - 1)))
     root = len(prefix) - 1
-    tree = forward(model, cache, nodes, [root + d for d in layout.depths], tree_mask=layout.tree_mask)
+    tree = forward(model, cache, nodes, [root + d for d in layout.depths[0].tolist()], tree_mask=layout.tree_mask)
     for branch in ([0, 1, 2], [0, 3, 4]):
         chain_cache = model.make_cache(1, 32)
         forward(model, chain_cache, prefix[:-1], list(range(len(prefix) - 1)))
@@ -109,16 +109,16 @@ def test_bad_trees_are_refused():
     device = torch.device("cpu")
     for parents in ((0, 0), (-1, 1), (-1, 0, 3), ()):
         with pytest.raises(ValueError, match="must start with -1"):
-            TreeLayout(parents, None, device, keyed_sampling=True)
-    with pytest.raises(ValueError, match="multi-draft acceptance"):
-        TreeLayout(TWO_BRANCHES, None, device, keyed_sampling=False)
+            TreeLayout.fixed(parents, None, device)
+    with pytest.raises(ValueError, match="impossible"):
+        TreeLayout(4, 4, None, device, 1)
 
 
 # ---- acceptance ---------------------------------------------------------------------------------------
 
 
 def chain(length):
-    return TreeLayout((-1, *range(length - 1)), None, torch.device("cpu"), keyed_sampling=True)
+    return TreeLayout.fixed((-1, *range(length - 1)), None, torch.device("cpu"))
 
 
 def test_tree_acceptance_on_a_chain_is_chain_acceptance():
@@ -140,7 +140,7 @@ def test_tree_acceptance_on_a_chain_is_chain_acceptance():
 
 
 def test_tree_acceptance_follows_the_branch_the_target_chose():
-    layout = TreeLayout(TWO_BRANCHES, None, torch.device("cpu"), keyed_sampling=True)
+    layout = TreeLayout.fixed(TWO_BRANCHES, None, torch.device("cpu"))
     vocab = 30
     # the target's choice after each node: root -> 21, node 3 (21) -> 22, node 4 (22) -> 5
     choice = torch.tensor([21, 12, 0, 22, 5])

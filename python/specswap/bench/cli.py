@@ -27,8 +27,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1,
                         help="warm-up requests per mode, on a throwaway engine with the same settings (0: none)")
     parser.add_argument("--modes", nargs="+", default=None,
-                        help="subset of: baseline, static<k>, adaptive (default: baseline, one static mode per "
-                             "candidate tier, adaptive)")
+                        help="subset of: baseline, static<k>, tree<steps>x<topk>x<num_draft_tokens> (a static draft "
+                             "tree, e.g. tree3x2x6), adaptive (default: baseline, one static mode per candidate tier, "
+                             "adaptive)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the modes this many times, interleaved; figures pool every repeat")
     parser.add_argument("--seed", type=int, default=0, help="request i of a mode is seeded with seed + i")
@@ -63,9 +64,15 @@ def mode_settings(modes: list[str] | None, algorithm: str | None, steps: list[in
     for name in modes:
         if name.startswith("static") and name[6:].isdigit() and algorithm is not None:
             available.setdefault(name, {"speculative_algorithm": algorithm, "speculative_num_steps": int(name[6:])})
+        shape = name[4:].split("x")
+        if name.startswith("tree") and len(shape) == 3 and all(p.isdigit() for p in shape) and algorithm is not None:
+            steps, topk, nodes = map(int, shape)  # tree<steps>x<topk>x<num_draft_tokens>, as SGLang's three flags
+            available.setdefault(name, {"speculative_algorithm": algorithm, "speculative_num_steps": steps,
+                                        "speculative_eagle_topk": topk, "speculative_num_draft_tokens": nodes})
     unknown = [name for name in modes if name not in available]
     if unknown:
-        raise ValueError(f"unknown bench mode(s) {unknown}; valid: {', '.join(available)} (or static<k>)")
+        raise ValueError(f"unknown bench mode(s) {unknown}; valid: {', '.join(available)} (or static<k>, "
+                         f"tree<steps>x<topk>x<num_draft_tokens>)")
     return {name: available[name] for name in modes}
 
 

@@ -102,8 +102,11 @@ class EagleHead(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 cache: KVCache | None, slots: torch.Tensor | None, key_length: int | None = None,
-                logits_at: torch.Tensor | None = None) -> ModelOutput:
+                logits_at: torch.Tensor | None = None, tree_mask=None) -> ModelOutput:
         """input_ids, positions: [B, T]; features: [B, T, H]; slots: [B] -> logits [B, T, Vd], hidden [B, T, H].
+
+        ``tree_mask`` (a ``layers.TreeRegion``, or [T, T] / [B, T, T]): the tokens are draft-tree nodes
+        (``layers.plan_attention``), as a tree drafter's steps feed them.
 
         ``logits_at`` ([B]): logits at that position of each row only ([B, 1, Vd]; a catch-up over many tokens
         needs the last one's, and the LM head over every row would cost more than the layer).
@@ -115,7 +118,7 @@ class EagleHead(nn.Module):
             hidden = self.layers[0](hidden, cos, sin, None, None, None, positions, None)
         else:
             check_cache(cache, 1, input_ids, slots)
-            plan = plan_attention(positions, cache, key_length)
+            plan = plan_attention(positions, cache, key_length, tree_mask=tree_mask)
             hidden = self.layers[0](hidden, cos, sin, cache.keys[0], cache.values[0], slots, positions, plan)
         hidden = self.norm(hidden)
         rows = hidden if logits_at is None else \

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -125,12 +126,30 @@ class AttentionPlan:
     write_positions: torch.Tensor  # [B, T] cache positions the T new keys/values are stored at
 
 
-def keys_needed(positions: torch.Tensor, tree_mask: torch.Tensor | None) -> int:
+class TreeRegion(NamedTuple):
+    """A forward's tokens as the last T nodes of a draft tree stored from cache position ``base``: node r of the
+    region sits at base + r. ``mask`` [B, T, R] (R >= T): True where new token t may see region node r (its
+    ancestors and itself). A drafter's tree steps pass one (each depth's frontier sees the nodes drafted before
+    it); a plain ``tree_mask`` [T, T] is the region of the T tokens themselves, based at the first one's position.
+    Any (mask, base) pair is taken as one (the worker, which imports no model module, passes tuples)."""
+
+    mask: torch.Tensor   # [B, T, R] bool
+    base: torch.Tensor   # [B, 1] int64
+
+
+def _region(positions: torch.Tensor, tree_mask: torch.Tensor | TreeRegion) -> TreeRegion:
+    if isinstance(tree_mask, tuple):  # a TreeRegion, or the (mask, base) pair a drafter builds
+        return TreeRegion(*tree_mask)
+    return TreeRegion(tree_mask, positions[:, :1])
+
+
+def keys_needed(positions: torch.Tensor, tree_mask: torch.Tensor | TreeRegion | None) -> int:
     """The key length a forward at ``positions`` reads: past its last position, or its last tree node's (a host
     sync; callers that know it pass ``key_length`` instead)."""
     if tree_mask is None:
         return int(positions.max().item()) + 1
-    return int(positions[:, 0].max().item()) + positions.shape[1]
+    region = _region(positions, tree_mask)
+    return int(region.base.max().item()) + region.mask.shape[-1]
 
 
 def plan_attention(positions: torch.Tensor, cache: KVCache, key_length: int | None = None,
@@ -144,7 +163,8 @@ def plan_attention(positions: torch.Tensor, cache: KVCache, key_length: int | No
     tokens are the nodes of a draft tree whose root is the first. Node i is then stored at cache position
     positions[:, 0] + i (not at its own position, which is its depth past the root's and is shared by
     siblings); it sees every key before the root's position (by the sliding window of its own position) and
-    the nodes the mask names. ``key_length`` must exceed positions[:, 0] + T - 1.
+    the nodes the mask names. ``key_length`` must exceed positions[:, 0] + T - 1. A ``TreeRegion`` stores
+    the T tokens as the last nodes of a larger region (a drafter's tree steps).
     """
     # positions: [B, T]
     if key_length is None:
@@ -159,15 +179,17 @@ def plan_attention(positions: torch.Tensor, cache: KVCache, key_length: int | No
         write_positions = positions
     else:
         length = positions.shape[1]
-        if tree_mask.shape[-2:] != (length, length):
-            raise ValueError(f"tree_mask has shape {tuple(tree_mask.shape)}; it must be [T, T] or [B, T, T] "
-                             f"for T={length} tokens")
-        root = positions[:, :1]                                   # [B, 1]
-        write_positions = root + torch.arange(length, device=positions.device)        # [B, T]
+        region = _region(positions, tree_mask)
+        nodes = region.mask.shape[-1]
+        if region.mask.shape[-2] != length or nodes < length:
+            raise ValueError(f"tree_mask has shape {tuple(region.mask.shape)}; it must be [T, T] or [B, T, T] "
+                             f"(a TreeRegion: [B, T, R], R >= T) for T={length} tokens")
+        root = region.base                                        # [B, 1]
+        write_positions = root + (nodes - length) + torch.arange(length, device=positions.device)  # [B, T]
         node = key_positions - root                               # [B, L]: key's node index, if in the tree
-        in_tree = (node >= 0) & (node < length)
-        tree = tree_mask.expand(positions.shape[0], length, length)                   # [B, T, T]
-        sees_node = tree.gather(2, node.clamp(0, length - 1)[:, None, :].expand(-1, length, -1))  # [B, T, L]
+        in_tree = (node >= 0) & (node < nodes)
+        tree = region.mask.expand(positions.shape[0], length, nodes)                  # [B, T, R]
+        sees_node = tree.gather(2, node.clamp(0, nodes - 1)[:, None, :].expand(-1, length, -1))  # [B, T, L]
         mask = ((node < 0)[:, None, None, :] | (in_tree[:, None, :] & sees_node)[:, None])       # [B, 1, T, L]
     if sliding_window is not None:
         mask = mask & (key_positions > query_positions - sliding_window)

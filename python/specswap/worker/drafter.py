@@ -7,10 +7,14 @@ to the accepted tokens (``extend``), and catches up requests it fell behind on
 parts, outside any graph. One implementation per algorithm: ``EagleDrafter``
 (``worker.eagle``), ``StandaloneDrafter`` (``worker.standalone``),
 ``NgramDrafter`` (``worker.ngram``) and ``Drafter`` itself (no speculation).
-A tree drafter is one more: ``tree_parents(steps)`` names its tree's shape,
-``draft`` fills the nodes' tokens, and the tier's layout
-(``worker.layout.TreeLayout``) masks the verify and lays the accepted path out
-as a chain, so ``extend`` and the round driver see a chain either way.
+At a tree tier (``speculative_eagle_topk`` > 1) ``draft`` fills the tree's
+node tokens and each request's parents (the tier layout's ``parents``):
+EAGLE and standalone expand the top-k children of each depth's frontier and
+keep the best nodes by path probability (``expand_tree``, EAGLE-2), NGRAM
+merges several lookups into a trie. A custom drafter may name one fixed tree
+instead (``tree_parents(steps)``). The layout (``worker.layout.TreeLayout``)
+masks the verify and lays the accepted path out as a chain, so ``extend`` and
+the round driver see a chain either way.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class Drafter:
     keyed_sampling = True
     # whether begin_round may find nothing worth verifying, so the worker keeps a plain-decode round (tier 0)
     plain_fallback = False
+    drafts_trees = False  # fills a tree tier's nodes and parents (speculative_eagle_topk > 1)
 
     @classmethod
     def build(cls, context: DrafterContext) -> "Drafter":
@@ -131,8 +136,9 @@ class Drafter:
         """The draft's entries of an eager tier's Forwards (verify filled in by the worker)."""
         return Forwards(verify=None)
 
-    def stage_graphs(self, context, steps: int) -> Forwards:
-        """Capture the draft's stages of tier ``steps`` (graph mode); verify filled in by the worker."""
+    def stage_graphs(self, context, steps: int, topk: int = 1) -> Forwards:
+        """Capture the draft's stages of tier ``steps`` (a tree of ``topk`` children per node when > 1; graph
+        mode); verify filled in by the worker."""
         return Forwards(verify=None)
 
 
@@ -143,6 +149,7 @@ class ModelDrafter(Drafter):
     """
 
     keyed_sampling = False
+    drafts_trees = True
     lag = 1
     with_features = False
     draft_widths: tuple[int, ...] = (1,)
@@ -152,6 +159,7 @@ class ModelDrafter(Drafter):
         # positions 0..draft_len-1 of the draft cache are valid
         self.draft_len = [0] * len(slots.host_seq_lens)
         self._step_graphs: dict[int, object] | None = None  # draft-step StageGraphs, shared by every tier
+        self._tree_graphs: dict[tuple[int, int], object] = {}  # frontier-step StageGraphs by (topk, depth)
 
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         if tier.speculative_num_steps:
@@ -189,24 +197,32 @@ class ModelDrafter(Drafter):
 
     def eager_forwards(self) -> Forwards:
         step = EagerForward(self.model, self.cache, self.with_features)
-        return Forwards(verify=None, draft_steps={width: step for width in self.draft_widths})
+        return Forwards(verify=None, draft_steps={width: step for width in self.draft_widths},
+                        tree_steps={None: step})
 
-    def stage_graphs(self, context, steps: int) -> Forwards:
+    def stage_graphs(self, context, steps: int, topk: int = 1) -> Forwards:
         if not steps:
             return Forwards(verify=None)
-        if self._step_graphs is None:
-            from specswap.graphs import StageGraphs
+        from specswap.graphs import StageGraphs
 
+        for depth in range(1, steps if topk > 1 else 1):  # a tree's frontier steps: depths 1..steps-1
+            if (topk, depth) not in self._tree_graphs:
+                graphs = StageGraphs(context, "draft", steps, self.model, self.cache, topk,
+                                     with_features=self.with_features, tree_nodes=topk * depth, tree_base=True)
+                graphs.capture()
+                self._tree_graphs[topk, depth] = graphs
+        if self._step_graphs is None:
             self._step_graphs = {}
             for width in self.draft_widths:
                 graphs = StageGraphs(context, "draft", steps, self.model, self.cache, width,
                                      with_features=self.with_features)
                 graphs.capture()
                 self._step_graphs[width] = graphs
-        return Forwards(verify=None, draft_steps=self._step_graphs)
+        return Forwards(verify=None, draft_steps=self._step_graphs, tree_steps=self._tree_graphs)
 
     def shared_memory_bytes(self) -> int:
-        return sum(g.memory_bytes() for g in (self._step_graphs or {}).values())
+        graphs = (*(self._step_graphs or {}).values(), *self._tree_graphs.values())
+        return sum(g.memory_bytes() for g in graphs)
 
 
 def sample_draft(draft: DraftStage, step: int, logits: torch.Tensor, sampling: RoundSampling | None,
@@ -234,3 +250,58 @@ def sample_draft(draft: DraftStage, step: int, logits: torch.Tensor, sampling: R
         tokens = token_map[draft_ids]
     draft.draft_tokens[:batch, step] = tokens
     return tokens
+
+
+def expand_tree(tier: TierStages, first_logits: torch.Tensor, step, token_map: torch.Tensor | None) -> torch.Tensor:
+    """EAGLE-2's dynamic draft tree, on tensors (no host sync): the top-k tokens of ``first_logits`` [B, Vd] are
+    depth 1; at each further depth the frontier (the k best nodes of the depth before, by path probability:
+    the product of the draft's probabilities along the path) runs through the draft in one forward, k rows per
+    request, and each frontier node's top-k children are candidates. The tier's num_draft_tokens - 1 best
+    candidates by path probability (a child never beats its parent; ties keep the earlier, shallower one) are
+    the tree: written in candidate order (parents first) into the tier's draft tokens and its layout's parents.
+
+    ``step(tokens [B, k], depth, frontier_parents [B, k] or None, region (mask [B, k, R], None)) -> logits
+    [B, k, Vd]``: the draft over the frontier of ``depth``, stored as the last k nodes of a region of R = k *
+    depth nodes (the frontiers so far; the drafter sets the region's base); frontier_parents[b, j] is the
+    frontier node of the step before that node j descends from (None at depth 1). Returns each tree node's
+    index in that region [B, T-1] (-1: a node never expanded, a leaf), where its draft state was stored.
+    """
+    topk, depth, nodes = tier.speculative_eagle_topk, tier.speculative_num_steps, tier.speculative_num_draft_tokens
+    batch = first_logits.shape[0]
+    device = first_logits.device
+    scores, ids = torch.log_softmax(first_logits.float(), dim=-1).topk(topk, dim=-1)     # [B, k]
+    tokens = ids if token_map is None else token_map[ids]
+    all_scores, all_tokens, all_parents = [scores], [tokens], [torch.full_like(ids, -1)]  # candidate parents
+    all_regions = [torch.arange(topk, device=device).expand(batch, -1)]                  # region index or -1
+    frontier = torch.arange(topk, device=device).expand(batch, -1)                        # [B, k] candidates
+    region = torch.eye(topk, dtype=torch.bool, device=device).expand(batch, -1, -1)      # [B, k, k]
+    frontier_parents, offset = None, topk
+    for level in range(1, depth):
+        logits = step(tokens, level, frontier_parents, region)                            # [B, k, Vd]
+        child_scores, child_ids = (torch.log_softmax(logits.float(), dim=-1)
+                                   + scores.unsqueeze(-1)).topk(topk, dim=-1)             # [B, k, k]
+        child_tokens = child_ids if token_map is None else token_map[child_ids]
+        all_scores.append(child_scores.flatten(1))
+        all_tokens.append(child_tokens.flatten(1))
+        all_parents.append(frontier.unsqueeze(-1).expand(-1, -1, topk).flatten(1))
+        scores, best = child_scores.flatten(1).topk(topk, dim=-1)                         # [B, k] next frontier
+        frontier_parents = best // topk
+        tokens = child_tokens.flatten(1).gather(1, best)
+        frontier = offset + best
+        all_regions.append(torch.full((batch, topk * topk), -1, dtype=torch.long, device=device).scatter(
+            1, best, torch.arange(level * topk, (level + 1) * topk, device=device).expand(batch, -1)))
+        offset += topk * topk
+        width = region.shape[-1]
+        region = torch.cat((region.gather(1, frontier_parents.unsqueeze(-1).expand(-1, -1, width)),
+                            torch.eye(topk, dtype=torch.bool, device=device).expand(batch, -1, -1)), dim=-1)
+    candidate_scores = torch.cat(all_scores, dim=1)                                      # [B, C]
+    order = torch.sort(candidate_scores, dim=-1, descending=True, stable=True).indices[:, :nodes - 1]
+    chosen = order.sort(dim=-1).values                                                   # [B, T-1] parents first
+    tier.draft.draft_tokens[:batch] = torch.cat(all_tokens, dim=1).gather(1, chosen)
+    parent = torch.cat(all_parents, dim=1).gather(1, chosen)                             # [B, T-1] candidate
+    node_of = torch.zeros(batch, candidate_scores.shape[1] + 1, dtype=torch.long, device=device)
+    node_of.scatter_(1, chosen + 1, torch.arange(1, nodes, device=device).expand(batch, -1))
+    layout = tier.verify.layout
+    layout.parents[:batch, 0] = 0
+    layout.parents[:batch, 1:] = node_of.gather(1, parent + 1)                           # the root: 0
+    return torch.cat(all_regions, dim=1).gather(1, chosen)

@@ -1,4 +1,4 @@
-"""EAGLE drafting: an EAGLE head over the target's hidden states (topk = 1 chains).
+"""EAGLE drafting: an EAGLE head over the target's hidden states, in chains or EAGLE-2 dynamic trees.
 
 Head position j consumes (embed(x_{j+1}), f_j), f_j the target hidden at j. Its
 KV is valid through m-2, and the head output at m-2 (the logits for d_1 and the
@@ -9,13 +9,19 @@ m-1..m+a-1, padded to T = k+1 with the rejected drafts; the output at index a
 is next round's step 1. Entries past a are stale and are overwritten before
 they can be read (attention reads positions <= query). Tier-0 rounds keep
 f_{m-1} so that the first round of a tier k >= 1 can catch the head up.
+
+A tree tier (topk > 1) expands the top-k children of each depth's frontier
+(``drafter.expand_tree``): the frontier of depth j feeds the head at position
+m-2+j, its KV stored from m-1 on as a region of frontier nodes each sees its
+ancestors in; the draft-extend over the accepted path then rewrites m-1.. as
+for a chain.
 """
 
 from __future__ import annotations
 
 import torch
 
-from specswap.worker.drafter import ModelDrafter, PrefillBatch, sample_draft
+from specswap.worker.drafter import ModelDrafter, PrefillBatch, expand_tree, sample_draft
 from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import EagerForward, Forwards, TierStages
 
@@ -63,6 +69,9 @@ class EagleDrafter(ModelDrafter):
             return
         logits = self.next_draft_logits[slot_index]  # [B, Vd] head output at m-2: the law of d_1
         hidden = self.next_draft_hidden[slot_index]  # [B, H]
+        if tier.speculative_eagle_topk > 1:
+            self._draft_tree(tier, forwards, slot_index, seq_lens, key_length, logits, hidden)
+            return
         for step in range(steps):
             tokens = sample_draft(tier.draft, step, logits, sampling, self.token_map)
             if step + 1 < steps:
@@ -71,6 +80,25 @@ class EagleDrafter(ModelDrafter):
                 out = forwards.draft_steps[1](tokens.unsqueeze(-1), positions, slot_index, key_length,
                                               hidden.unsqueeze(1))
                 logits, hidden = out.logits[:, 0], out.hidden[:, 0]
+
+    def _draft_tree(self, tier: TierStages, forwards: Forwards, slot_index, seq_lens, key_length, logits,
+                    hidden) -> None:
+        topk = tier.speculative_eagle_topk
+        base = (seq_lens - 1).unsqueeze(-1)                    # [B, 1] the frontier nodes' region starts at m-1
+        state = {}
+
+        def step(tokens, depth, frontier_parents, region):
+            if frontier_parents is None:                       # depth 1: the head output at m-2 feeds them all
+                features = hidden.unsqueeze(1).expand(-1, topk, -1)
+            else:                                              # each node: its parent's head output
+                features = state["hidden"].gather(1, frontier_parents.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+            positions = (seq_lens - 2 + depth).unsqueeze(-1).expand(-1, topk)
+            forward = forwards.tree_steps.get((topk, depth)) or forwards.tree_steps[None]
+            out = forward(tokens, positions, slot_index, key_length, features, tree_mask=(region, base))
+            state["hidden"] = out.hidden
+            return out.logits
+
+        expand_tree(tier, logits, step, self.token_map)
 
     def extend(self, tier: TierStages, forwards: Forwards, slot_index, seq_lens, positions, target_hidden,
                accept_lengths, next_tokens, key_length) -> None:
@@ -81,7 +109,7 @@ class EagleDrafter(ModelDrafter):
             return
         batch = positions.shape[0]
         input_ids = tier.draft_extend.input_ids[:batch]  # [B, k+1]
-        input_ids[:, :steps] = tier.draft.draft_tokens[:batch]
+        input_ids[:, :steps] = tier.draft.draft_tokens[:batch, :steps]  # (a tree's accepted path, laid out)
         input_ids.scatter_(1, accept_lengths.unsqueeze(-1), next_tokens.unsqueeze(-1))
         # the LM head only at index a: the rows past it are rejected drafts, the ones before it are not drafted from
         out = forwards.draft_extend(input_ids, positions, slot_index, key_length, target_hidden,
@@ -104,7 +132,7 @@ class EagleDrafter(ModelDrafter):
         forwards.draft_extend = EagerForward(self.model, self.cache, with_features=True)
         return forwards
 
-    def stage_graphs(self, context, steps: int) -> Forwards:
+    def stage_graphs(self, context, steps: int, topk: int = 1) -> Forwards:
         if not steps:
             return Forwards(verify=None)
         from specswap.graphs import StageGraphs
@@ -112,6 +140,6 @@ class EagleDrafter(ModelDrafter):
         extend = StageGraphs(context, "draft_extend", steps, self.model, self.cache, steps + 1, with_features=True,
                              logits_at=True)
         extend.capture()
-        forwards = super().stage_graphs(context, steps)
+        forwards = super().stage_graphs(context, steps, topk)
         forwards.draft_extend = extend
         return forwards

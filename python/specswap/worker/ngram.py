@@ -14,6 +14,12 @@ all of them matched) what that tier would have accepted is reported as a
 shadow observation (``take_shadow``; the engine feeds it to the controller).
 Since a request's text does not depend on its tier (greedy, or keyed draws),
 this is exactly what the tier would have accepted.
+
+A tree tier (topk > 1) verifies a trie instead (``prompt_lookup.propose_ngram_tree``):
+the lookup's drafts, then what followed other occurrences of the suffix, so
+text that branched before (code after ``if``, list items) can accept along
+whichever branch it takes now. A request whose trie is short pads it with
+copies of its last token under the root.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from specswap.prompt_lookup import NumberTokens, propose_ngram
+from specswap.prompt_lookup import NumberTokens, propose_ngram, propose_ngram_tree
 from specswap.worker.drafter import Drafter, Shadow
 from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import TierStages
@@ -34,6 +40,7 @@ SHADOW_EVERY = 4
 
 class NgramDrafter(Drafter):
     plain_fallback = True  # a batch where no request has a match runs a plain decode
+    drafts_trees = True
     def __init__(self, slots: SlotTable, numbers: NumberTokens | None, shadow_steps: int = 0):
         self.slots, self.numbers = slots, numbers
         self.shadow_steps = shadow_steps  # the tier tier-0 rounds check lookups for (0: none)
@@ -51,11 +58,29 @@ class NgramDrafter(Drafter):
             self._look_up_shadow(slots)
             return True
         host_tokens = self.slots.host_tokens
+        if tier.speculative_eagle_topk > 1:
+            return self._trie(tier, slots)
         proposals = [propose_ngram(host_tokens[slot], steps, numbers=self.numbers) for slot in slots]
         if not any(proposals):
             return False
         rows = [proposal or [host_tokens[slot][-1]] * steps for proposal, slot in zip(proposals, slots)]
         tier.draft.draft_tokens[:len(slots)].copy_(torch.tensor(rows, dtype=torch.long))  # [B, k]
+        return True
+
+    def _trie(self, tier: TierStages, slots: Sequence[int]) -> bool:
+        depth, topk, nodes = tier.shape
+        tries = [propose_ngram_tree(self.slots.host_tokens[slot], depth, topk, nodes - 1, numbers=self.numbers)
+                 for slot in slots]
+        if not any(tokens for tokens, _ in tries):
+            return False
+        rows, parents = [], []
+        for (tokens, row_parents), slot in zip(tries, slots):
+            pad = nodes - 1 - len(tokens)
+            rows.append(tokens + [self.slots.host_tokens[slot][-1]] * pad)
+            parents.append([0] + row_parents + [0] * pad)
+        batch = len(slots)
+        tier.draft.draft_tokens[:batch].copy_(torch.tensor(rows, dtype=torch.long))          # [B, T-1]
+        tier.verify.layout.parents[:batch].copy_(torch.tensor(parents, dtype=torch.long))    # [B, T]
         return True
 
     def _look_up_shadow(self, slots: Sequence[int]) -> None:

@@ -38,16 +38,18 @@ class Round:
         seq_lens = slots.seq_lens[slot_index]                               # [B] m
         draft_tokens = tier.draft.draft_tokens[:batch]                      # [B, k]
         self.drafter.draft(tier, forwards, slot_index, seq_lens, key_length, sampling)
+        layout = tier.verify.layout
+        layout.prepare(batch)  # a tree drafter's tree of this round: its depths and mask
 
         # verify: [x_{m-1}, d_1..d_k] at positions m-1 + offsets (a tree's nodes: m-1 + depth)
         verify_ids = tier.verify.input_ids[:batch]                          # [B, k+1]
         verify_ids[:, 0] = slots.last_tokens[slot_index]
         verify_ids[:, 1:] = draft_tokens
-        positions = (seq_lens - 1).unsqueeze(-1) + tier.verify.offsets      # [B, k+1]
-        out = forwards.verify(verify_ids, positions, slot_index, key_length)
+        positions = (seq_lens - 1).unsqueeze(-1) + layout.offsets_for(batch)  # [B, k+1]
+        out = forwards.verify(verify_ids, positions, slot_index, key_length, tree_mask=layout.mask_for(batch))
 
         # accept; from here on the accepted tokens are a chain (a tree's path laid out as one)
-        accept_lengths, next_tokens, positions, hidden = tier.verify.layout.accept(
+        accept_lengths, next_tokens, positions, hidden = layout.accept(
             self.verifier, out, verify_ids, draft_tokens, positions, slot_index, sampling)  # [B], [B], ...
         if plain is not None:  # requests with speculation off take the target's own token after x_{m-1}: a = 0
             take_plain_tokens(plain, out.logits, accept_lengths, next_tokens)

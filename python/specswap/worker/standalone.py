@@ -4,13 +4,19 @@ Its KV is valid through m-3: step 1 feeds the two tokens [x_{m-2}, x_{m-1}] at
 m-2, m-1 (rewriting m-2 is harmless), steps 2..k feed d_1..d_{k-1}. After
 accepting a the draft holds x_{m-1}, d_1..d_{a-1} at m-1..m+a-2 = m'-3, so no
 extra forward is needed when all are accepted: there is no draft-extend.
+
+A tree tier (topk > 1) expands the top-k children of each depth's frontier
+(``drafter.expand_tree``): the frontier of depth j sits at m-1+j, its KV
+stored from m on as a region of frontier nodes. After acceptance, the KV of
+the accepted path's d_1..d_{a-1} is moved from its region places to m..m+a-2,
+where a chain would have left it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from specswap.worker.drafter import ModelDrafter, PrefillBatch, sample_draft
+from specswap.worker.drafter import ModelDrafter, PrefillBatch, expand_tree, sample_draft
 from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import Forwards, TierStages
 
@@ -27,6 +33,7 @@ class StandaloneDrafter(ModelDrafter):
         super().__init__(draft, draft.make_cache(cache_rows, cache_capacity), slots)
         self.vocab_size = target.config.vocab_size
         self._step_one_offsets = torch.arange(2, device=slots.device)  # [2]: m-2, m-1
+        self._node_region = torch.zeros(cache_rows, 1, dtype=torch.long, device=slots.device)  # a tree's, per row
 
     @classmethod
     def build(cls, context) -> "StandaloneDrafter":
@@ -45,11 +52,37 @@ class StandaloneDrafter(ModelDrafter):
                                 dim=-1)                                                       # [B, 2]
         positions = (seq_lens - 2).unsqueeze(-1) + self._step_one_offsets                    # [B, 2]
         out = forwards.draft_steps[2](input_ids, positions, slot_index, key_length)
+        if tier.speculative_eagle_topk > 1:
+            self._draft_tree(tier, forwards, slot_index, seq_lens, key_length, out.logits[:, -1])
+            return
         for step in range(steps):
             tokens = sample_draft(tier.draft, step, out.logits[:, -1], sampling, None)
             if step + 1 < steps:
                 positions = (seq_lens + step).unsqueeze(-1)  # d_{step+1} sits at m+step
                 out = forwards.draft_steps[1](tokens.unsqueeze(-1), positions, slot_index, key_length)
+
+    def _draft_tree(self, tier: TierStages, forwards: Forwards, slot_index, seq_lens, key_length, logits) -> None:
+        topk = tier.speculative_eagle_topk
+        base = seq_lens.unsqueeze(-1)                          # [B, 1] the frontier nodes' region starts at m
+
+        def step(tokens, depth, frontier_parents, region):
+            positions = (seq_lens - 1 + depth).unsqueeze(-1).expand(-1, topk)
+            forward = forwards.tree_steps.get((topk, depth)) or forwards.tree_steps[None]
+            return forward(tokens, positions, slot_index, key_length, tree_mask=(region, base)).logits
+
+        self._node_region = expand_tree(tier, logits, step, None)  # [B, T-1]
+
+    def extend(self, tier: TierStages, forwards: Forwards, slot_index, seq_lens, positions, target_hidden,
+               accept_lengths, next_tokens, key_length) -> None:
+        """A tree tier: the accepted path's d_1..d_{depth-1} KV from its region places to m.. (past d_{a-1} the
+        moved entries lie past what the draft holds valid, m' - 3, and are rewritten before being read)."""
+        depth = tier.speculative_num_steps
+        if tier.speculative_eagle_topk == 1 or depth < 2:
+            return
+        path = tier.verify.layout.last_paths[:, 1:depth]                                 # [B, depth-1] nodes
+        region = self._node_region.gather(1, (path - 1).clamp_min(0)).clamp_min(0)       # [B, depth-1]
+        start = seq_lens.unsqueeze(-1)                                                   # [B, 1] m
+        self.cache.move(slot_index, start + region, start + torch.arange(depth - 1, device=start.device))
 
     def _catch_up_one(self, slot, slot_index, positions, start, end) -> None:
         tokens = self.slots.host_tokens[slot]

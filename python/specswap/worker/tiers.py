@@ -22,16 +22,20 @@ if TYPE_CHECKING:  # the models arrive as objects; the worker imports none of th
 class EagerForward:
     """A model forward called directly, with StageGraphs' signature: (input_ids [B, T], positions [B, T],
     slots [B], key_length, features [B, T, H] for an EAGLE head, logits_at [B]: the logits at that position of
-    each row only, [B, 1, V]) -> ModelOutput. ``tree_mask`` ([T, T], a tree tier's verify): passed to the target
-    forward on every call."""
+    each row only, [B, 1, V], tree_mask: a tree tier's [B, T, T] verify mask, or a tree drafter's (mask [B, T,
+    R], base [B, 1]) region, models.layers.TreeRegion) -> ModelOutput."""
 
-    def __init__(self, model: torch.nn.Module, cache, with_features: bool, tree_mask: torch.Tensor | None = None):
+    def __init__(self, model: torch.nn.Module, cache, with_features: bool):
         self.model, self.cache, self.with_features = model, cache, with_features
-        self.options = {} if tree_mask is None else {"tree_mask": tree_mask}
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, key_length: int,
-                 features: torch.Tensor | None = None, logits_at: torch.Tensor | None = None) -> ModelOutput:
-        options = self.options if logits_at is None else {**self.options, "logits_at": logits_at}
+                 features: torch.Tensor | None = None, logits_at: torch.Tensor | None = None,
+                 tree_mask=None) -> ModelOutput:
+        options = {}
+        if logits_at is not None:
+            options["logits_at"] = logits_at
+        if tree_mask is not None:
+            options["tree_mask"] = tree_mask
         if self.with_features:
             return self.model(input_ids, features, positions, self.cache, slots, key_length=key_length, **options)
         return self.model(input_ids, positions, self.cache, slots, key_length=key_length, **options)
@@ -46,6 +50,9 @@ class Forwards:
 
     verify: Callable                                         # the target over [x_{m-1}, d_1..d_k]
     draft_steps: dict[int, Callable] = field(default_factory=dict)  # the draft by tokens per request (1; 2)
+    # a tree drafter's frontier steps by (topk, depth): topk tokens per request over a region of topk * depth
+    # nodes (eager: one forward for every shape, under key None)
+    tree_steps: dict[tuple[int, int] | None, Callable] = field(default_factory=dict)
     draft_extend: Callable | None = None                     # an EAGLE head over the verify's k + 1 tokens, its
                                                              # logits at each request's accepted length only
 
@@ -55,7 +62,7 @@ class DraftStage:
     """Per-tier drafting buffers. The vocabulary-sized ones are views of one buffer sized for the largest tier
     (only one tier runs at a time), so tiers cost no extra memory per vocab row."""
 
-    draft_tokens: torch.Tensor   # [max_batch, k] int64, target ids
+    draft_tokens: torch.Tensor   # [max_batch, k] int64, target ids (a tree tier: its nodes, [max_batch, T - 1])
     draft_probs: torch.Tensor    # [max_batch, k, V] float32, in target vocabulary (0 outside a token_map)
     draft_noise: torch.Tensor    # [max_batch, k, Vd] float32, Exp(1) draws (1.0 for greedy rows)
 
@@ -67,7 +74,7 @@ class VerifyStage:
     input_ids: torch.Tensor        # [max_batch, T] int64: [x_{m-1}, d_1..d_{T-1}]
     offsets: torch.Tensor          # [T] int64: each verified token's position past m-1 (a chain: 0..k; a
                                    # tree: its depth)
-    uniforms: torch.Tensor         # [max_batch, k] float32
+    uniforms: torch.Tensor         # [max_batch, k] float32 (a tree tier: one per node, the tries down its tree)
     residual_uniforms: torch.Tensor  # [max_batch] float32: the draw where a chain stops
     layout: Any = None             # worker.layout.ChainLayout or TreeLayout
 
@@ -84,11 +91,24 @@ class TierStages:
     """One tier's stages, what its drafter and round driver read: its shape and buffers. The C++ state pool
     holds them (``SpecRuntimeState``), with the round that runs them (``TierRound``)."""
 
-    speculative_num_steps: int
+    speculative_num_steps: int         # draft depth (a chain: its drafts)
     speculative_num_draft_tokens: int  # verified tokens: x_{m-1} and the draft nodes (the layout's width)
     draft: DraftStage
     verify: VerifyStage
     draft_extend: DraftExtendStage
+    speculative_eagle_topk: int = 1    # children per expanded node (1: a chain, or a drafter's fixed tree)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens), as SGLang names a tier."""
+        return self.speculative_num_steps, self.speculative_eagle_topk, self.speculative_num_draft_tokens
+
+    @property
+    def writes_past(self) -> int:
+        """How far past m - 1 the round writes a cache: a chain's k drafts, a tree's nodes in the target's
+        cache, the frontier nodes (topk per depth) a tree drafter stores in its own."""
+        trees = self.speculative_num_steps * self.speculative_eagle_topk if self.speculative_eagle_topk > 1 else 0
+        return max(self.speculative_num_steps, self.speculative_num_draft_tokens - 1, trees)
 
     def buffer_bytes(self) -> int:
         tensors = (self.draft.draft_tokens, self.verify.input_ids, self.verify.uniforms, self.draft_extend.input_ids)
@@ -121,13 +141,13 @@ class TierBuffers:
         self.draft_probs = torch.zeros(max_batch_size, max_steps, vocab_size, device=device)          # [S, k_max, V]
         self.draft_noise = torch.ones(max_batch_size, max_steps, draft_vocab_size, device=device)     # [S, k_max, Vd]
 
-    def build(self, steps: int, layout) -> TierStages:
+    def build(self, steps: int, layout, topk: int = 1) -> TierStages:
         """Tier ``steps``'s buffers; ``layout`` (worker.layout) gives the verified tokens' count and offsets."""
         batch, device, width = self.max_batch_size, self.device, layout.num_draft_tokens
-        draft = DraftStage(draft_tokens=torch.zeros(batch, steps, dtype=torch.long, device=device),
+        draft = DraftStage(draft_tokens=torch.zeros(batch, width - 1, dtype=torch.long, device=device),
                            draft_probs=self.draft_probs[:, :steps], draft_noise=self.draft_noise[:, :steps])
         verify = VerifyStage(input_ids=torch.zeros(batch, width, dtype=torch.long, device=device),
-                             offsets=layout.offsets, uniforms=torch.zeros(batch, steps, device=device),
+                             offsets=layout.offsets_for(batch), uniforms=torch.zeros(batch, width - 1, device=device),
                              residual_uniforms=torch.zeros(batch, device=device), layout=layout)
         extend = DraftExtendStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device))
-        return TierStages(steps, width, draft, verify, extend)
+        return TierStages(steps, width, draft, verify, extend, topk)

@@ -25,7 +25,7 @@ from specswap.sampling import (LOSSLESS, KeyedNoise, SamplingParams, Verifier, a
 from specswap._core import SpecRuntimeState, StatePool
 from specswap.algorithms import algorithm
 from specswap.worker.drafter import Drafter, DrafterContext, PrefillBatch, Shadow
-from specswap.worker.layout import ChainLayout, TreeLayout
+from specswap.worker.layout import ChainLayout, TreeLayout, tree_shape
 from specswap.worker.round import Round
 from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import EagerForward, TierBuffers, TierRound
@@ -49,6 +49,7 @@ class RoundResult:
     # per request: whether it speculates (False: speculation off for it, disable_speculative_decoding)
     speculating: list[bool] = field(default_factory=list)
     shadow: Shadow | None = None  # the drafter's part: its tier-0 checks settled this round (Drafter.take_shadow)
+    speculative_num_draft_tokens: int | None = None  # tokens the round verified per request (None: a chain's k + 1)
 
     @property
     def measured_tier(self) -> bool:
@@ -58,7 +59,9 @@ class RoundResult:
     @property
     def drafts_verified(self) -> list[int]:
         """Drafts each request had verified this round (0 for a plain decode or a request with speculation off)."""
-        return [self.speculative_num_steps if on else 0 for on in self.speculating]
+        drafts = self.speculative_num_steps if self.speculative_num_draft_tokens is None else \
+            self.speculative_num_draft_tokens - 1
+        return [drafts if on else 0 for on in self.speculating]
 
 
 class SpeculativeWorker:
@@ -84,17 +87,23 @@ class SpeculativeWorker:
                  speculative_algorithm: str | Callable[[SlotTable], Drafter] | None = "EAGLE",
                  speculative_num_steps: int = 3, max_batch_size: int = 8, max_seq_len: int = 512,
                  tiers: Sequence[int] = (), graphs: bool = False, round_graphs: bool | None = None,
-                 number_tokens: NumberTokens | None = None, verifier: Verifier = LOSSLESS):
+                 number_tokens: NumberTokens | None = None, verifier: Verifier = LOSSLESS,
+                 speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None):
         spec = None if callable(speculative_algorithm) else algorithm(speculative_algorithm)
         if spec is not None and spec.needs_draft and draft is None:
             raise ValueError(f"speculative_algorithm {spec.name!r} needs {spec.draft_model}; got draft=None")
         if spec is not None and not spec.needs_draft and draft is not None:
             raise ValueError(f"speculative_algorithm {spec.flag!r} uses no draft model; pass draft=None")
         if spec is not None and spec.name is None:
-            speculative_num_steps, tiers = 0, ()
+            speculative_num_steps, tiers, speculative_eagle_topk, speculative_num_draft_tokens = 0, (), 1, None
         for steps in (speculative_num_steps, *tiers):
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
                 raise ValueError(f"speculative_num_steps must be an int >= 0; got {steps!r}")
+        # the start-up tier's shape: a chain (topk 1), or a draft tree of that depth, width and node budget
+        self.start_shape = tree_shape(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
+        if speculative_eagle_topk > 1 and speculative_num_steps in tiers:
+            raise ValueError(f"tier {speculative_num_steps} would be both a chain and the draft tree "
+                             f"{self.start_shape}; a worker holds one tier per depth")
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
         if max_seq_len < 2:
@@ -108,8 +117,10 @@ class SpeculativeWorker:
         self.device = target.device
         self.vocab_size = target.config.vocab_size
         self.verifier = verifier
-        # Writes reach position m+k-1 with m <= max_seq_len: room for the largest tier.
-        self.cache_capacity = max_seq_len + self.max_steps + 1
+        # Writes reach position m+k-1 with m <= max_seq_len: room for the largest tier (a tree: its nodes in the
+        # target's cache, the frontier nodes a drafter stores in its own)
+        steps, topk, nodes = self.start_shape
+        self.cache_capacity = max_seq_len + max(self.max_steps, nodes - 1, steps * topk) + 1
         # graph mode: one extra cache (and slot table) row that padded batch rows read and write
         cache_rows = max_batch_size + 1 if graphs else max_batch_size
         # a small target's round is a few ms: its Python and per-call kernel overheads are worth capturing away
@@ -127,6 +138,9 @@ class SpeculativeWorker:
         else:
             self.drafter = spec.drafter_class().build(DrafterContext(
                 draft, target, self.slots, cache_rows, self.cache_capacity, all_tiers, number_tokens))
+        if topk > 1 and not self.drafter.drafts_trees:
+            raise ValueError(f"speculative_eagle_topk {topk}: {type(self.drafter).__name__} drafts chains only; "
+                             f"EAGLE, STANDALONE and NGRAM draft trees")
         self.keyed_sampling = self.drafter.keyed_sampling
         self.token_map = self.drafter.token_map
         self.graph_context = None
@@ -154,18 +168,18 @@ class SpeculativeWorker:
         self.pool = StatePool()
         self.rounds: dict[int, TierRound] = {}  # each tier's round (its stages, driver and graph), by steps
         for steps in all_tiers:
-            self._register(steps)
+            self._register(steps, *(self.start_shape[1:] if steps == speculative_num_steps else (1, steps + 1)))
         # a drafter that finds nothing worth verifying (NGRAM) runs a plain decode, tier 0, in the tier's place
         self._plain_round = None
         if self.drafter.plain_fallback:
             self._plain_round = self.rounds[0] if 0 in self.rounds else self._register(0)
         self.pool.activate(speculative_num_steps)
 
-    def _register(self, steps: int) -> TierRound:
+    def _register(self, steps: int, topk: int = 1, nodes: int | None = None) -> TierRound:
         if steps > self.max_steps or not self.drafter.supports(steps):
             raise ValueError(f"tier {steps} is not one the worker can run (tiers 0..{self.max_steps}, tier 0 only if "
                              f"listed); pass it in tiers= when building the worker")
-        round_ = self.rounds[steps] = self._build_round(steps)
+        round_ = self.rounds[steps] = self._build_round(steps, topk, steps + 1 if nodes is None else nodes)
         stages = round_.stages
         self.pool.register(SpecRuntimeState(steps, stages.speculative_num_draft_tokens, draft=stages.draft,
                                             verify=stages.verify, draft_extend=stages.draft_extend, round=round_))
@@ -181,25 +195,28 @@ class SpeculativeWorker:
         """Every tier the worker built."""
         return self.pool.tiers()
 
-    def _build_round(self, steps: int) -> TierRound:
-        parents = self.drafter.tree_parents(steps)
-        layout = ChainLayout(steps, self.device) if parents is None else \
-            TreeLayout(parents, self.target_cache, self.device, self.drafter.keyed_sampling)
-        if layout.num_draft_tokens != steps + 1:
-            raise ValueError(f"tier {steps}'s draft tree has {layout.num_draft_tokens - 1} nodes; it must have {steps}")
-        stages = self._buffers.build(steps, layout)
+    def _build_round(self, steps: int, topk: int, nodes: int) -> TierRound:
+        if topk > 1:  # a drafter's tree, a new one every round
+            layout = TreeLayout(nodes, steps, self.target_cache, self.device, self.max_batch_size)
+        else:
+            parents = self.drafter.tree_parents(steps)  # a fixed tree of ``steps`` nodes, or None: a chain
+            layout = ChainLayout(steps, self.device) if parents is None else \
+                TreeLayout.fixed(parents, self.target_cache, self.device, self.max_batch_size)
+            if layout.num_draft_tokens != steps + 1:
+                raise ValueError(f"tier {steps}'s draft tree has {layout.num_draft_tokens - 1} nodes; it must have "
+                                 f"{steps}")
+        stages = self._buffers.build(steps, layout, topk)
         eager = self._eager
-        if layout.tree_mask is not None:
-            eager = replace(eager, verify=EagerForward(self.target, self.target_cache, False, layout.tree_mask))
         context = self.graph_context
         if context is None:
             return TierRound(stages, Round(stages, self.slots, self.drafter, eager, self.verifier))
         from specswap.graphs import RoundGraphs, StageGraphs
 
+        tree_nodes = None if layout.tree_mask is None else stages.speculative_num_draft_tokens
         verify = StageGraphs(context, "verify", steps, self.target, self.target_cache, stages.speculative_num_draft_tokens,
-                             with_features=False, tree_mask=layout.tree_mask)
+                             with_features=False, tree_nodes=tree_nodes)
         verify.capture()
-        forwards = self.drafter.stage_graphs(context, steps)
+        forwards = self.drafter.stage_graphs(context, steps, topk)
         forwards.verify = verify
         round_ = TierRound(stages, Round(stages, self.slots, self.drafter, forwards, self.verifier))
         if self.round_graphs_enabled:  # the same round with the models called directly, recorded as one tape
@@ -311,7 +328,7 @@ class SpeculativeWorker:
             round_ = self._plain_round
         tier = round_.stages
         steps = tier.speculative_num_steps
-        key_length = max(table.host_seq_lens[s] for s in slots) + steps  # > every position written this round
+        key_length = max(table.host_seq_lens[s] for s in slots) + tier.writes_past  # > every position written
         # an all-greedy batch skips building distributions: argmax in, argmax out (same tokens)
         all_greedy = table.all_greedy(slots)
         plain = table.plain_rows(slots) if steps else None  # requests with speculation off, in a drafting round
@@ -336,4 +353,5 @@ class SpeculativeWorker:
         shadow = self.drafter.take_shadow(slots, drafting=steps > 0)
         speculating = [True] * len(slots) if plain is None else [row not in plain.rows for row in range(len(slots))]
         return RoundResult(new_tokens, accept_list, steps, active.stages.speculative_num_steps,
-                           time.perf_counter() - round_start, not all_greedy, speculating, shadow)
+                           time.perf_counter() - round_start, not all_greedy, speculating, shadow,
+                           tier.speculative_num_draft_tokens)
