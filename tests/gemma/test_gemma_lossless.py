@@ -1,5 +1,6 @@
 """Lossless on the real model: in fp32, speculative greedy output equals target-only greedy output on Gemma 3
-270M for the shipped EAGLE head and for NGRAM, at tiers 1, 3 and 7 (the tiny pair covers the sampling law)."""
+270M for the shipped EAGLE head and for NGRAM, at tiers 1, 3 and 7 and as draft trees (the tiny pair covers the
+sampling law)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,18 @@ def test_fp32_speculative_greedy_equals_target_only(algorithm, steps, gemma_fp32
     assert sum(r.num_verify_rounds for r in results) > 0
     if algorithm == "NGRAM" and steps > 1:  # "1, 2, 3, 4, 5," continues by pattern: some drafts must land
         assert sum(sum(r.accept_lengths) for r in results) > 0
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "NGRAM"])
+@pytest.mark.parametrize("shape", [(3, 2, 6), (2, 3, 7)])
+def test_fp32_draft_trees_equal_target_only(algorithm, shape, gemma_fp32, gemma_tokenizer, reference, request):
+    from specswap.engine import Engine
+
+    draft = request.getfixturevalue("eagle_head") if algorithm == "EAGLE" else None
+    steps, topk, nodes = shape
+    engine = Engine(gemma_fp32, draft, algorithm, speculative_num_steps=steps, speculative_eagle_topk=topk,
+                    speculative_num_draft_tokens=nodes, tokenizer=gemma_tokenizer, max_seq_len=96,
+                    max_batch_size=len(PROMPTS))
+    results = engine.generate(PROMPTS, NEW_TOKENS)
+    assert [r.token_ids for r in results] == reference
+    assert sum(sum(r.accept_lengths) for r in results) > 0

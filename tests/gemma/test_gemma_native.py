@@ -86,6 +86,31 @@ def test_native_speculative_greedy_equals_native_target_only(algorithm, steps, g
     assert sum(sum(r.accept_lengths) for r in results) > 0  # drafts landed: the verify path ran with k+1 rows
 
 
+@pytest.mark.parametrize("algorithm", ["NGRAM", "EAGLE"])
+def test_native_draft_trees_equal_native_target_only(algorithm, gemma_native, native_reference):
+    """A tree tier on the batch-invariant native kernels: identical output, with a switch among chain and tree
+    tiers every round (the tree is tier 3; chains 1 and 5)."""
+    from specswap.engine import encode_text
+    from specswap.models import load_eagle_head
+    from specswap.sampling import SamplingParams
+    from specswap.worker import SpeculativeWorker
+
+    model, tokenizer = gemma_native
+    draft = None
+    if algorithm == "EAGLE":
+        if not (DEFAULT_OUT / "model.safetensors").is_file():
+            pytest.skip(f"no Gemma EAGLE head shipped at {DEFAULT_OUT}")
+        draft = load_eagle_head(DEFAULT_OUT, model, quantization="q8_0")
+    worker = SpeculativeWorker(model, draft, algorithm, 3, max_batch_size=len(PROMPTS), max_seq_len=96,
+                               tiers=(1, 5), speculative_eagle_topk=2, speculative_num_draft_tokens=6)
+    prompts = [encode_text(tokenizer, p) for p in PROMPTS]
+    pattern = (3, 1, 3, 5)
+    outputs, accepts, used = run_to_completion(worker, prompts, NEW_TOKENS, SamplingParams(max_new_tokens=NEW_TOKENS),
+                                               switch=lambda i: pattern[i % len(pattern)])
+    assert outputs == native_reference
+    assert 3 in used and sum(map(sum, accepts)) > 0
+
+
 def test_native_forced_switching_every_round_is_lossless(gemma_native, native_reference):
     """A different tier every round (1, 3, 7, 1, ...), driven on the worker between rounds."""
     from specswap.engine import encode_text
