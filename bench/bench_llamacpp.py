@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specswap import algorithms
+from specswap.worker.layout import tree_shape
 from specswap.bench.provenance import stamp, write_report
 
 _HERE = Path(__file__).resolve().parent
@@ -82,6 +83,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="specswap drafters (target-only always runs)")
     parser.add_argument("--ngram-steps", type=int, nargs="*", default=[1, 3, 7], help="NGRAM static tiers")
     parser.add_argument("--eagle-steps", type=int, nargs="*", default=[1, 2, 3], help="EAGLE static tiers")
+    parser.add_argument("--ngram-trees", nargs="*", default=[], metavar="STEPSxTOPKxTOKENS",
+                        help="NGRAM static tries, as SGLang's (speculative_num_steps, speculative_eagle_topk, "
+                             "speculative_num_draft_tokens), e.g. 3x2x6")
+    parser.add_argument("--eagle-trees", nargs="*", default=[], metavar="STEPSxTOPKxTOKENS",
+                        help="EAGLE static draft trees (EAGLE-2 dynamic trees), e.g. 3x2x6")
     parser.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive rows")
     parser.add_argument("--adaptive-config", default=str(DEFAULT_ADAPTIVE_CONFIG),
                         help="policy config of NGRAM's adaptive rows (default: configs/goodput.json)")
@@ -101,6 +107,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("ngram_steps", "eagle_steps"):
         if any(k < 1 for k in getattr(args, name)):
             parser.error(f"--{name.replace('_', '-')} must all be >= 1; got {getattr(args, name)}")
+    for name in ("ngram_trees", "eagle_trees"):
+        shapes = []
+        for text in getattr(args, name):
+            parts = text.split("x")
+            if len(parts) != 3 or not all(p.isdigit() for p in parts):
+                parser.error(f"--{name.replace('_', '-')}: {text!r} is not STEPSxTOPKxTOKENS (e.g. 3x2x6)")
+            try:
+                shapes.append(tree_shape(*map(int, parts)))
+            except ValueError as error:
+                parser.error(f"--{name.replace('_', '-')} {text}: {error}")
+        setattr(args, name, shapes)
     args.threads = list(dict.fromkeys(args.threads))
     args.temperatures = list(dict.fromkeys(args.temperatures))
     return args
@@ -250,11 +267,16 @@ class SpecswapRunner:
 def specswap_modes(args) -> dict[str, dict[str, Any]]:
     """specswap mode name -> Engine keyword arguments."""
     modes = {TARGET_ONLY: dict(speculative_algorithm=None)}
-    for algorithm, steps in (("NGRAM", args.ngram_steps), ("EAGLE", args.eagle_steps)):
+    for algorithm, steps, trees in (("NGRAM", args.ngram_steps, args.ngram_trees),
+                                    ("EAGLE", args.eagle_steps, args.eagle_trees)):
         if algorithm not in args.algorithms:
             continue
         for k in steps:
             modes[f"{algorithm.lower()} static-{k}"] = dict(speculative_algorithm=algorithm, speculative_num_steps=k)
+        for depth, topk, nodes in trees:
+            modes[f"{algorithm.lower()} tree-{depth}x{topk}x{nodes}"] = dict(
+                speculative_algorithm=algorithm, speculative_num_steps=depth, speculative_eagle_topk=topk,
+                speculative_num_draft_tokens=nodes)
         if not args.no_adaptive:
             # model drafters (the EAGLE head) adapt among their own tiers (configs/goodput-eagle.json)
             config = args.eagle_adaptive_config if algorithms.algorithm(algorithm).needs_draft else args.adaptive_config
@@ -479,7 +501,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     prompt_ids = {name: [encode_text(tokenizer, p) for p in SETS[name][:args.num_prompts]] for name in args.sets}
     longest = max(len(ids) for name in args.sets for ids in prompt_ids[name])
     # room for the prompt, the new tokens and a verify of the largest tier past the last token
-    context = longest + args.new_tokens + max([LOOKUP_TOKENS, *args.ngram_steps, *args.eagle_steps]) + 8
+    tree_room = [max(nodes, depth * topk) for depth, topk, nodes in (*args.ngram_trees, *args.eagle_trees)]
+    context = longest + args.new_tokens + max([LOOKUP_TOKENS, *args.ngram_steps, *args.eagle_steps, *tree_room]) + 8
     context = -(-context // 64) * 64
     if context > target.config.max_position_embeddings:
         raise SystemExit(f"prompts of {longest} tokens with --new-tokens {args.new_tokens} need {context} positions; "

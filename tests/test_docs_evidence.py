@@ -596,7 +596,9 @@ def test_figures_are_numbers_with_a_unit_or_decimals():
                                                                            "0.498"]
 
 
-DOCS_WORD_LIMIT = 9000  # docs/ holds the contract and the how; measurements live in results/
+# docs/ holds the contract and the how, a page per part (draft trees, EAGLE-3 heads and multi-process serving
+# came with their pages); measurements live in results/
+DOCS_WORD_LIMIT = 11500
 
 
 def test_the_docs_stay_reference_sized():
