@@ -160,3 +160,22 @@ def test_cli_errors_are_reported_before_loading_anything(tmp_path, capsys):
     assert main(["serve", "--speculative-adaptive", "--speculative-adaptive-config", str(tmp_path / "no.json")]) == 2
     assert "no such file" in capsys.readouterr().err
     assert main(["bench", "--requests-per-phase", "0"]) == 2
+
+
+def test_the_oracle_includes_the_baseline_when_tier_0_is_a_candidate(tmp_path):
+    """Adaptive with tier 0 among its candidates may turn speculation off: the oracle it is measured against may
+    too, or a low phase where nothing pays would hide what adaptive loses there. Tree modes are static modes."""
+    from specswap.bench.cli import oracle_candidates
+
+    modes = {name: {} for name in ("baseline", "static1", "static3", "tree3x2x6", "adaptive")}
+    with_zero, without = tmp_path / "zero.json", tmp_path / "plain.json"
+    with_zero.write_text(json.dumps({"policy": "goodput", "candidate_steps": [0, 1, 3]}))
+    without.write_text(json.dumps({"policy": "goodput", "candidate_steps": [1, 3]}))
+    assert oracle_candidates(modes, str(with_zero)) == ["static1", "static3", "tree3x2x6", "baseline"]
+    assert oracle_candidates(modes, str(without)) == ["static1", "static3", "tree3x2x6"]
+    baseline_wins_low = {
+        "baseline": _mode(_phase("low", 100, 1.0), _phase("high", 100, 1.0)),
+        "static1": _mode(_phase("low", 100, 2.0), _phase("high", 100, 0.5)),
+    }
+    best = report.oracle(baseline_wins_low, oracle_candidates(baseline_wins_low, str(with_zero)))
+    assert [p["mode"] for p in best["phases"]] == ["baseline", "static1"]

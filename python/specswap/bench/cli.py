@@ -42,12 +42,21 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def candidate_steps(config_path: str | None) -> list[int]:
-    """The adaptive config's candidate tiers (the static modes to compare against)."""
+def candidate_steps(config_path: str | None, with_zero: bool = False) -> list[int]:
+    """The adaptive config's candidate tiers (the static modes to compare against; tier 0 only ``with_zero``)."""
     if config_path is None:
         return list(DEFAULT_STATIC_STEPS)
     from specswap.adaptive_config import load_adaptive_config
-    return [int(k) for k in load_adaptive_config(config_path).candidate_steps if int(k) > 0]
+    return [int(k) for k in load_adaptive_config(config_path).candidate_steps if with_zero or int(k) > 0]
+
+
+def oracle_candidates(modes: dict[str, Any], config_path: str | None) -> list[str]:
+    """The modes the oracle switches among: every static chain and tree, and the baseline when tier 0 (no
+    speculation) is one of adaptive's candidates: adaptive may pick it, so the oracle may too."""
+    names = [name for name in modes if name.startswith(("static", "tree"))]
+    if "baseline" in modes and 0 in candidate_steps(config_path, with_zero=True):
+        names.append("baseline")
+    return names
 
 
 def mode_settings(modes: list[str] | None, algorithm: str | None, steps: list[int], initial_steps: int,
@@ -180,7 +189,8 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
         with progress:
             result["modes"] = run_in_process(models, args, modes, phases, progress)
     result["wall_s"] = time.perf_counter() - start
-    result["oracle"] = report.oracle(result["modes"])
+    result["oracle"] = report.oracle(result["modes"], oracle_candidates(result["modes"],
+                                                                       args.speculative_adaptive_config))
     result["ratios"] = report.ratios(result["modes"], result["oracle"])
     return result
 
