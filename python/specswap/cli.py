@@ -96,6 +96,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
           flush=True)
     from specswap.capability import cpu_capability
     print(cpu_capability().describe(), flush=True)
+    for tier in engine.tier_report():  # what each prebuilt tier holds and took to build (SGLang reports its graphs)
+        print(f"specswap serve: tier ({tier['speculative_num_steps']}, {tier['speculative_eagle_topk']}, "
+              f"{tier['speculative_num_draft_tokens']}): {tier['memory_bytes'] / 2**20:.2f} MiB, built in "
+              f"{tier['build_seconds']:.2f} s", flush=True)
     serve(app, args.host, args.port, args.log_level)
     return 0
 

@@ -311,6 +311,14 @@ class Engine:
     def tier_memory_bytes(self) -> dict[int | str, int]:
         return self.worker.tier_memory_bytes()
 
+    def tier_report(self) -> list[dict[str, Any]]:
+        """What each built tier adds, as SGLang reports its graphs: its shape, the bytes its buffers and graph
+        runners hold beyond the shared weights and caches, and the seconds its build (graph capture) took."""
+        memory = self.worker.tier_memory_bytes()
+        return [{"speculative_num_steps": steps, "speculative_eagle_topk": topk, "speculative_num_draft_tokens": nodes,
+                 "memory_bytes": memory[steps], "build_seconds": round(self.worker.tier_build_seconds[steps], 4)}
+                for steps, (_, topk, nodes) in sorted(self.worker.tier_shapes().items())]
+
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running)
 

@@ -145,3 +145,15 @@ def test_tiny_bf16_agreement_meets_its_floor(tiny):
     agreed = sum(_agreed_prefix(r.token_ids, ref.token_ids) for r, ref in zip(results, reference)) / len(TEXTS)
     summary = f"bf16 EAGLE k=3 vs bf16 target-only: {identical}/{len(TEXTS)} identical, mean agreed prefix {agreed:.2f}"
     assert identical >= BF16_MIN_IDENTICAL and agreed >= BF16_MIN_AGREED_PREFIX, summary
+
+
+def test_tree_tiers_report_the_memory_and_build_time_they_add(tiny):
+    """As SGLang reports its graphs: a tree tier's shape, the bytes it holds and its capture time."""
+    engine = make(tiny, "EAGLE", speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=6,
+                  max_batch_size=2)
+    chain = make(tiny, "EAGLE", speculative_num_steps=3, max_batch_size=2)
+    (tree_tier,), (chain_tier,) = engine.tier_report(), chain.tier_report()
+    assert (tree_tier["speculative_num_steps"], tree_tier["speculative_eagle_topk"],
+            tree_tier["speculative_num_draft_tokens"]) == (3, 2, 6)
+    assert tree_tier["memory_bytes"] > chain_tier["memory_bytes"] > 0  # a wider verify and its graphs
+    assert tree_tier["build_seconds"] > 0 and chain_tier["build_seconds"] > 0

@@ -223,7 +223,11 @@ def test_server_info_reports_the_adaptive_state(http):
     assert info["speculative_algorithm"] == "NGRAM" and info["speculative_adaptive"] is True
     assert info["speculative_num_steps"] in (1, 3, 7)
     assert info["speculative_num_draft_tokens"] == info["speculative_num_steps"] + 1
+    assert info["speculative_eagle_topk"] == 1
     assert info["candidate_steps"] == [1, 3, 7]
+    built = {tier["speculative_num_steps"]: tier for tier in info["speculative_tiers"]}
+    assert set(built) == {0, 1, 3, 7}  # NGRAM's plain-decode tier too
+    assert all(built[k]["memory_bytes"] > 0 and built[k]["build_seconds"] > 0 for k in (1, 3, 7))
     assert info["num_verify_rounds"] > 0 and sum(info["rounds_per_tier"].values()) == info["num_verify_rounds"]
     assert info["avg_spec_accept_length"] >= 1.0 and isinstance(info["ema"], float)
     assert info["num_switches"] >= 1  # forced switching (alpha 1, interval 1) over varied acceptance

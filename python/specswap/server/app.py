@@ -492,7 +492,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
                     max_prompt_chars=limits.max_prompt_chars, drain_timeout=limits.drain_timeout,
                     draining=metrics.draining, num_requests_admitted=scheduler.inflight,
                     requests_rejected=dict(metrics.rejected),
-                    requests_speculation_disabled=scheduler.counters.speculation_disabled)
+                    requests_speculation_disabled=scheduler.counters.speculation_disabled,
+                    speculative_tiers=engine.tier_report())
         return info
 
     async def drain(timeout: float | None = None) -> dict[str, Any]:
@@ -574,13 +575,15 @@ def server_info_dict(scheduler: Scheduler, model_name: str, engine, server_args:
     rounds = stats.get("num_verify_rounds", 0)
     speculative = stats.get("speculative_algorithm") is not None
     steps = stats.get("current_steps", 0) if speculative else 0
+    _, topk, tokens = engine.worker.tier_shapes().get(steps, (steps, 1, steps + 1)) if speculative else (0, 1, 0)
     info = {
         "model": model_name,
         "speculative_algorithm": stats.get("speculative_algorithm"),
         "speculative_adaptive": stats.get("adaptive", False),
         "weights": stats.get("weights"),
         "speculative_num_steps": steps,
-        "speculative_num_draft_tokens": steps + 1 if speculative else 0,
+        "speculative_eagle_topk": topk,
+        "speculative_num_draft_tokens": tokens,
         "candidate_steps": None,
         "ema": stats.get("ema"),
         "avg_spec_accept_length": stats["mean_accept_length"] + 1 if rounds else None,
@@ -598,8 +601,8 @@ def server_info_dict(scheduler: Scheduler, model_name: str, engine, server_args:
         "uptime_s": time.time() - started,
         "server_args": server_args or {},
         # SGLang's per-scheduler state, where its clients read the live tier
-        "internal_states": [{"speculative_num_steps": steps, "speculative_num_draft_tokens": steps + 1 if speculative
-                             else 0, "avg_spec_accept_length": stats["mean_accept_length"] + 1 if rounds else None,
+        "internal_states": [{"speculative_num_steps": steps, "speculative_eagle_topk": topk,
+                             "speculative_num_draft_tokens": tokens, "avg_spec_accept_length": stats["mean_accept_length"] + 1 if rounds else None,
                              "last_gen_throughput": stats.get("tokens_per_second", 0.0)}],
         "cpu": cpu_capability().as_dict(),  # what the dtype and kernel choices saw (docs/engine.md)
     }

@@ -167,6 +167,7 @@ class SpeculativeWorker:
         # every tier built (and in graph mode captured) once, here; the pool holds them and the active one
         self.pool = StatePool()
         self.rounds: dict[int, TierRound] = {}  # each tier's round (its stages, driver and graph), by steps
+        self.tier_build_seconds: dict[int, float] = {}  # each tier's build (graph mode: its captures), by steps
         for steps in all_tiers:
             self._register(steps, *(self.start_shape[1:] if steps == speculative_num_steps else (1, steps + 1)))
         # a drafter that finds nothing worth verifying (NGRAM) runs a plain decode, tier 0, in the tier's place
@@ -179,7 +180,9 @@ class SpeculativeWorker:
         if steps > self.max_steps or not self.drafter.supports(steps):
             raise ValueError(f"tier {steps} is not one the worker can run (tiers 0..{self.max_steps}, tier 0 only if "
                              f"listed); pass it in tiers= when building the worker")
+        start = time.perf_counter()
         round_ = self.rounds[steps] = self._build_round(steps, topk, steps + 1 if nodes is None else nodes)
+        self.tier_build_seconds[steps] = time.perf_counter() - start
         stages = round_.stages
         self.pool.register(SpecRuntimeState(steps, stages.speculative_num_draft_tokens, draft=stages.draft,
                                             verify=stages.verify, draft_extend=stages.draft_extend, round=round_))
@@ -224,6 +227,10 @@ class SpeculativeWorker:
                                        self.slots.seq_lens)
             round_.graph.capture()
         return round_
+
+    def tier_shapes(self) -> dict[int, tuple[int, int, int]]:
+        """Each built tier's (speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)."""
+        return {steps: round_.stages.shape for steps, round_ in self.rounds.items()}
 
     def tier_memory_bytes(self) -> dict[int | str, int]:
         """Bytes each built tier's graph runners and buffers hold beyond the shared weights and caches."""
