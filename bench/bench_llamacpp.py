@@ -88,6 +88,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "speculative_num_draft_tokens), e.g. 3x2x6")
     parser.add_argument("--eagle-trees", nargs="*", default=[], metavar="STEPSxTOPKxTOKENS",
                         help="EAGLE static draft trees (EAGLE-2 dynamic trees), e.g. 3x2x6")
+    parser.add_argument("--tree-adaptive-config", default=None,
+                        help="also an 'adaptive+trees' row per algorithm, adapting over this config's chains and "
+                             "candidate_trees (e.g. configs/goodput-eagle-trees.json)")
     parser.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive rows")
     parser.add_argument("--adaptive-config", default=str(DEFAULT_ADAPTIVE_CONFIG),
                         help="policy config of NGRAM's adaptive rows (default: configs/goodput.json)")
@@ -283,6 +286,10 @@ def specswap_modes(args) -> dict[str, dict[str, Any]]:
             modes[f"{algorithm.lower()} adaptive"] = dict(speculative_algorithm=algorithm, speculative_num_steps=3,
                                                           speculative_adaptive=True,
                                                           speculative_adaptive_config=config)
+            if args.tree_adaptive_config:
+                modes[f"{algorithm.lower()} adaptive+trees"] = dict(
+                    speculative_algorithm=algorithm, speculative_num_steps=3, speculative_adaptive=True,
+                    speculative_adaptive_config=args.tree_adaptive_config)
     return modes
 
 

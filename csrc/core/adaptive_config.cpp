@@ -35,6 +35,11 @@ template <class T> void check(const ConfigField<T>& field, const T& value) {
     std::sort(distinct.begin(), distinct.end());
     distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
     if (distinct.size() < 2) invalid(field.name, valid_words(field), list_words(value));
+  } else if constexpr (std::is_same_v<T, TreeShapes>) {
+    for (const TierShape& shape : value) {
+      const std::string error = tree_shape_error(shape, AdaptiveConfig::kMaxSteps);
+      if (!error.empty()) throw std::invalid_argument(std::string(field.name) + ": " + error);
+    }
   } else if constexpr (std::is_same_v<T, bool>) {
     // any value is valid
   } else if constexpr (std::is_integral_v<T>) {
@@ -87,6 +92,10 @@ AcceptanceModel acceptance_model_from_name(const std::string& name) {
 
 void AdaptiveConfig::validate() const {
   for_each_config_field([this](const auto& field) { check(field, this->*field.member); });
+  if (!candidate_trees.empty() && policy != PolicyKind::kGoodput) {
+    throw std::invalid_argument("candidate_trees needs policy 'goodput' (SGLang's thresholds are per step count, "
+                                "not per tree), got policy '" + std::string(policy_name(policy)) + "'");
+  }
 }
 
 }  // namespace specswap

@@ -13,8 +13,11 @@
 #include <vector>
 
 #include "core/adaptive_config_fields.h"
+#include "core/tier_key.h"
 
 namespace specswap {
+
+using TreeShapes = std::vector<TierShape>;
 
 inline constexpr int kMaxAdaptiveSteps = 64;
 
@@ -93,10 +96,11 @@ template <class F> void for_each_config_field(F&& f) {
   std::apply([&](const auto&... field) { (f(field), ...); }, kAdaptiveConfigFields);
 }
 
-// What a field's kind is called in the schema: choice, steps, integer, number or bool.
+// What a field's kind is called in the schema: choice, steps, trees, integer, number or bool.
 template <class T> constexpr const char* field_kind() {
   if constexpr (std::is_enum_v<T>) return "choice";
   else if constexpr (std::is_same_v<T, std::vector<int>>) return "steps";
+  else if constexpr (std::is_same_v<T, TreeShapes>) return "trees";
   else if constexpr (std::is_same_v<T, bool>) return "bool";
   else if constexpr (std::is_integral_v<T>) return "integer";
   else return "number";
@@ -118,6 +122,10 @@ template <class T> std::string valid_words(const ConfigField<T>& field) {
     return out;
   } else if constexpr (std::is_same_v<T, std::vector<int>>) {
     return "a list of at least two distinct integers" + bounds_words(field.bounds);
+  } else if constexpr (std::is_same_v<T, TreeShapes>) {
+    return "a list of [speculative_num_steps in [1, " + std::to_string(kMaxAdaptiveSteps) +
+           "], speculative_eagle_topk in [2, 99], speculative_num_draft_tokens in [steps + 1, 1 + topk + "
+           "(steps - 1) * topk^2], at most 99] trees";
   } else if constexpr (std::is_same_v<T, bool>) {
     return "true or false";
   } else if constexpr (std::is_integral_v<T>) {

@@ -7,7 +7,8 @@
 // schema. A new field is one row here (plus the policy code that reads it).
 //
 // type: PolicyKind / AcceptanceModel (a choice, named by EnumNames<>),
-// std::vector<int> (step counts), int, double (always finite) or bool.
+// std::vector<int> (step counts), TreeShapes (tree shapes, core/tier_key.h), int,
+// double (always finite) or bool.
 // bounds: the valid range (Bounds in adaptive_config.h); Bounds{} for none.
 // A default or bounds containing a comma goes in parentheses.
 // No include guard: the includer defines X.
@@ -17,6 +18,9 @@
     "'goodput' (argmax expected tokens / cost per round)")                                          \
   X(std::vector<int>, candidate_steps, (std::vector<int>{1, 3, 7}), Bounds::closed(0, kMaxAdaptiveSteps), \
     "the step counts (tiers) the policy chooses among")                                             \
+  X(TreeShapes, candidate_trees, (TreeShapes{}), Bounds{},                                        \
+    "goodput only: draft trees [speculative_num_steps, speculative_eagle_topk, "                    \
+    "speculative_num_draft_tokens] the policy chooses among beside the chains of candidate_steps")   \
   X(double, ema_alpha, 0.2, Bounds::open_closed(0, 1),                                              \
     "EMA weight of one batch (goodput: of 4 requests) in the acceptance estimates and costs")       \
   X(int, update_interval, 5, Bounds::at_least(1), "batches between two decisions")                  \

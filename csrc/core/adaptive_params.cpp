@@ -10,27 +10,40 @@
 namespace specswap {
 namespace {
 
-// The validated config's candidates, sorted and unique, with the initial
-// tier placed among them; and the index of the initial tier.
+// Tiers in the policy's order: by verified drafts, a chain before a tree of as many nodes.
+bool tier_before(int a, int b) noexcept {
+  const int wa = tier_width(a), wb = tier_width(b);
+  return wa != wb ? wa < wb : a < b;
+}
+
+// The validated config's candidates (the chains of candidate_steps and the
+// trees of candidate_trees, by their keys, core/tier_key.h), ordered and
+// unique, with the initial tier placed among them; and the index of the
+// initial tier.
 std::pair<std::vector<int>, std::size_t> initial_tiers(int initial_steps, const AdaptiveConfig& config) {
   config.validate();
-  if (initial_steps < 0 || initial_steps > AdaptiveConfig::kMaxSteps) {
+  if (is_tree_key(initial_steps)) {
+    const std::string error = tree_shape_error(tier_shape(initial_steps), AdaptiveConfig::kMaxSteps);
+    if (!error.empty()) throw std::invalid_argument("initial tier " + std::to_string(initial_steps) + ": " + error);
+  } else if (initial_steps < 0 || initial_steps > AdaptiveConfig::kMaxSteps) {
     throw std::invalid_argument("initial_steps must be an integer in [0, " +
-                                std::to_string(AdaptiveConfig::kMaxSteps) + "], got " +
+                                std::to_string(AdaptiveConfig::kMaxSteps) + "] (or a tree's key), got " +
                                 std::to_string(initial_steps));
   }
   std::vector<int> candidates = config.candidate_steps;
-  std::sort(candidates.begin(), candidates.end());
+  for (const TierShape& tree : config.candidate_trees) candidates.push_back(tier_key(tree));
+  std::sort(candidates.begin(), candidates.end(), tier_before);
   candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
   if (config.snap_initial_steps) {
-    // Nearest candidate; on a tie the larger one wins.
+    // Nearest candidate by verified drafts; on a tie the larger one wins.
     std::size_t best = 0;
+    const int width = tier_width(initial_steps);
     for (std::size_t i = 1; i < candidates.size(); ++i) {
-      if (std::abs(candidates[i] - initial_steps) <= std::abs(candidates[best] - initial_steps)) best = i;
+      if (std::abs(tier_width(candidates[i]) - width) <= std::abs(tier_width(candidates[best]) - width)) best = i;
     }
     return {std::move(candidates), best};
   }
-  auto it = std::lower_bound(candidates.begin(), candidates.end(), initial_steps);
+  auto it = std::lower_bound(candidates.begin(), candidates.end(), initial_steps, tier_before);
   if (it == candidates.end() || *it != initial_steps) it = candidates.insert(it, initial_steps);
   const auto index = static_cast<std::size_t>(it - candidates.begin());
   return {std::move(candidates), index};
@@ -46,7 +59,7 @@ AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(AdaptiveConfig config,
     : config_(std::move(config)),
       candidates_(std::move(tiers.first)),
       index_(tiers.second),
-      ema_(static_cast<double>(candidates_[index_] - 1)),
+      ema_(static_cast<double>(tier_shape(candidates_[index_])[0] - 1)),
       goodput_(config_, candidates_, index_) {}
 
 bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths, double round_seconds, bool sampled) {

@@ -92,7 +92,7 @@ class AdaptiveSpeculativeParams {
   AdaptiveSpeculativeParams(AdaptiveConfig config, std::pair<std::vector<int>, std::size_t> tiers);
 
   AdaptiveConfig config_;
-  std::vector<int> candidates_;  // sorted, unique
+  std::vector<int> candidates_;  // tier keys (core/tier_key.h), unique, by verified drafts
   std::size_t index_ = 0;        // into candidates_
   double ema_ = 0.0;
   std::uint64_t num_batches_ = 0;  // non-empty batches seen

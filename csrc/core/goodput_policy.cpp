@@ -27,21 +27,40 @@ constexpr std::uint64_t kPhaseChangeRequests = 6;
 // would cost more.
 constexpr double kRefreshGap = 0.15;
 
+std::vector<int> depths_of(const std::vector<int>& keys) {
+  std::vector<int> out;
+  for (int key : keys) out.push_back(tier_shape(key)[0]);
+  return out;
+}
+
+// The cost model's x: verified drafts (a chain's steps; a tree's nodes).
+std::vector<int> widths_of(const std::vector<int>& keys) {
+  std::vector<int> out;
+  for (int key : keys) out.push_back(tier_width(key));
+  return out;
+}
+
 }  // namespace
 
 GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> candidates, std::size_t initial_index)
     : config_(config),
       candidates_(std::move(candidates)),
+      depth_(depths_of(candidates_)),
+      tree_(candidates_.size(), 0),
+      gain_(candidates_.size(), 1.0),
+      gain_seen_(candidates_.size(), 0),
       index_(initial_index),
       initial_index_(initial_index),
       slow_(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false),
       fast_(std::max(config.ema_alpha, kFastEmaWeight), /*per_request=*/false, /*forget_unreached=*/true),
-      costs_(candidates_, config),
+      costs_(widths_of(candidates_), config),
       phase_change_tier_(initial_index),
       scratch_(candidates_.size(), 0.0),
       probe_batches_(static_cast<std::uint64_t>(config.probe_rounds) * candidates_.size()),
       zero_wait_(first_zero_wait()),
-      position_scratch_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0) {}
+      position_scratch_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0) {
+  for (std::size_t j = 0; j < candidates_.size(); ++j) tree_[j] = is_tree_key(candidates_[j]);
+}
 
 std::uint64_t GoodputPolicy::first_zero_wait() const noexcept {
   return static_cast<std::uint64_t>(std::min(2 * config_.update_interval, config_.probe_interval));
@@ -92,7 +111,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     double best_goodput = -1.0;
     for (std::size_t j = 0; j < candidates_.size(); ++j) {
       if (candidates_[j] == 0) continue;
-      const double goodput = tokens(slow_, candidates_[j]) / scratch_[j];
+      const double goodput = predicted(slow_, j) / scratch_[j];
       if (goodput > best_goodput) best_goodput = goodput, best = j;
     }
     move_to(best, /*is_decision=*/false);
@@ -141,8 +160,25 @@ void GoodputPolicy::observe_acceptance(std::span<const int> accept_lengths, int 
   fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
 }
 
+void GoodputPolicy::observe_tree(std::span<const int> accept_lengths) {
+  long long total = 0;
+  for (int accepted : accept_lengths) total += accepted;
+  const double n = static_cast<double>(accept_lengths.size());
+  const double tokens = static_cast<double>(total) / n + 1.0;
+  const double chain = slow_.tokens(config_.acceptance_model, observed_depth(), depth_[index_]);
+  const double ratio = tokens / chain;
+  // weighted per request as the acceptance estimates are (ema_alpha per 4 requests)
+  const double weight = 1.0 - std::pow(1.0 - config_.ema_alpha, n / AcceptanceEstimate::kRequestsPerWeight);
+  gain_[index_] = gain_seen_[index_] ? (1.0 - weight) * gain_[index_] + weight * ratio : ratio;
+  gain_seen_[index_] = 1;
+}
+
 void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
-  observe_acceptance(accept_lengths, current_steps());
+  if (tree_[index_]) {
+    observe_tree(accept_lengths);
+  } else {
+    observe_acceptance(accept_lengths, current_steps());
+  }
   last_table_ = CostModel::table_of(static_cast<int>(accept_lengths.size()), sampled);
   if (std::isfinite(round_seconds) && round_seconds > 0.0) {
     costs_.learn(last_table_, index_, round_seconds, num_batches_, /*probing=*/num_batches_ <= probe_batches_);
@@ -175,11 +211,11 @@ std::size_t GoodputPolicy::phase_change_target() const noexcept {
   // tier. (It forgets positions the recent batches did not reach, so after a
   // phase change their old rates do not hold a move back.)
   costs_.estimate(last_table_, scratch_.data());
-  const double fast_current = tokens(fast_, current_steps()) / scratch_[index_];
+  const double fast_current = predicted(fast_, index_) / scratch_[index_];
   std::size_t best = index_;
   double best_goodput = fast_current * kPhaseChangeGain;
   for (std::size_t j = 0; j < candidates_.size(); ++j) {
-    const double goodput = credited(j, tokens(fast_, candidates_[j]) / scratch_[j]);
+    const double goodput = credited(j, predicted(fast_, j) / scratch_[j]);
     if (goodput >= best_goodput) best_goodput = goodput, best = j;
   }
   return best;
@@ -190,11 +226,11 @@ bool GoodputPolicy::decide(double min_gain) {
   shadow_fresh_ = false;
   const bool allow_up = decisions_ >= up_blocked_until_;
   costs_.estimate(last_table_, scratch_.data());
-  const double current = tokens(slow_, current_steps()) / scratch_[index_];
+  const double current = predicted(slow_, index_) / scratch_[index_];
   std::size_t best = index_;
   double best_goodput = current;
   for (std::size_t j = 0; j < candidates_.size(); ++j) {
-    const double goodput = credited(j, tokens(slow_, candidates_[j]) / scratch_[j]);
+    const double goodput = credited(j, predicted(slow_, j) / scratch_[j]);
     // While up moves are blocked after bounces, only a large predicted gain
     // lifts the block: the guard is for a model that over-promised by a
     // little, not for a workload whose acceptance has changed (a new phase).
@@ -214,7 +250,7 @@ bool GoodputPolicy::start_refresh() {
   const auto wait = static_cast<std::uint64_t>(config_.refresh_interval);
   if (batches_on_tier_ < wait) return false;
   costs_.estimate(last_table_, scratch_.data());
-  const double current = tokens(slow_, current_steps()) / scratch_[index_];
+  const double current = predicted(slow_, index_) / scratch_[index_];
   std::size_t oldest = index_;
   std::uint64_t oldest_at = num_batches_;
   for (std::size_t j : {index_ - 1, index_ + 1}) {
@@ -224,7 +260,7 @@ bool GoodputPolicy::start_refresh() {
     // probe far above the line is worth timing again.
     const double line = costs_.line_cost(last_table_, j);
     const double cost = std::isnan(line) ? scratch_[j] : std::min(scratch_[j], line);
-    const double goodput = credited(j, tokens(slow_, candidates_[j]) / cost);
+    const double goodput = credited(j, predicted(slow_, j) / cost);
     if (num_batches_ - at >= wait && at < oldest_at && goodput >= current * (1.0 - kRefreshGap)) {
       oldest = j, oldest_at = at;
     }

@@ -16,7 +16,9 @@ namespace specswap {
 
 class GoodputPolicy {
  public:
-  // candidates: sorted, unique; initial_index into them.
+  // candidates: tier keys (core/tier_key.h: a chain's step count, a tree's encoded shape), unique, ordered
+  // by verified drafts; initial_index into them. A chain's expected tokens come from the acceptance
+  // estimates; a tree's are its chain's (same depth) times the tree's measured gain over it.
   GoodputPolicy(const AdaptiveConfig& config, std::vector<int> candidates, std::size_t initial_index);
 
   // One non-empty verify made at the current tier (accepted drafts per
@@ -53,12 +55,14 @@ class GoodputPolicy {
 
  private:
   int current_steps() const noexcept { return candidates_[index_]; }
-  double tokens(const AcceptanceEstimate& estimate, int steps) const noexcept {
-    return estimate.tokens(config_.acceptance_model, observed_depth(), steps);
+  // Expected tokens per round at candidate j: a chain's from `estimate`, a tree's its chain's times its gain.
+  double predicted(const AcceptanceEstimate& estimate, std::size_t j) const noexcept {
+    const double chain = estimate.tokens(config_.acceptance_model, observed_depth(), depth_[j]);
+    return tree_[j] ? chain * gain_[j] : chain;
   }
   // The deepest draft position the estimates saw lately: the current tier's,
   // or at tier 0 that of its shadow observations.
-  int observed_depth() const noexcept { return current_steps() > 0 ? current_steps() : shadow_depth_; }
+  int observed_depth() const noexcept { return current_steps() > 0 ? depth_[index_] : shadow_depth_; }
   // Whether tier 0 saw shadow observations since the last decision.
   bool shadowed() const noexcept { return current_steps() == 0 && shadow_fresh_; }
   // The goodput a decision from the current tier credits candidate j with: tier 0's discounted by
@@ -67,6 +71,9 @@ class GoodputPolicy {
   void observe(std::span<const int> accept_lengths, double round_seconds, bool sampled);
   // Both acceptance estimates take a verify's (or shadow's) accepted lengths at `steps`.
   void observe_acceptance(std::span<const int> accept_lengths, int steps);
+  // A tree tier's verify: its tokens per round against its chain's prediction move its gain (the chain
+  // estimates are left as they are: a tree accepts more than its chain would).
+  void observe_tree(std::span<const int> accept_lengths);
   bool decide(double min_gain);
   // After a decision that kept a drafting tier: the neighbour tier timed
   // longest ago, if that is refresh_interval batches or more, is run for
@@ -80,6 +87,10 @@ class GoodputPolicy {
 
   AdaptiveConfig config_;
   std::vector<int> candidates_;
+  std::vector<int> depth_;     // per candidate: draft depth (a chain's steps)
+  std::vector<char> tree_;     // per candidate: a draft tree
+  std::vector<double> gain_;   // per tree: EMA of its tokens per round over its chain's prediction (1 before any)
+  std::vector<char> gain_seen_;
   std::size_t index_;
   std::size_t initial_index_;
   std::uint64_t num_batches_ = 0;  // batches seen (all non-empty)

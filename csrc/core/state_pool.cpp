@@ -10,9 +10,11 @@ RuntimeState::RuntimeState(int speculative_num_steps,
                            std::shared_ptr<const StageResource> draft,
                            std::shared_ptr<const StageResource> verify,
                            std::shared_ptr<const StageResource> draft_extend,
-                           std::shared_ptr<const StageResource> round)
+                           std::shared_ptr<const StageResource> round,
+                           int speculative_eagle_topk)
     : speculative_num_steps(speculative_num_steps),
       speculative_num_draft_tokens(speculative_num_draft_tokens),
+      speculative_eagle_topk(speculative_eagle_topk),
       draft(std::move(draft)),
       verify(std::move(verify)),
       draft_extend(std::move(draft_extend)),
@@ -20,6 +22,13 @@ RuntimeState::RuntimeState(int speculative_num_steps,
   if (speculative_num_steps < 0) {
     throw std::invalid_argument("speculative_num_steps must be >= 0, got " +
                                 std::to_string(speculative_num_steps));
+  }
+  if (speculative_eagle_topk > 1) {
+    const std::string error = tree_shape_error(
+        {speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens}, speculative_num_steps);
+    if (!error.empty()) throw std::invalid_argument(error);
+  } else if (speculative_eagle_topk < 1) {
+    throw std::invalid_argument("speculative_eagle_topk must be >= 1, got " + std::to_string(speculative_eagle_topk));
   }
   if (speculative_num_draft_tokens < 1) {
     throw std::invalid_argument(
@@ -43,12 +52,12 @@ void StatePool::register_state(std::shared_ptr<const RuntimeState> state) {
     throw std::invalid_argument("register_state: state is null");
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  const int steps = state->speculative_num_steps;
-  auto [it, inserted] = tiers_.try_emplace(steps);
+  const int key = state->key();
+  auto [it, inserted] = tiers_.try_emplace(key);
   if (!inserted) {
-    throw std::invalid_argument("a state for speculative_num_steps=" +
-                                std::to_string(steps) +
-                                " is already registered");
+    throw std::invalid_argument("a state for tier " + std::to_string(key) +
+                                " (speculative_num_steps=" + std::to_string(state->speculative_num_steps) +
+                                ") is already registered");
   }
   it->second.state = std::move(state);
 }
@@ -100,7 +109,7 @@ std::vector<int> StatePool::tiers() const {
 
 int StatePool::active_steps() const noexcept {
   const RuntimeState* state = acquire();
-  return state ? state->speculative_num_steps : -1;
+  return state ? state->key() : -1;
 }
 
 std::uint64_t StatePool::num_switches() const {

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tier_key.h"
+
 namespace specswap {
 
 // Resources of one stage (draft, verify or draft-extend) of one tier: graph
@@ -33,10 +35,16 @@ class RuntimeState : public std::enable_shared_from_this<RuntimeState> {
                std::shared_ptr<const StageResource> draft,
                std::shared_ptr<const StageResource> verify,
                std::shared_ptr<const StageResource> draft_extend,
-               std::shared_ptr<const StageResource> round = nullptr);
+               std::shared_ptr<const StageResource> round = nullptr,
+               int speculative_eagle_topk = 1);
 
   const int speculative_num_steps;
   const int speculative_num_draft_tokens;
+  const int speculative_eagle_topk;  // 1: a chain
+  // The pool's key for this tier (core/tier_key.h): a chain's step count, or a tree's encoded shape.
+  int key() const noexcept {
+    return tier_key({speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens});
+  }
   const std::shared_ptr<const StageResource> draft;
   const std::shared_ptr<const StageResource> verify;
   const std::shared_ptr<const StageResource> draft_extend;
@@ -44,7 +52,7 @@ class RuntimeState : public std::enable_shared_from_this<RuntimeState> {
 };
 
 struct TierStats {
-  int speculative_num_steps;
+  int speculative_num_steps;  // the tier's key (a chain: its step count)
   bool active;
   std::uint64_t activations;  // times this tier became the active one
   double seconds_active;      // wall time spent as the active tier
@@ -73,14 +81,15 @@ class StatePool {
   // pool. One atomic load plus a reference-count increment.
   std::shared_ptr<const RuntimeState> acquire_shared() const;
 
-  // Publishes the prebuilt state of `speculative_num_steps` with one atomic
+  // Tiers are known by their key (RuntimeState::key(): a chain's step count).
+  // Publishes the prebuilt state of tier `speculative_num_steps` with one atomic
   // store. Returns true if the active tier changed. Throws
   // std::invalid_argument for a tier that was never registered.
   bool activate(int speculative_num_steps);
 
   bool contains(int speculative_num_steps) const;
   std::vector<int> tiers() const;
-  int active_steps() const noexcept;  // -1 before the first activate()
+  int active_steps() const noexcept;  // the active tier's key; -1 before the first activate()
   std::uint64_t num_switches() const;
   std::vector<TierStats> stats() const;
   std::size_t size() const;

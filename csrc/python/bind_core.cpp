@@ -158,16 +158,20 @@ void bind_core(py::module_& m) {
   py::class_<RuntimeState, StatePtr>(m, "SpecRuntimeState",
       "Everything one decode round needs for one tier: its stages and the round that runs them. Immutable.")
       .def(py::init([](int speculative_num_steps, int speculative_num_draft_tokens,
-                       py::object draft, py::object verify, py::object draft_extend, py::object round) {
+                       py::object draft, py::object verify, py::object draft_extend, py::object round,
+                       int speculative_eagle_topk) {
              return std::make_shared<RuntimeState>(
                  speculative_num_steps, speculative_num_draft_tokens,
                  wrap_stage(std::move(draft)), wrap_stage(std::move(verify)),
-                 wrap_stage(std::move(draft_extend)), wrap_stage(std::move(round)));
+                 wrap_stage(std::move(draft_extend)), wrap_stage(std::move(round)), speculative_eagle_topk);
            }),
            py::arg("speculative_num_steps"), py::arg("speculative_num_draft_tokens"),
            py::arg("draft") = py::none(), py::arg("verify") = py::none(),
-           py::arg("draft_extend") = py::none(), py::arg("round") = py::none())
+           py::arg("draft_extend") = py::none(), py::arg("round") = py::none(),
+           py::arg("speculative_eagle_topk") = 1)
       .def_readonly("speculative_num_steps", &RuntimeState::speculative_num_steps)
+      .def_readonly("speculative_eagle_topk", &RuntimeState::speculative_eagle_topk)
+      .def_property_readonly("key", &RuntimeState::key, "The pool's key for this tier (tier_key)")
       .def_readonly("speculative_num_draft_tokens",
                     &RuntimeState::speculative_num_draft_tokens)
       .def_property_readonly("draft", [](const RuntimeState& s) { return unwrap_stage(s.draft); })
@@ -181,6 +185,13 @@ void bind_core(py::module_& m) {
                ", speculative_num_draft_tokens=" +
                std::to_string(s.speculative_num_draft_tokens) + ")";
       });
+
+  m.def("tier_key", [](int steps, int topk, int tokens) { return tier_key({steps, topk, tokens}); },
+        py::arg("speculative_num_steps"), py::arg("speculative_eagle_topk") = 1,
+        py::arg("speculative_num_draft_tokens") = -1,
+        "A tier's key in the state pool and the policy: a chain's step count, a tree's encoded shape.");
+  m.def("tier_shape", [](int key) { return tier_shape(key); }, py::arg("key"),
+        "(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens) of a tier key.");
 
   py::class_<StatePool>(m, "StatePool",
       "One prebuilt runtime state per tier; acquire() is one atomic load and "

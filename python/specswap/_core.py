@@ -18,6 +18,8 @@ SpecRuntimeState = _C.SpecRuntimeState
 AdaptiveConfig = _C.AdaptiveConfig
 AdaptiveSpeculativeParams = _C.AdaptiveSpeculativeParams
 adaptive_config_schema = _C.adaptive_config_schema
+tier_key = _C.tier_key      # a tier's key in the pool and the policy: a chain's steps, a tree's encoded shape
+tier_shape = _C.tier_shape  # key -> (speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
 
 __all__ = [
     "StatePool",
@@ -25,4 +27,6 @@ __all__ = [
     "AdaptiveConfig",
     "AdaptiveSpeculativeParams",
     "adaptive_config_schema",
+    "tier_key",
+    "tier_shape",
 ]

@@ -44,6 +44,11 @@ def _check_value(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
             raise bad
         return [int(v) for v in value]
+    if kind == "trees":  # [[steps, topk, num_draft_tokens], ...]; the C++ validator checks each shape
+        if not isinstance(value, (list, tuple)) or not all(
+                isinstance(tree, (list, tuple)) and len(tree) == 3 and all(_is_int(v) for v in tree) for tree in value):
+            raise bad
+        return [[int(v) for v in tree] for tree in value]
     if kind == "integer":
         if not _is_int(value):
             raise bad

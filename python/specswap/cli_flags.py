@@ -70,10 +70,6 @@ def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> No
             algorithm(args.speculative_algorithm).name is None:
         raise ValueError("--speculative-eagle-topk > 1 drafts a tree: it needs a --speculative-algorithm (EAGLE, "
                          "STANDALONE or NGRAM); got NONE")
-    if args.speculative_eagle_topk > 1 and adaptive_flag:
-        raise ValueError("--speculative-eagle-topk > 1 with --speculative-adaptive: the adaptive policy chooses "
-                         "among chains only; run the tree as a static tier (specswap bench: --modes "
-                         "tree<steps>x<topk>x<num_draft_tokens>)")
     if args.speculative_num_steps < 1:
         raise ValueError(f"--speculative-num-steps must be >= 1, got {args.speculative_num_steps}")
     if args.speculative_adaptive_config is not None and not adaptive_flag:

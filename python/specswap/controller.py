@@ -40,6 +40,8 @@ class AdaptiveController:
 
     @property
     def candidate_steps(self) -> list[int]:
+        """The tiers the policy chooses among, by key: a chain's step count, a tree's encoded shape (_core.tier_key),
+        ordered by verified drafts."""
         return list(self.params.candidate_steps)
 
     @property
@@ -81,6 +83,7 @@ class AdaptiveController:
             "measured_costs": self.params.measured_costs(),  # greedy/sampled -> batch bucket -> tier -> seconds
             "num_batches": self.params.num_batches,
             "num_switches": self.pool.num_switches,
-            "candidate_steps": self.candidate_steps,
+            "candidate_steps": self.candidate_steps,  # every candidate's key (a tree's: _core.tier_key)
+            "candidate_trees": [list(tree) for tree in self.config.candidate_trees],
             "tiers": [row for row in self.pool.stats() if row["speculative_num_steps"] in self.candidate_steps],
         }

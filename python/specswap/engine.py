@@ -24,7 +24,7 @@ from specswap.loading import resolve_checkpoint, resolve_dtype  # re-exported: c
 from specswap.prompt_lookup import NumberTokens
 from specswap.sampling import SamplingParams
 from specswap.worker import SpeculativeWorker
-from specswap.worker.layout import tree_shape
+from specswap.worker.layout import tier_key, tree_shape
 
 __all__ = ["Engine", "RequestOutput", "StepOutput", "resolve_dtype", "resolve_checkpoint", "encode_text"]
 
@@ -162,8 +162,8 @@ class Engine:
     False copies them as plain prompt lookup does. ``speculative_eagle_topk`` > 1 drafts a tree of depth
     ``speculative_num_steps`` verifying ``speculative_num_draft_tokens`` tokens (the root included; default
     steps x topk + 1) as SGLang's flags do, for every drafter: EAGLE and standalone keep each depth's top-k
-    children by path probability (EAGLE-2), NGRAM a trie of lookups (docs/trees.md). A tree tier is static:
-    the adaptive policy chooses among chains.
+    children by path probability (EAGLE-2), NGRAM a trie of lookups (docs/trees.md). The adaptive config's
+    ``candidate_trees`` puts trees among the policy's tiers (the goodput policy).
     """
 
     def __init__(self, model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",
@@ -175,9 +175,6 @@ class Engine:
                  speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None):
         spec = algorithm(speculative_algorithm)
         shape = tree_shape(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
-        if shape[1] > 1 and speculative_adaptive:
-            raise ValueError(f"speculative_eagle_topk {speculative_eagle_topk} with speculative_adaptive: the adaptive "
-                             f"policy chooses among chains only; run the tree {shape} as a static tier")
         if shape[1] > 1 and spec.name is None:
             raise ValueError("speculative_eagle_topk > 1 needs a speculative_algorithm (EAGLE, STANDALONE or NGRAM)")
         if speculative_adaptive_config is not None and not speculative_adaptive:
@@ -206,7 +203,8 @@ class Engine:
         self.target, self.draft = target, draft
 
         self.controller = None
-        tiers = tuple(adaptive_config.candidate_steps) if adaptive_config is not None else ()
+        tiers = () if adaptive_config is None else (  # the chains and the trees the policy chooses among, by key
+            *adaptive_config.candidate_steps, *(tier_key(*tree) for tree in adaptive_config.candidate_trees))
         # graphs: every stage of every tier captured once here (specswap.graphs); disable_graphs runs eagerly
         numbers = None  # NGRAM drafts extrapolate counters where the tokenizer writes digits one per token
         if spec.number_tokens and ngram_numbers and self.tokenizer is not None:
@@ -315,9 +313,10 @@ class Engine:
         """What each built tier adds, as SGLang reports its graphs: its shape, the bytes its buffers and graph
         runners hold beyond the shared weights and caches, and the seconds its build (graph capture) took."""
         memory = self.worker.tier_memory_bytes()
-        return [{"speculative_num_steps": steps, "speculative_eagle_topk": topk, "speculative_num_draft_tokens": nodes,
-                 "memory_bytes": memory[steps], "build_seconds": round(self.worker.tier_build_seconds[steps], 4)}
-                for steps, (_, topk, nodes) in sorted(self.worker.tier_shapes().items())]
+        return [{"tier": key, "speculative_num_steps": steps, "speculative_eagle_topk": topk,
+                 "speculative_num_draft_tokens": nodes, "memory_bytes": memory[key],
+                 "build_seconds": round(self.worker.tier_build_seconds[key], 4)}
+                for key, (steps, topk, nodes) in sorted(self.worker.tier_shapes().items())]
 
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running)
@@ -354,7 +353,7 @@ class Engine:
         decoding = [r for r in self._running if r.finish_reason is None]
         if decoding:
             result = self.worker.decode_round([r.slot for r in decoding])
-            self._rounds_per_tier[result.speculative_num_steps] += 1
+            self._rounds_per_tier[result.ran_tier] += 1  # by key: a chain's steps, a tree's encoded shape
             if self.controller is not None:
                 self.controller.observe(result)  # may switch the pool's tier: the next round runs it
             for request, tokens, accepted, drafts, speculating in zip(

@@ -154,7 +154,7 @@ def test_bench_against_a_running_server(tmp_path):
 
 def test_cli_errors_are_reported_before_loading_anything(tmp_path, capsys):
     assert main(["bench", "--speculative-eagle-topk", "4"]) == 2
-    assert "topk" in capsys.readouterr().err
+    assert "runs draft trees as modes" in capsys.readouterr().err
     assert main(["serve", "--speculative-adaptive-config", _config(tmp_path)]) == 2
     assert "without --speculative-adaptive" in capsys.readouterr().err
     assert main(["serve", "--speculative-adaptive", "--speculative-adaptive-config", str(tmp_path / "no.json")]) == 2

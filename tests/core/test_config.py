@@ -19,6 +19,7 @@ def test_full_file_round_trip(tmp_path):
     values = {
         "policy": "goodput",
         "candidate_steps": [1, 2, 4, 8],
+        "candidate_trees": [[3, 2, 6]],
         "ema_alpha": 0.3,
         "update_interval": 2,
         "warmup_batches": 0,

@@ -93,7 +93,7 @@ int main() {
   // the field table: every row is walked once, in order, and a check says the row's valid words
   std::vector<std::string> names;
   for_each_config_field([&](const auto& field) { names.emplace_back(field.name); });
-  CHECK(names.size() == 15 && names.front() == "policy" && names.back() == "acceptance_model");
+  CHECK(names.size() == 16 && names.front() == "policy" && names.back() == "acceptance_model");
   const auto message = [](const AdaptiveConfig& config) -> std::string {
     try {
       config.validate();
@@ -118,5 +118,25 @@ int main() {
   worded.candidate_steps = {1, 65};
   CHECK(message(worded).find("[0, 64]") != std::string::npos);
   CHECK(message(AdaptiveConfig{}).empty());
+
+  // draft trees among the tiers: keys, checks, and their place among the chains
+  CHECK(tier_key({3, 1, 4}) == 3 && tier_key({3, 2, 6}) == 30206 && tier_shape(30206) == (TierShape{3, 2, 6}));
+  CHECK(tier_shape(7) == (TierShape{7, 1, 8}) && is_tree_key(30206) && !is_tree_key(64));
+  worded = AdaptiveConfig{};
+  worded.candidate_trees = {{3, 2, 6}};
+  CHECK(message(worded) == "candidate_trees needs policy 'goodput' (SGLang's thresholds are per step count, not per "
+                           "tree), got policy 'sglang'");
+  worded.policy = PolicyKind::kGoodput;
+  CHECK(message(worded).empty());
+  worded.candidate_trees = {{3, 2, 3}};
+  CHECK(message(worded) ==
+        "candidate_trees: tree [3, 2, 3]: speculative_num_draft_tokens must be in [4, 11]");
+  AdaptiveConfig trees;
+  trees.policy = PolicyKind::kGoodput;
+  trees.candidate_steps = {0, 1, 3, 7};
+  trees.candidate_trees = {{3, 2, 6}, {2, 2, 4}};
+  AdaptiveSpeculativeParams over_trees(30206, trees);
+  CHECK((over_trees.candidate_steps() == std::vector<int>{0, 1, 3, 20204, 30206, 7}));
+  CHECK(over_trees.current_steps() == 30206 && over_trees.ema() == 2.0);
   return 0;
 }

@@ -157,3 +157,19 @@ def test_tree_tiers_report_the_memory_and_build_time_they_add(tiny):
             tree_tier["speculative_num_draft_tokens"]) == (3, 2, 6)
     assert tree_tier["memory_bytes"] > chain_tier["memory_bytes"] > 0  # a wider verify and its graphs
     assert tree_tier["build_seconds"] > 0 and chain_tier["build_seconds"] > 0
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "NGRAM"])
+def test_tiny_adaptive_over_chains_and_trees_is_lossless(tiny, reference, algorithm):
+    """The goodput policy over chains and trees (candidate_trees): every candidate probed at start-up (trees
+    among them), then whatever it picks; the output equals target-only."""
+    from specswap.worker.layout import tier_key
+
+    config = {"policy": "goodput", "candidate_steps": [0, 1, 3], "candidate_trees": [[3, 2, 6], [2, 3, 7]],
+              "warmup_batches": 0, "update_interval": 1, "probe_rounds": 2}
+    engine = make(tiny, algorithm, speculative_num_steps=3, speculative_adaptive=True,
+                  speculative_adaptive_config=config, max_batch_size=4)
+    results = engine.generate(TEXTS, 40)
+    assert [r.token_ids for r in results] == [reference[t] for t in TEXTS]
+    rounds = engine.stats()["rounds_per_tier"]
+    assert rounds.get(tier_key(3, 2, 6), 0) > 0 and rounds.get(tier_key(2, 3, 7), 0) > 0, rounds

@@ -68,9 +68,6 @@ def test_start_up_errors_name_the_flag(tmp_path, capsys):
     assert "speculative_num_draft_tokens 2 does not fit" in err and "--speculative-num-draft-tokens 2" in err
     assert main(["serve", "--speculative-eagle-topk", "2"]) == 2  # the default algorithm: NONE
     assert "drafts a tree: it needs a --speculative-algorithm" in capsys.readouterr().err
-    assert main(["serve", "--speculative-eagle-topk", "2", "--speculative-algorithm", "NGRAM",
-                 "--speculative-adaptive"]) == 2
-    assert "chooses among chains only" in capsys.readouterr().err
     assert main(["serve", "--speculative-adaptive"]) == 2  # adaptive with the default NONE algorithm
     assert "needs a --speculative-algorithm" in capsys.readouterr().err
     assert main(["serve", "--model", "no-such-model", "--speculative-algorithm", "NGRAM"]) == 2

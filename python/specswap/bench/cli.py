@@ -151,6 +151,10 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
     from specswap.loading import load_models
 
     check_speculative_flags(args, adaptive_flag=True)  # the config applies to the adaptive mode
+    if args.speculative_eagle_topk != 1 or args.speculative_num_draft_tokens is not None:
+        raise ValueError("specswap bench runs draft trees as modes (--modes tree<steps>x<topk>x<num_draft_tokens>, "
+                         "e.g. tree3x2x6) and adaptive over trees through the config's candidate_trees; "
+                         "--speculative-eagle-topk / --speculative-num-draft-tokens would set no mode")
     for flag in ("requests_per_phase", "concurrency", "max_new_tokens", "repeats"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")

@@ -28,6 +28,7 @@ from typing import Sequence
 
 import torch
 
+from specswap._core import tier_key, tier_shape  # noqa: F401  (a tier's key: re-exported for the engine and flags)
 from specswap.sampling import RoundSampling, Verifier, accept, accept_greedy_tree, keyed_draws, logits_to_probs
 
 

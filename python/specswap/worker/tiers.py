@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from specswap._core import tier_key
+
 if TYPE_CHECKING:  # the models arrive as objects; the worker imports none of them
     from specswap.models import ModelOutput
 
@@ -97,6 +99,7 @@ class TierStages:
     verify: VerifyStage
     draft_extend: DraftExtendStage
     speculative_eagle_topk: int = 1    # children per expanded node (1: a chain, or a drafter's fixed tree)
+    key: int = -1                      # its key in the state pool and the policy (_core.tier_key: a chain's steps)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -150,4 +153,5 @@ class TierBuffers:
                              offsets=layout.offsets_for(batch), uniforms=torch.zeros(batch, width - 1, device=device),
                              residual_uniforms=torch.zeros(batch, device=device), layout=layout)
         extend = DraftExtendStage(input_ids=torch.zeros(batch, steps + 1, dtype=torch.long, device=device))
-        return TierStages(steps, width, draft, verify, extend, topk)
+        key = tier_key(steps, topk, width)
+        return TierStages(steps, width, draft, verify, extend, topk, key)

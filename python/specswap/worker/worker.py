@@ -22,7 +22,7 @@ from specswap.capability import cpu_capability
 from specswap.prompt_lookup import NumberTokens
 from specswap.sampling import (LOSSLESS, KeyedNoise, SamplingParams, Verifier, argmax, draw_key, draw_uniform_,
                                logits_to_probs, position_key, sample_from_cdf, sample_keyed)
-from specswap._core import SpecRuntimeState, StatePool
+from specswap._core import SpecRuntimeState, StatePool, tier_key, tier_shape
 from specswap.algorithms import algorithm
 from specswap.worker.drafter import Drafter, DrafterContext, PrefillBatch, Shadow
 from specswap.worker.layout import ChainLayout, TreeLayout, tree_shape
@@ -43,18 +43,20 @@ class RoundResult:
     new_tokens: list[list[int]]   # d_1..d_a then the correction/bonus token
     accept_lengths: list[int]     # a, bonus excluded
     speculative_num_steps: int    # the tier the round ran
-    tier: int                     # the active tier it ran for (NGRAM with nothing to look up runs tier 0 instead)
+    tier: int                     # the active tier's key it ran for (NGRAM with nothing to look up runs tier 0
+                                  # instead); a chain's key is its steps, a tree's its encoded shape
     round_seconds: float = 0.0    # wall time of the round, host bookkeeping included
     sampled: bool = False         # not all-greedy
     # per request: whether it speculates (False: speculation off for it, disable_speculative_decoding)
     speculating: list[bool] = field(default_factory=list)
     shadow: Shadow | None = None  # the drafter's part: its tier-0 checks settled this round (Drafter.take_shadow)
     speculative_num_draft_tokens: int | None = None  # tokens the round verified per request (None: a chain's k + 1)
+    ran_tier: int | None = None   # the key of the tier that ran (_core.tier_key; None: speculative_num_steps)
 
     @property
     def measured_tier(self) -> bool:
         """Whether the round tested the active tier (a plain decode run in its place did not)."""
-        return self.speculative_num_steps == self.tier
+        return (self.speculative_num_steps if self.ran_tier is None else self.ran_tier) == self.tier
 
     @property
     def drafts_verified(self) -> list[int]:
@@ -99,11 +101,15 @@ class SpeculativeWorker:
         for steps in (speculative_num_steps, *tiers):
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
                 raise ValueError(f"speculative_num_steps must be an int >= 0; got {steps!r}")
-        # the start-up tier's shape: a chain (topk 1), or a draft tree of that depth, width and node budget
+        # the start-up tier's shape: a chain (topk 1), or a draft tree of that depth, width and node budget; every
+        # tier is known by its key (_core.tier_key: a chain's step count, a tree's encoded shape)
         self.start_shape = tree_shape(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
-        if speculative_eagle_topk > 1 and speculative_num_steps in tiers:
-            raise ValueError(f"tier {speculative_num_steps} would be both a chain and the draft tree "
-                             f"{self.start_shape}; a worker holds one tier per depth")
+        self.start_key = tier_key(*self.start_shape)
+        shapes = {self.start_key: self.start_shape}
+        for key in tiers:
+            shapes[key] = tuple(tier_shape(key))
+            if shapes[key][1] > 1:
+                tree_shape(*shapes[key])  # a tree's key names a valid shape, or this names what is wrong
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
         if max_seq_len < 2:
@@ -113,14 +119,14 @@ class SpeculativeWorker:
         self.number_tokens = number_tokens
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
-        self.max_steps = max((speculative_num_steps, *tiers))
+        self.max_steps = max(steps for steps, _, _ in shapes.values())
         self.device = target.device
         self.vocab_size = target.config.vocab_size
         self.verifier = verifier
         # Writes reach position m+k-1 with m <= max_seq_len: room for the largest tier (a tree: its nodes in the
         # target's cache, the frontier nodes a drafter stores in its own)
-        steps, topk, nodes = self.start_shape
-        self.cache_capacity = max_seq_len + max(self.max_steps, nodes - 1, steps * topk) + 1
+        margin = max(max(steps, nodes - 1, steps * topk if topk > 1 else 0) for steps, topk, nodes in shapes.values())
+        self.cache_capacity = max_seq_len + margin + 1
         # graph mode: one extra cache (and slot table) row that padded batch rows read and write
         cache_rows = max_batch_size + 1 if graphs else max_batch_size
         # a small target's round is a few ms: its Python and per-call kernel overheads are worth capturing away
@@ -132,15 +138,17 @@ class SpeculativeWorker:
         self.round_graphs_enabled = bool(round_graphs)
         self.target_cache = target.make_cache(cache_rows, self.cache_capacity)
         self.slots = SlotTable(cache_rows, max_batch_size, self.device)
-        all_tiers = tuple(sorted({speculative_num_steps, *tiers}))
+        all_tiers = tuple(sorted({steps for steps, _, _ in shapes.values()}))  # every depth
         if callable(speculative_algorithm):  # a drafter of the caller's: algorithm(slot table) -> Drafter
             self.drafter = speculative_algorithm(self.slots)
         else:
             self.drafter = spec.drafter_class().build(DrafterContext(
                 draft, target, self.slots, cache_rows, self.cache_capacity, all_tiers, number_tokens))
-        if topk > 1 and not self.drafter.drafts_trees:
-            raise ValueError(f"speculative_eagle_topk {topk}: {type(self.drafter).__name__} drafts chains only; "
-                             f"EAGLE, STANDALONE and NGRAM draft trees")
+        trees = [shape for shape in shapes.values() if shape[1] > 1]
+        if trees and not self.drafter.drafts_trees:
+            raise ValueError(f"draft tree {trees[0]} (speculative_eagle_topk {trees[0][1]}): "
+                             f"{type(self.drafter).__name__} drafts chains only; EAGLE, STANDALONE and NGRAM draft "
+                             f"trees")
         self.keyed_sampling = self.drafter.keyed_sampling
         self.token_map = self.drafter.token_map
         self.graph_context = None
@@ -166,26 +174,28 @@ class SpeculativeWorker:
         self._eager.verify = EagerForward(target, self.target_cache, with_features=False)
         # every tier built (and in graph mode captured) once, here; the pool holds them and the active one
         self.pool = StatePool()
-        self.rounds: dict[int, TierRound] = {}  # each tier's round (its stages, driver and graph), by steps
-        self.tier_build_seconds: dict[int, float] = {}  # each tier's build (graph mode: its captures), by steps
-        for steps in all_tiers:
-            self._register(steps, *(self.start_shape[1:] if steps == speculative_num_steps else (1, steps + 1)))
+        self.rounds: dict[int, TierRound] = {}  # each tier's round (its stages, driver and graph), by key
+        self.tier_build_seconds: dict[int, float] = {}  # each tier's build (graph mode: its captures), by key
+        for key in sorted(shapes):
+            self._register(key)
         # a drafter that finds nothing worth verifying (NGRAM) runs a plain decode, tier 0, in the tier's place
         self._plain_round = None
         if self.drafter.plain_fallback:
             self._plain_round = self.rounds[0] if 0 in self.rounds else self._register(0)
-        self.pool.activate(speculative_num_steps)
+        self.pool.activate(self.start_key)
 
-    def _register(self, steps: int, topk: int = 1, nodes: int | None = None) -> TierRound:
+    def _register(self, key: int) -> TierRound:
+        steps, topk, nodes = tier_shape(key)
         if steps > self.max_steps or not self.drafter.supports(steps):
             raise ValueError(f"tier {steps} is not one the worker can run (tiers 0..{self.max_steps}, tier 0 only if "
                              f"listed); pass it in tiers= when building the worker")
         start = time.perf_counter()
-        round_ = self.rounds[steps] = self._build_round(steps, topk, steps + 1 if nodes is None else nodes)
-        self.tier_build_seconds[steps] = time.perf_counter() - start
+        round_ = self.rounds[key] = self._build_round(steps, topk, nodes)
+        self.tier_build_seconds[key] = time.perf_counter() - start
         stages = round_.stages
         self.pool.register(SpecRuntimeState(steps, stages.speculative_num_draft_tokens, draft=stages.draft,
-                                            verify=stages.verify, draft_extend=stages.draft_extend, round=round_))
+                                            verify=stages.verify, draft_extend=stages.draft_extend, round=round_,
+                                            speculative_eagle_topk=topk))
         return round_
 
     @property
@@ -229,12 +239,12 @@ class SpeculativeWorker:
         return round_
 
     def tier_shapes(self) -> dict[int, tuple[int, int, int]]:
-        """Each built tier's (speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)."""
-        return {steps: round_.stages.shape for steps, round_ in self.rounds.items()}
+        """Each built tier's (speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens), by key."""
+        return {key: round_.stages.shape for key, round_ in self.rounds.items()}
 
     def tier_memory_bytes(self) -> dict[int | str, int]:
         """Bytes each built tier's graph runners and buffers hold beyond the shared weights and caches."""
-        out: dict[int | str, int] = {steps: round_.memory_bytes() for steps, round_ in self.rounds.items()}
+        out: dict[int | str, int] = {key: round_.memory_bytes() for key, round_ in self.rounds.items()}
         if self.drafter.shared_memory_bytes():
             out["draft_steps_shared"] = self.drafter.shared_memory_bytes()
         if self.graph_context is not None and self.graph_context.pool.derived_bytes:
@@ -327,7 +337,7 @@ class SpeculativeWorker:
         round_ = active
         steps = active.stages.speculative_num_steps
         if not slots:
-            return RoundResult([], [], steps, steps)
+            return RoundResult([], [], steps, active.stages.key)
         round_start = time.perf_counter()  # the round's cost, for the goodput policy
         table = self.slots
         if not self.drafter.begin_round(round_.stages, slots):
@@ -359,6 +369,6 @@ class SpeculativeWorker:
         self.drafter.end_round(tier, slots)
         shadow = self.drafter.take_shadow(slots, drafting=steps > 0)
         speculating = [True] * len(slots) if plain is None else [row not in plain.rows for row in range(len(slots))]
-        return RoundResult(new_tokens, accept_list, steps, active.stages.speculative_num_steps,
+        return RoundResult(new_tokens, accept_list, steps, active.stages.key,
                            time.perf_counter() - round_start, not all_greedy, speculating, shadow,
-                           tier.speculative_num_draft_tokens)
+                           tier.speculative_num_draft_tokens, tier.key)

@@ -1,0 +1,89 @@
+"""Draft trees among the adaptive policy's tiers: their keys, the config's candidate_trees, and the goodput policy
+choosing a tree exactly when its measured tokens per round over its cost beat every chain's."""
+
+import random
+
+import pytest
+
+from specswap import AdaptiveConfig, AdaptiveSpeculativeParams
+from specswap._core import SpecRuntimeState, StatePool, tier_key, tier_shape
+from specswap.adaptive_config import load_adaptive_config
+
+TREE = (3, 2, 6)
+TREE_KEY = 30206
+
+
+def test_a_chain_s_key_is_its_steps_and_a_tree_s_encodes_its_shape():
+    assert tier_key(3) == tier_key(3, 1, 4) == 3 and tier_key(0) == 0
+    assert tier_key(*TREE) == TREE_KEY and tuple(tier_shape(TREE_KEY)) == TREE
+    assert tuple(tier_shape(7)) == (7, 1, 8)
+    for shape in [(1, 2, 3), (4, 3, 10), (64, 99, 99)]:
+        assert tuple(tier_shape(tier_key(*shape))) == shape
+
+
+def test_the_pool_holds_a_chain_and_a_tree_of_the_same_depth():
+    pool = StatePool()
+    pool.register(SpecRuntimeState(3, 4))
+    pool.register(SpecRuntimeState(3, 6, speculative_eagle_topk=2))
+    assert pool.tiers() == [3, TREE_KEY]
+    assert pool.activate(TREE_KEY) and pool.acquire().speculative_eagle_topk == 2
+    assert pool.active_steps == TREE_KEY and pool.acquire().speculative_num_steps == 3
+    with pytest.raises(ValueError, match="already registered"):
+        pool.register(SpecRuntimeState(3, 6, speculative_eagle_topk=2))
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens must be in"):
+        SpecRuntimeState(3, 3, speculative_eagle_topk=2)
+
+
+def test_candidate_trees_are_checked_and_named():
+    config = load_adaptive_config({"policy": "goodput", "candidate_steps": [0, 1, 3], "candidate_trees": [[3, 2, 6]]})
+    assert [list(t) for t in config.candidate_trees] == [[3, 2, 6]]
+    for trees, match in [([[3, 2, 3]], r"candidate_trees: tree \[3, 2, 3\]: speculative_num_draft_tokens"),
+                         ([[3, 1, 4]], r"speculative_eagle_topk must be in \[2, 99\]"),
+                         ([[0, 2, 3]], "speculative_num_steps must be in"),
+                         ([[3, 2]], "candidate_trees must be a list of"),
+                         ([3, 2, 6], "candidate_trees must be a list of")]:
+        with pytest.raises(ValueError, match=match):
+            load_adaptive_config({"policy": "goodput", "candidate_trees": trees})
+    with pytest.raises(ValueError, match="candidate_trees needs policy 'goodput'"):
+        load_adaptive_config({"candidate_trees": [[3, 2, 6]]})  # sglang's thresholds are per step count
+
+
+def test_trees_sit_among_the_chains_by_verified_drafts():
+    params = AdaptiveSpeculativeParams(1, AdaptiveConfig(policy="goodput", candidate_steps=[0, 1, 3, 7],
+                                                         candidate_trees=[[3, 2, 6], [2, 2, 4]]))
+    assert list(params.candidate_steps) == [0, 1, 3, tier_key(2, 2, 4), TREE_KEY, 7]
+    tree_start = AdaptiveSpeculativeParams(TREE_KEY, AdaptiveConfig(policy="goodput", candidate_steps=[1, 3]))
+    assert list(tree_start.candidate_steps) == [1, 3, TREE_KEY] and tree_start.current_steps == TREE_KEY
+
+
+def _run(params, tokens_per_round, seconds, rounds, rng):
+    """Feed rounds at the policy's own tier: `tokens_per_round(key)` accepted per request on average (drawn
+    around it), `seconds(key)` per round. Returns the tiers run."""
+    used = []
+    for _ in range(rounds):
+        key = params.current_steps
+        used.append(key)
+        depth = tier_shape(key)[0]
+        mean = tokens_per_round(key)
+        accepted = [min(depth, max(0, round(mean + rng.uniform(-0.5, 0.5)))) for _ in range(4)]
+        params.update(accepted, seconds(key))
+    return used
+
+
+@pytest.mark.parametrize("tree_pays", [True, False])
+def test_goodput_runs_a_tree_exactly_when_it_pays(tree_pays):
+    """Chains 1 and 3 accept about 0.5 and 1 drafts a round; the tree of depth 3 accepts 2.5 (it pays: chosen) or
+    1 (as its chain, at a higher cost: left after its probes)."""
+    rng = random.Random(0)
+    params = AdaptiveSpeculativeParams(1, AdaptiveConfig(policy="goodput", candidate_steps=[0, 1, 3],
+                                                         candidate_trees=[list(TREE)], warmup_batches=0,
+                                                         update_interval=2))
+    accepted = {0: 0.0, 1: 0.5, 3: 1.0, TREE_KEY: 2.5 if tree_pays else 1.0}
+    cost = {0: 1.0e-3, 1: 1.1e-3, 3: 1.3e-3, TREE_KEY: 1.45e-3}
+    used = _run(params, accepted.get, cost.get, 200, rng)
+    last = used[-100:]
+    if tree_pays:
+        assert last.count(TREE_KEY) > 90, last
+    else:
+        assert TREE_KEY in used[:20]  # probed at start-up
+        assert last.count(TREE_KEY) < 10, last
