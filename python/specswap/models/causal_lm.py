@@ -20,6 +20,32 @@ class CausalLM(nn.Module):
     config: LlamaConfig
     model: nn.Module
     lm_head: nn.Linear
+    # EAGLE-3: the residual stream entering these layers (0..L; L: after the last), concatenated, is the forward's
+    # ``hidden`` instead of the final-normed state (``set_aux_hidden_points``); None: today's path, no cost
+    aux_hidden_points: tuple[int, ...] | None = None
+
+    def set_aux_hidden_points(self, points: tuple[int, ...] | None) -> None:
+        """Make every forward return, as ``hidden``, the residual stream entering layers ``points`` (in 0..L, L the
+        number of layers: after the last one, before the final norm) concatenated in layer order: the fused
+        features an EAGLE-3 head reads ([B, T, len(points) * H]). None restores the final-normed hidden state."""
+        if points is not None:
+            layers = self.config.num_hidden_layers
+            points = tuple(sorted(int(p) for p in points))
+            if not points or not all(0 <= p <= layers for p in points):
+                raise ValueError(f"auxiliary hidden-state points {list(points)} must be a non-empty list in "
+                                 f"0..{layers} (the residual stream entering layer p; {layers}: after the last)")
+        self.aux_hidden_points = points
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the forward's ``hidden``: H, or len(points) * H with auxiliary hidden states."""
+        points = self.aux_hidden_points
+        return self.config.hidden_size * (1 if points is None else len(points))
+
+    def capture_aux(self, captured: list[torch.Tensor] | None, index: int, hidden: torch.Tensor) -> None:
+        """Keep ``hidden`` (the residual stream entering layer ``index``) once per capture point naming it."""
+        if captured is not None:
+            captured.extend(hidden for point in self.aux_hidden_points if point == index)
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -50,16 +76,19 @@ class CausalLM(nn.Module):
         """The LM head over final-normed hidden states [..., H] -> [..., V]."""
         return self.lm_head(hidden)
 
-    def output(self, hidden: torch.Tensor, logits_at: torch.Tensor | None, with_logits: bool) -> ModelOutput:
+    def output(self, hidden: torch.Tensor, logits_at: torch.Tensor | None, with_logits: bool,
+               captured: list[torch.Tensor] | None = None) -> ModelOutput:
         """Final-normed ``hidden`` [B, T, H] with logits at every position, at one position per row
         (``logits_at``: [B] -> logits [B, 1, V]), or none (``with_logits=False``: feature extraction, where the
-        LM head over a large vocabulary would cost more than the decoder)."""
+        LM head over a large vocabulary would cost more than the decoder). ``captured`` (auxiliary hidden
+        states, ``set_aux_hidden_points``): the output's ``hidden`` is their concatenation instead."""
+        features = hidden if captured is None else torch.cat(captured, dim=-1)
         if not with_logits:
-            return ModelOutput(logits=None, hidden=hidden)
+            return ModelOutput(logits=None, hidden=features)
         if logits_at is not None:
             rows = torch.arange(hidden.shape[0], device=hidden.device)
-            return ModelOutput(logits=self.compute_logits(hidden[rows, logits_at].unsqueeze(1)), hidden=hidden)
-        return ModelOutput(logits=self.compute_logits(hidden), hidden=hidden)
+            return ModelOutput(logits=self.compute_logits(hidden[rows, logits_at].unsqueeze(1)), hidden=features)
+        return ModelOutput(logits=self.compute_logits(hidden), hidden=features)
 
     def finish_loading(self, device: torch.device | str) -> None:
         """Re-tie weights and rebuild non-persistent buffers after ``load_state_dict(assign=True)``."""

@@ -49,13 +49,18 @@ class LlamaForCausalLM(CausalLM):
         ``cache=None`` is the training path: plain causal attention over the T tokens, nothing stored.
         """
         cos, sin = self.rotary(positions, hidden.dtype)
+        captured = None if self.aux_hidden_points is None else []  # EAGLE-3 features (set_aux_hidden_points)
         if cache is None:
             check_cacheless(tree_mask)
-            for layer in self.model.layers:
+            for index, layer in enumerate(self.model.layers):
+                self.capture_aux(captured, index, hidden)
                 hidden = layer(hidden, cos, sin, None, None, None, positions, None)
         else:
             check_cache(cache, self.config.num_hidden_layers, positions, slots)
             plan = plan_attention(positions, cache, key_length, self.config.sliding_window, tree_mask)
-            for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
+            for index, (layer, key_buffer, value_buffer) in enumerate(zip(self.model.layers, cache.keys,
+                                                                          cache.values)):
+                self.capture_aux(captured, index, hidden)
                 hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plan)
-        return self.output(self.model.norm(hidden), logits_at, with_logits)
+        self.capture_aux(captured, len(self.model.layers), hidden)
+        return self.output(self.model.norm(hidden), logits_at, with_logits, captured)
