@@ -13,7 +13,7 @@ def random_eagle3_config(target, draft_vocab_size=None, aux_layer_ids=None) -> E
                         num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
                         head_dim=c.head_dim, target_vocab_size=c.vocab_size,
                         draft_vocab_size=draft_vocab_size or c.vocab_size, target_hidden_size=c.hidden_size,
-                        rms_norm_eps=c.rms_norm_eps, rope=c.rope,
+                        rms_norm_eps=c.rms_norm_eps, rope=getattr(c, "rope_local", None) or c.rope,
                         aux_layer_ids=None if aux_layer_ids is None else tuple(aux_layer_ids))
 
 
