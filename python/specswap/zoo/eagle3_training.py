@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from specswap.capability import cpu_capability
 from specswap.models import load_model, load_tokenizer
 from specswap.models.eagle3 import Eagle3Config, Eagle3Head, default_capture_points, save_eagle3_head
 from specswap.models.layers import apply_rotary
@@ -65,7 +66,7 @@ class Eagle3Recipe:
     seed: int = 2026
     draft_vocab: int = 16384
     seq_len: int = 128
-    feature_windows: int = 1536             # windows cached once (Gemma 3 270M: about 1 GB of bf16 features)
+    feature_windows: int = 1024             # windows cached once (Gemma 3 270M: about 0.7 GB of bf16 features)
     self_generated_fraction: float = 0.25   # windows whose second half the target writes (greedy)
     self_prompt_tokens: int = 64
     shard_windows: int = 64
@@ -75,12 +76,15 @@ class Eagle3Recipe:
     ttt_steps: int = 3                      # training-time test: unrolled draft steps
     step_decay: float = 0.8                 # loss weight of unrolled step s: decay ** (s - 1)
     lr: float = 5e-4
-    planned_steps: int = 3000               # lr schedule length; a run stops earlier at its time budget
+    planned_steps: int = 1500               # lr schedule length; a run stops earlier at its time budget
     warmup_fraction: float = 0.03
     chunk_steps: int = 50                   # steps between checkpoints
     eval_every_chunks: int = 4
     save_dtype: str = "bfloat16"
     threads: int = 1                        # shared 2-core machine: see TinyRecipe.threads
+    # bf16 autocast for the head's matmuls: "auto" = where the CPU has native bf16 (elsewhere torch emulates it,
+    # several times slower than fp32), "on", "off"
+    autocast: str = "auto"
 
 
 def default_work(target: str) -> Path:
@@ -91,11 +95,14 @@ def default_out(target: str) -> Path:
     return WEIGHTS / f"{target}-eagle3"
 
 
-def load_target(name: str, dtype: torch.dtype = torch.bfloat16):
-    """The target (frozen) and its tokenizer, through the one loader's checkpoint resolution."""
+def load_target(name: str, dtype: torch.dtype | None = None):
+    """The target (frozen) and its tokenizer, through the one loader's checkpoint resolution; ``dtype`` None: bf16
+    where the CPU has native bf16, else fp32 (emulated bf16 matmuls are several times slower)."""
     from .registry import resolve_checkpoint  # noqa: PLC0415
     if name not in TARGETS:
         raise ValueError(f"no EAGLE-3 training recipe for target {name!r}; supported: {', '.join(TARGETS)}")
+    if dtype is None:
+        dtype = torch.bfloat16 if cpu_capability().native_bf16 else torch.float32
     directory = resolve_checkpoint(name, dtype)
     return load_model(directory, dtype).requires_grad_(False), load_tokenizer(directory)
 
@@ -325,6 +332,9 @@ def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Re
 
     bar = tqdm(desc=f"{target_name} eagle3", unit="step", initial=state["step"], total=recipe.planned_steps,
                dynamic_ncols=True)
+    if recipe.autocast not in ("auto", "on", "off"):
+        raise ValueError(f"autocast {recipe.autocast!r}: valid are 'auto', 'on', 'off'")
+    bf16 = recipe.autocast == "on" or (recipe.autocast == "auto" and cpu_capability().native_bf16)
     chunks_run = 0
     while state["step"] < recipe.planned_steps and time.monotonic() < deadline and \
             (max_chunks is None or chunks_run < max_chunks):
@@ -332,7 +342,7 @@ def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Re
         head.train()
         for _ in range(min(recipe.chunk_steps, recipe.planned_steps - state["step"])):
             pick = torch.randint(0, len(tokens), (recipe.train_batch,), generator=generator)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 loss, parts = ttt_loss(head, target, draft_rows, tokens[pick], fused[pick], final[pick], recipe)
             loss.backward()
             step_optimizer(optimizer, head, learning_rate(state["step"], recipe.planned_steps, recipe.lr,
