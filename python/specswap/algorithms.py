@@ -42,9 +42,8 @@ class Algorithm:
 ALGORITHMS: dict[str | None, Algorithm] = {entry.name: entry for entry in (
     Algorithm("EAGLE", "an EAGLE head", "eagle", quantizable_draft=True, number_tokens=False,
               drafter="specswap.worker.eagle:EagleDrafter"),
-    # an EAGLE-3 head (SpecForge / SGLang layout) over the target's auxiliary hidden states; its linears stay
-    # in the target's dtype (no int8 / q8_0 path yet)
-    Algorithm("EAGLE3", "an EAGLE-3 head", "eagle3", quantizable_draft=False, number_tokens=False,
+    # an EAGLE-3 head (SpecForge / SGLang layout) over the target's auxiliary hidden states
+    Algorithm("EAGLE3", "an EAGLE-3 head", "eagle3", quantizable_draft=True, number_tokens=False,
               drafter="specswap.worker.eagle3:Eagle3Drafter"),
     Algorithm("STANDALONE", "a draft model", "draft", quantizable_draft=False, number_tokens=False,
               drafter="specswap.worker.standalone:StandaloneDrafter"),

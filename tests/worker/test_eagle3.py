@@ -270,6 +270,30 @@ def test_loads_through_load_models_as_eagle3(tmp_path):
     models = load_models("tiny", draft=str(tmp_path), speculative_algorithm="EAGLE3", dtype="float32")
     assert models.speculative_algorithm == "EAGLE3" and type(models.draft).__name__ == "Eagle3Head"
     assert models.draft.capture_points == (1, 2, 2)  # SGLang's default for 4 layers: inputs of 2, 2, 1
-    with pytest.raises(ValueError, match="draft quantization .int8."):
-        load_models("tiny", draft=str(tmp_path), speculative_algorithm="EAGLE3", dtype="float32",
-                    draft_quantization="int8")
+    quantized = load_models("tiny", draft=str(tmp_path), speculative_algorithm="EAGLE3", dtype="float32",
+                            draft_quantization="int8").draft
+    assert type(quantized.fc).__name__ == type(quantized.lm_head).__name__ == "Int8Linear"
+
+
+@pytest.mark.parametrize("quantization", ["int8", "q8_0"])
+def test_quantized_heads_stay_lossless_and_draft_like_the_dense_one(tmp_path, quantization):
+    """Quantized linears change what the head drafts only slightly, never the output."""
+    if quantization == "q8_0":
+        from specswap.capability import native_kernels_available
+        if not native_kernels_available():
+            pytest.skip("q8_0 needs the native kernels (libggml-python)")
+    target = random_target(SMALL_VOCAB, 32, num_layers=4, logit_scale=3.0)
+    counts = Counter(sum(target_only(target, PROMPTS, MAX_NEW), []))
+    directory = write_random_eagle3(target, tmp_path, token_map=sorted(t for t, _ in counts.most_common(3)))
+    dense = load_eagle3_head(directory, target)
+    head = load_eagle3_head(directory, target, quantization=quantization)
+    assert type(head.midlayer.self_attn.q_proj).__name__ == ("Int8Linear" if quantization == "int8"
+                                                             else "QuantizedLinear")
+    accepted = {}
+    for name, draft in (("dense", dense), ("quantized", head)):
+        worker = SpeculativeWorker(target, draft, "EAGLE3", speculative_num_steps=3, max_seq_len=64, tiers=(0, 3),
+                                   graphs=True)
+        tokens, accepts, _ = run_to_completion(worker, PROMPTS, MAX_NEW, switch=lambda i: (3, 0, 3)[i % 3])
+        assert tokens == target_only(target, PROMPTS, MAX_NEW)
+        accepted[name] = sum(sum(accepts, []))
+    assert accepted["quantized"] > 0.5 * accepted["dense"] > 0

@@ -199,9 +199,23 @@ class Eagle3Head(nn.Module):
     def finish_loading(self, device: torch.device | str) -> None:
         self.rotary.reset(device)
 
+    def quantize_int8(self) -> None:
+        """Weight-only int8 for every linear of the head, its draft ``lm_head`` included
+        (``draft_quantization``): drafts only propose, so the output is unchanged."""
+        from .draft_quantization import quantize_linears_int8  # noqa: PLC0415
+        quantize_linears_int8(self)
+
+    def quantize_q8_0(self) -> None:
+        """ggml Q8_0 blocks for every linear of the head (targets with native weights); a bias stays dense."""
+        from .quantized import QuantizedLinear  # noqa: PLC0415
+        for name, module in list(self.named_modules()):
+            if isinstance(module, nn.Linear):
+                parent, _, child = name.rpartition(".")
+                setattr(self.get_submodule(parent), child, QuantizedLinear.from_linear(module, "Q8_0"))
+
     def make_cache(self, max_batch_size: int, capacity: int, dtype: torch.dtype | None = None,
                    device: torch.device | str | None = None) -> KVCache:
-        weight = self.fc.weight
+        weight = self.norm.weight  # in the activation dtype whatever the linears hold
         return KVCache(1, max_batch_size, self.config.num_key_value_heads, capacity, self.config.head_dim,
                        dtype=dtype or weight.dtype, device=device or weight.device)
 
@@ -287,11 +301,14 @@ def token_map_from_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, target_vocab
 
 
 def load_eagle3_head(path: str | Path, target: nn.Module, dtype: torch.dtype | None = None,
-                     device: torch.device | str | None = None) -> Eagle3Head:
+                     device: torch.device | str | None = None, quantization: str | None = None) -> Eagle3Head:
     """An EAGLE-3 checkpoint directory (config.json + model.safetensors) as a head over the built ``target``,
     whose embedding it shares; the target's capture points are recorded on the head (``capture_points``), and
     the drafter sets them on the target. Wrong shapes, missing or unknown tensors, a ``d2t`` out of range and
-    configs that do not fit the target raise ``CheckpointError`` naming them."""
+    configs that do not fit the target raise ``CheckpointError`` naming them. ``quantization``: None, "int8" or
+    "q8_0" for the head's linears after loading (``Eagle3Head.quantize_int8`` / ``quantize_q8_0``)."""
+    if quantization not in (None, "int8", "q8_0"):
+        raise ValueError(f"quantization must be None, 'int8' or 'q8_0'; got {quantization!r}")
     from .checkpoint import _assign_weights, _checkpoint_dir, read_weights  # noqa: PLC0415
 
     directory = _checkpoint_dir(path)
@@ -334,6 +351,10 @@ def load_eagle3_head(path: str | Path, target: nn.Module, dtype: torch.dtype | N
     _assign_weights(head, weights, dtype, device, str(directory))
     if token_map is not None:
         head.token_map = token_map.to(device)
+    if quantization == "int8":
+        head.quantize_int8()
+    elif quantization == "q8_0":
+        head.quantize_q8_0()
     return head.eval()
 
 
