@@ -297,3 +297,12 @@ def test_quantized_heads_stay_lossless_and_draft_like_the_dense_one(tmp_path, qu
         assert tokens == target_only(target, PROMPTS, MAX_NEW)
         accepted[name] = sum(sum(accepts, []))
     assert accepted["quantized"] > 0.5 * accepted["dense"] > 0
+
+
+def test_an_eagle1_head_on_a_target_returning_eagle3_features_is_a_clear_error(tmp_path):
+    from spec_helpers import random_eagle_head
+    target = random_target(SMALL_VOCAB, 32, num_layers=4)
+    SpeculativeWorker(target, load_eagle3_head(write_random_eagle3(target, tmp_path), target), "EAGLE3")
+    worker = SpeculativeWorker(target, random_eagle_head(target), "EAGLE", speculative_num_steps=2)
+    with pytest.raises(ValueError, match="features are 96 wide, expected 32"):
+        worker.prefill([0], [[1, 2, 3]], [SamplingParams(max_new_tokens=4)])
