@@ -26,14 +26,11 @@ def test_random_eagle3_head_on_gemma_is_lossless_under_switching(tmp_path, gemma
     assert head.capture_points == (2, 9, 15)  # SGLang's default for 18 layers: inputs of 2, 9, 15
     prompts = [gemma_tokenizer.encode("def fibonacci(n):\n", add_bos=True),
                gemma_tokenizer.encode("The capital of France is", add_bos=True)]
-    try:
-        expected = run_to_completion(SpeculativeWorker(target, None, None, max_seq_len=48), prompts, 10)[0]
-        worker = SpeculativeWorker(target, head, "EAGLE3", speculative_num_steps=3, max_seq_len=48,
-                                   max_batch_size=2, tiers=(0, 1, 3), graphs=graphs)
-        assert target.feature_size == 3 * 640
-        pattern = [3, 0, 1, 3, 0]
-        tokens, _, used = run_to_completion(worker, prompts, 10, switch=lambda i: pattern[i % len(pattern)])
-        assert tokens == expected
-        assert used == [pattern[i % len(pattern)] for i in range(len(used))]
-    finally:
-        target.set_aux_hidden_points(None)  # the session's target is shared with the other Gemma tests
+    expected = run_to_completion(SpeculativeWorker(target, None, None, max_seq_len=48), prompts, 10)[0]
+    worker = SpeculativeWorker(target, head, "EAGLE3", speculative_num_steps=3, max_seq_len=48, max_batch_size=2,
+                               tiers=(0, 1, 3), graphs=graphs)
+    assert worker.target.feature_size == 3 * 640 and worker.target.target is target
+    pattern = [3, 0, 1, 3, 0]
+    tokens, _, used = run_to_completion(worker, prompts, 10, switch=lambda i: pattern[i % len(pattern)])
+    assert tokens == expected
+    assert used == [pattern[i % len(pattern)] for i in range(len(used))]

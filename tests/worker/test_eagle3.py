@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from eagle3_helpers import write_random_eagle3
 from spec_helpers import random_target, reference_eagle_drafts, run_to_completion
 from specswap.models import CheckpointError
-from specswap.models.eagle3 import load_eagle3_head
+from specswap.models.eagle3 import AuxHiddenTarget, load_eagle3_head
 from specswap.sampling import SamplingParams
 from specswap.worker import SpeculativeWorker
 from test_worker import (BIASED_VERIFIERS, VOCAB, chi_square_pvalue, exact_law, sample_continuations)
@@ -91,7 +91,7 @@ def test_drafts_follow_the_alignment_through_tier_zero_stints(tmp_path_factory):
     accepted = 0
     for steps in (3, 4, 0, 0, 4, 3, 0, 4, 4, 3):
         worker.pool.activate(steps)
-        expected = [reference_eagle_drafts(target, head, c, steps) for c in committed]
+        expected = [reference_eagle_drafts(worker.target, head, c, steps) for c in committed]  # the fused view
         result = worker.decode_round(slots)
         assert worker.pool.acquire().draft.draft_tokens[:len(slots)].tolist() == expected
         accepted += sum(result.accept_lengths)
@@ -110,15 +110,16 @@ def test_the_target_returns_the_residual_stream_at_its_capture_points():
         for layer in target.model.layers:
             streams.append(layer(streams[-1], *target.rotary(positions, torch.float32), None, None, None, positions,
                                  None))
-        target.set_aux_hidden_points((3, 1, 4))
-        fused = target(ids, positions, target.make_cache(1, 8), torch.tensor([0]))
-    assert target.feature_size == 3 * 32
+        fused = target(ids, positions, target.make_cache(1, 8), torch.tensor([0]), aux_points=(1, 3, 4))
+        view = AuxHiddenTarget(target, (3, 1, 4))  # sorted: layer order
+        through_view = view(ids, positions, None, None)
     torch.testing.assert_close(fused.hidden, torch.cat((streams[1], streams[3], streams[4]), dim=-1))
     torch.testing.assert_close(fused.logits, plain.logits)  # the logits are the target's, unchanged
-    target.set_aux_hidden_points(None)
-    assert target(ids, positions, None, None).hidden.shape[-1] == 32
+    torch.testing.assert_close(through_view.hidden, fused.hidden)
+    assert view.feature_size == 3 * 32 and view.aux_points == (1, 3, 4)
+    assert target(ids, positions, None, None).hidden.shape[-1] == 32  # the target itself is unchanged
     with pytest.raises(ValueError, match="0..4"):
-        target.set_aux_hidden_points((1, 5))
+        AuxHiddenTarget(target, (1, 5))
 
 
 def _rms(x, weight, eps):
@@ -299,10 +300,23 @@ def test_quantized_heads_stay_lossless_and_draft_like_the_dense_one(tmp_path, qu
     assert accepted["quantized"] > 0.5 * accepted["dense"] > 0
 
 
-def test_an_eagle1_head_on_a_target_returning_eagle3_features_is_a_clear_error(tmp_path):
+def test_one_target_serves_eagle3_eagle_and_target_only_workers_side_by_side(tmp_path):
+    """The EAGLE-3 worker calls the target through its own view; the target object is never changed, so workers
+    of other algorithms over it, built before or after, interleave and all stay lossless."""
     from spec_helpers import random_eagle_head
-    target = random_target(SMALL_VOCAB, 32, num_layers=4)
-    SpeculativeWorker(target, load_eagle3_head(write_random_eagle3(target, tmp_path), target), "EAGLE3")
-    worker = SpeculativeWorker(target, random_eagle_head(target), "EAGLE", speculative_num_steps=2)
+    target = random_target(SMALL_VOCAB, 32, num_layers=4, logit_scale=3.0)
+    expected = target_only(target, PROMPTS, MAX_NEW)
+    eagle_before = SpeculativeWorker(target, random_eagle_head(target), "EAGLE", speculative_num_steps=2,
+                                     max_seq_len=64, graphs=True)
+    eagle3 = SpeculativeWorker(target, load_eagle3_head(write_random_eagle3(target, tmp_path), target), "EAGLE3",
+                               speculative_num_steps=3, max_seq_len=64, graphs=True)
+    eagle_after = SpeculativeWorker(target, random_eagle_head(target, seed=3), "EAGLE", speculative_num_steps=3,
+                                    max_seq_len=64)
+    for worker in (eagle3, eagle_before, eagle_after, eagle3):
+        worker_tokens = run_to_completion(worker, PROMPTS, MAX_NEW)[0]
+        assert worker_tokens == expected
+        for slot in range(len(PROMPTS)):
+            worker.release(slot)
+    head = random_eagle_head(target)
     with pytest.raises(ValueError, match="features are 96 wide, expected 32"):
-        worker.prefill([0], [[1, 2, 3]], [SamplingParams(max_new_tokens=4)])
+        head(torch.tensor([[1]]), torch.zeros(1, 1, 96), torch.tensor([[0]]), None, None)

@@ -43,9 +43,9 @@ def test_the_unrolled_training_forward_is_the_run_time_draft_chain():
     torch.manual_seed(0)
     head = make_head(target, torch.arange(0, 2048, 4))
     tokens = torch.randint(0, 2048, (2, 12))
-    target.set_aux_hidden_points(head.capture_points)
     with torch.no_grad():
-        fused = target(tokens, torch.arange(12).expand(2, -1), None, None, with_logits=False).hidden
+        fused = target(tokens, torch.arange(12).expand(2, -1), None, None, with_logits=False,
+                       aux_points=head.capture_points).hidden
         steps = unrolled(head, tokens, fused, 3)
         for q in (0, 4, 7):  # entry q: a cache over head positions 0..q (target features), then draft steps
             cache = head.make_cache(2, 16)
@@ -57,7 +57,6 @@ def test_the_unrolled_training_forward_is_the_run_time_draft_chain():
                 out = head(tokens[:, q + step:q + step + 1], hidden, torch.full((2, 1), q + step - 1), cache, slots)
                 torch.testing.assert_close(out.logits[:, 0], steps[step - 1][:, q], atol=1e-4, rtol=1e-4)
                 hidden = out.hidden
-    target.set_aux_hidden_points(None)
 
 
 def test_training_in_chunks_resumes_and_ships_a_lossless_head(tmp_path, capfd):

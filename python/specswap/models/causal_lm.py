@@ -20,32 +20,21 @@ class CausalLM(nn.Module):
     config: LlamaConfig
     model: nn.Module
     lm_head: nn.Linear
-    # EAGLE-3: the residual stream entering these layers (0..L; L: after the last), concatenated, is the forward's
-    # ``hidden`` instead of the final-normed state (``set_aux_hidden_points``); None: today's path, no cost
-    aux_hidden_points: tuple[int, ...] | None = None
+    @staticmethod
+    def check_aux_points(points, num_layers: int) -> tuple[int, ...]:
+        """EAGLE-3 capture points, sorted: each p in 0..L is the residual stream entering layer p (L: after the
+        last layer, before the final norm); ValueError naming them otherwise."""
+        points = tuple(sorted(int(p) for p in points))
+        if not points or not all(0 <= p <= num_layers for p in points):
+            raise ValueError(f"auxiliary hidden-state points {list(points)} must be a non-empty list in "
+                             f"0..{num_layers} (the residual stream entering layer p; {num_layers}: after the last)")
+        return points
 
-    def set_aux_hidden_points(self, points: tuple[int, ...] | None) -> None:
-        """Make every forward return, as ``hidden``, the residual stream entering layers ``points`` (in 0..L, L the
-        number of layers: after the last one, before the final norm) concatenated in layer order: the fused
-        features an EAGLE-3 head reads ([B, T, len(points) * H]). None restores the final-normed hidden state."""
-        if points is not None:
-            layers = self.config.num_hidden_layers
-            points = tuple(sorted(int(p) for p in points))
-            if not points or not all(0 <= p <= layers for p in points):
-                raise ValueError(f"auxiliary hidden-state points {list(points)} must be a non-empty list in "
-                                 f"0..{layers} (the residual stream entering layer p; {layers}: after the last)")
-        self.aux_hidden_points = points
-
-    @property
-    def feature_size(self) -> int:
-        """Width of the forward's ``hidden``: H, or len(points) * H with auxiliary hidden states."""
-        points = self.aux_hidden_points
-        return self.config.hidden_size * (1 if points is None else len(points))
-
-    def capture_aux(self, captured: list[torch.Tensor] | None, index: int, hidden: torch.Tensor) -> None:
+    @staticmethod
+    def capture_aux(captured: list[torch.Tensor] | None, points, index: int, hidden: torch.Tensor) -> None:
         """Keep ``hidden`` (the residual stream entering layer ``index``) once per capture point naming it."""
         if captured is not None:
-            captured.extend(hidden for point in self.aux_hidden_points if point == index)
+            captured.extend(hidden for point in points if point == index)
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -57,7 +46,8 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, slots: torch.Tensor | None,
                 key_length: int | None = None, logits_at: torch.Tensor | None = None,
-                with_logits: bool = True, tree_mask: torch.Tensor | None = None) -> ModelOutput:
+                with_logits: bool = True, tree_mask: torch.Tensor | None = None,
+                aux_points: tuple[int, ...] | None = None) -> ModelOutput:
         """Run T new tokens per request, writing their keys/values into the cache rows ``slots``.
 
         input_ids: [B, T] int64; positions: [B, T] int64 absolute positions, consecutive within a row;
@@ -66,11 +56,13 @@ class CausalLM(nn.Module):
         are the root's plus each node's depth, and node i is stored at the root's position + i
         (``layers.plan_attention``).
         ``cache=None`` (training only): causal attention within the T tokens, positions must be 0..T-1 style.
-        ``logits_at`` / ``with_logits``: see ``output``. The embedding is the architecture's own (Gemma's
-        scales), then ``forward_hidden`` runs its decoder.
+        ``logits_at`` / ``with_logits``: see ``output``. ``aux_points`` (EAGLE-3, sorted, ``check_aux_points``):
+        the output's ``hidden`` is the residual stream entering those layers, concatenated in layer order
+        ([B, T, len(points) * H]), instead of the final-normed state; None (default) costs nothing. The embedding
+        is the architecture's own (Gemma's scales), then ``forward_hidden`` runs its decoder.
         """
         return self.forward_hidden(self.model.embed_tokens(input_ids), positions, cache, slots, key_length,
-                                   logits_at, with_logits, tree_mask)
+                                   logits_at, with_logits, tree_mask, aux_points)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head over final-normed hidden states [..., H] -> [..., V]."""
@@ -81,7 +73,7 @@ class CausalLM(nn.Module):
         """Final-normed ``hidden`` [B, T, H] with logits at every position, at one position per row
         (``logits_at``: [B] -> logits [B, 1, V]), or none (``with_logits=False``: feature extraction, where the
         LM head over a large vocabulary would cost more than the decoder). ``captured`` (auxiliary hidden
-        states, ``set_aux_hidden_points``): the output's ``hidden`` is their concatenation instead."""
+        states, ``aux_points``): the output's ``hidden`` is their concatenation instead."""
         features = hidden if captured is None else torch.cat(captured, dim=-1)
         if not with_logits:
             return ModelOutput(logits=None, hidden=features)

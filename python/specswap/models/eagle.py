@@ -110,8 +110,7 @@ class EagleHead(nn.Module):
         """
         if features.shape[-1] != self.config.hidden_size:  # a shape, no sync: a clear error instead of fc's
             raise ValueError(f"EAGLE head: features are {features.shape[-1]} wide, expected {self.config.hidden_size};"
-                             f" a target returning EAGLE-3 auxiliary hidden states (set_aux_hidden_points) cannot "
-                             f"feed an EAGLE-1 head")
+                             f" EAGLE-3 auxiliary hidden states (aux_points) cannot feed an EAGLE-1 head")
         embeds = self.embed_tokens(input_ids).to(features.dtype)          # [B, T, H]
         hidden = self.fc(torch.cat((embeds, features), dim=-1))           # [B, T, H]
         cos, sin = self.rotary(positions, hidden.dtype)

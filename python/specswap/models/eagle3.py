@@ -15,7 +15,8 @@ hidden state it returns (and feeds itself) is the residual stream before ``norm`
 Auxiliary layers: ``eagle_config.eagle_aux_hidden_state_layer_ids`` [a, b, c] name the layers whose *output* is
 captured; without them SGLang's default captures the *input* of layers [2, L // 2, L - 3] of an L-layer
 target. Both are held here as capture points p in 0..L, "the residual stream entering layer p" (p = L: after
-the last layer, before the final norm); ``CausalLM.set_aux_hidden_points`` makes the target return them.
+the last layer, before the final norm); ``CausalLM.forward(aux_points=...)`` returns them, and ``AuxHiddenTarget``
+is the target as an EAGLE-3 worker calls it (the target object itself is never changed).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .causal_lm import CausalLM, check_cache
 from .kv_cache import KVCache
 from .layers import Attention, GatedMLP, RMSNorm, RotaryEmbedding, plan_attention
 from .model_config import CheckpointError, RopeConfig, read_config_json
@@ -232,20 +234,49 @@ class Eagle3Head(nn.Module):
             hidden = features
         else:
             raise ValueError(f"EAGLE-3 head: features are {width} wide; expected the target's fused features "
-                             f"({self.fc.in_features}) or the head's hidden state ({self.config.hidden_size}). Was "
-                             f"the target set to return its auxiliary hidden states (set_aux_hidden_points)?")
+                             f"({self.fc.in_features}) or the head's hidden state ({self.config.hidden_size}); an "
+                             f"EAGLE-3 head reads the target through AuxHiddenTarget")
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)                     # [B, T, H]
         cos, sin = self.rotary(positions, hidden.dtype)
         if cache is None:  # training: causal attention within the T tokens
             hidden = self.midlayer(embeds, hidden, cos, sin, None, None, None, positions, None)
         else:
-            from .causal_lm import check_cache  # noqa: PLC0415
             check_cache(cache, 1, input_ids, slots)
             plan = plan_attention(positions, cache, key_length)
             hidden = self.midlayer(embeds, hidden, cos, sin, cache.keys[0], cache.values[0], slots, positions, plan)
         rows = hidden if logits_at is None else \
             hidden[torch.arange(hidden.shape[0], device=hidden.device), logits_at].unsqueeze(1)
         return ModelOutput(logits=self.lm_head(self.norm(rows)), hidden=hidden)
+
+
+class AuxHiddenTarget(nn.Module):
+    """``target`` as an EAGLE-3 worker calls it: the same forward, whose ``hidden`` is the fused auxiliary hidden
+    states at ``points`` ([B, T, len(points) * H]). It holds the target (no copy: the parameters, cache shape,
+    dtype and device are the target's), so one target can serve EAGLE-3, EAGLE and target-only workers at once."""
+
+    def __init__(self, target: CausalLM, points: tuple[int, ...]):
+        super().__init__()
+        self.target = target
+        self.config = target.config
+        self.aux_points = CausalLM.check_aux_points(points, target.config.num_hidden_layers)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.target.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    @property
+    def feature_size(self) -> int:
+        return len(self.aux_points) * self.config.hidden_size
+
+    def make_cache(self, *args, **kwargs) -> KVCache:
+        return self.target.make_cache(*args, **kwargs)
+
+    def forward(self, *args, **kwargs) -> ModelOutput:
+        return self.target(*args, aux_points=self.aux_points, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------ checkpoints

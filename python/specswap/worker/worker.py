@@ -127,6 +127,8 @@ class SpeculativeWorker:
         else:
             self.drafter = spec.drafter_class().build(DrafterContext(
                 draft, target, self.slots, cache_rows, self.cache_capacity, all_tiers, number_tokens))
+        # the target as prefill and verify call it (an EAGLE-3 drafter's returns the auxiliary hidden states)
+        target = self.target = self.drafter.target_view(target)
         self.keyed_sampling = self.drafter.keyed_sampling
         self.token_map = self.drafter.token_map
         self.graph_context = None

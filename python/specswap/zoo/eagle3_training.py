@@ -236,21 +236,22 @@ def prepare_data(work: Path, tokenizer, vocab_size: int, recipe: Eagle3Recipe, c
 
 
 @torch.inference_mode()
-def extract(target, windows: torch.Tensor, batch: int, full_logits: bool = False) -> dict[str, torch.Tensor]:
-    """One target forward per chunk: fused features [N, T, 3H] and final-normed hidden [N, T, H] in bf16; with
-    ``full_logits`` the target's greedy next token [N, T] too (held-out windows only: a full LM head is costly)."""
+def extract(target, windows: torch.Tensor, batch: int, points: tuple[int, ...],
+            full_logits: bool = False) -> dict[str, torch.Tensor]:
+    """One target forward per chunk: fused features [N, T, 3H] at the capture ``points`` and final-normed hidden
+    [N, T, H] in bf16; with ``full_logits`` the target's greedy next token [N, T] too (held-out windows only: a
+    full LM head is costly)."""
     fused, final, greedy = [], [], []
     layers = target.config.num_hidden_layers
-    points = target.aux_hidden_points
+    points = (*target.check_aux_points(points, layers), layers)  # the final residual stream last: the teacher
     for start in range(0, len(windows), batch):
         chunk = windows[start:start + batch]
-        out = target(chunk, positions_like(chunk), None, None, with_logits=False).hidden
+        out = target(chunk, positions_like(chunk), None, None, with_logits=False, aux_points=points).hidden
         fused.append(out[..., :-target.config.hidden_size].to(torch.bfloat16))
         normed = target.model.norm(out[..., -target.config.hidden_size:])
         final.append(normed.to(torch.bfloat16))
         if full_logits:
             greedy.append(target.compute_logits(normed).argmax(-1))
-    assert points[-1] == layers  # the final residual stream was captured last
     result = {"tokens": windows, "fused": torch.cat(fused), "final": torch.cat(final)}
     if full_logits:
         result["target_next"] = torch.cat(greedy)
@@ -274,26 +275,21 @@ def make_windows(data: dict, count: int, recipe: Eagle3Recipe, generator, target
 
 def cache_features(target, work: Path, data: dict, recipe: Eagle3Recipe, points: tuple[int, ...]) -> None:
     """The feature shards and the held-out shard, each written once (a shard on disk is skipped on resume)."""
-    layers = target.config.num_hidden_layers
-    target.set_aux_hidden_points((*points, layers))  # the final residual stream last: the teacher
-    try:
-        heldout = work / "heldout.pt"
-        if not heldout.is_file():
-            generator = torch.Generator().manual_seed(recipe.seed + 1)
-            windows = make_windows(data, recipe.heldout_windows, recipe, generator, target, "heldout")
-            torch.save(extract(target, windows, recipe.feature_batch, full_logits=True), heldout)
-        shards = math.ceil(recipe.feature_windows / recipe.shard_windows)
-        todo = [i for i in range(shards) if not (work / f"features-{i:05d}.pt").is_file()]
-        for index in tqdm(todo, desc="features", unit="shard", dynamic_ncols=True, initial=shards - len(todo),
-                          total=shards):
-            generator = torch.Generator().manual_seed(recipe.seed + 1000 + index)
-            count = min(recipe.shard_windows, recipe.feature_windows - index * recipe.shard_windows)
-            windows = make_windows(data, count, recipe, generator, target, "train")
-            shard = extract(target, windows, recipe.feature_batch)
-            torch.save(shard, work / f"features-{index:05d}.part")
-            (work / f"features-{index:05d}.part").rename(work / f"features-{index:05d}.pt")  # whole or absent
-    finally:
-        target.set_aux_hidden_points(None)
+    heldout = work / "heldout.pt"
+    if not heldout.is_file():
+        generator = torch.Generator().manual_seed(recipe.seed + 1)
+        windows = make_windows(data, recipe.heldout_windows, recipe, generator, target, "heldout")
+        torch.save(extract(target, windows, recipe.feature_batch, points, full_logits=True), heldout)
+    shards = math.ceil(recipe.feature_windows / recipe.shard_windows)
+    todo = [i for i in range(shards) if not (work / f"features-{i:05d}.pt").is_file()]
+    for index in tqdm(todo, desc="features", unit="shard", dynamic_ncols=True, initial=shards - len(todo),
+                      total=shards):
+        generator = torch.Generator().manual_seed(recipe.seed + 1000 + index)
+        count = min(recipe.shard_windows, recipe.feature_windows - index * recipe.shard_windows)
+        windows = make_windows(data, count, recipe, generator, target, "train")
+        shard = extract(target, windows, recipe.feature_batch, points)
+        torch.save(shard, work / f"features-{index:05d}.part")
+        (work / f"features-{index:05d}.part").rename(work / f"features-{index:05d}.pt")  # whole or absent
 
 
 def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Recipe(),
