@@ -224,6 +224,10 @@ def _no_layers(raw):
     raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 9]}
 
 
+def _one_aux_layer(raw):
+    raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [2]}
+
+
 def _two_layers(raw):
     raw["num_hidden_layers"] = 2
 
@@ -244,6 +248,7 @@ def _not_eagle3(raw):
     ({"weights": _t2d_disagrees}, "t2d disagrees with d2t"),
     ({"config": _no_layers}, r"layers \[9\] outside the target's 0..3"),
     ({"config": _two_layers}, "num_hidden_layers 2"),
+    ({"config": _one_aux_layer}, r"at least two layer indices; got \[2\]"),
     ({"config": _other_hidden}, "target_hidden_size 64 does not match the target's 32"),
     ({"config": _not_eagle3}, "name no EAGLE-3 head"),
 ])

@@ -83,9 +83,10 @@ class Eagle3Config:
             raise CheckpointError(f"{source}: hidden_act {raw.get('hidden_act')!r} is not supported; valid: 'silu'")
         eagle = raw.get("eagle_config") or {}
         ids = eagle.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
-        if ids is not None and (not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids)):
-            raise CheckpointError(f"{source}: eagle_aux_hidden_state_layer_ids must be a non-empty list of layer "
-                                  f"indices; got {ids!r}")
+        if ids is not None and (not isinstance(ids, list) or len(ids) < 2 or not all(isinstance(i, int) for i in ids)):
+            # one layer would make fc's input as wide as the head's own hidden state, which it tells apart by width
+            raise CheckpointError(f"{source}: eagle_aux_hidden_state_layer_ids must list at least two layer indices; "
+                                  f"got {ids!r}")
         num_heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         vocab = int(raw["vocab_size"])
