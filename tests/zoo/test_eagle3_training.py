@@ -18,7 +18,7 @@ from specswap.zoo.eagle3_training import Eagle3Recipe, make_head, train, unrolle
 torch.set_num_threads(1)
 
 TINY = Path(recipe_module.__file__).resolve().parent / "weights" / "tiny" / "config.json"
-pytestmark = pytest.mark.skipif(not TINY.is_file(), reason="tiny zoo weights not built")
+needs_tiny = pytest.mark.skipif(not TINY.is_file(), reason="tiny zoo weights not built")
 
 SMALL = Eagle3Recipe(draft_vocab=512, seq_len=32, feature_windows=8, shard_windows=4, feature_batch=4,
                      heldout_windows=4, train_batch=2, ttt_steps=3, chunk_steps=2, eval_every_chunks=1,
@@ -37,6 +37,7 @@ def small_corpus() -> Corpus:
     return corpus
 
 
+@needs_tiny
 def test_the_unrolled_training_forward_is_the_run_time_draft_chain():
     from specswap.zoo.eagle3_training import load_target
     target, _ = load_target("tiny", torch.float32)
@@ -59,6 +60,7 @@ def test_the_unrolled_training_forward_is_the_run_time_draft_chain():
                 hidden = out.hidden
 
 
+@needs_tiny
 def test_training_in_chunks_resumes_and_ships_a_lossless_head(tmp_path, capfd):
     work, out = tmp_path / "work", tmp_path / "out"
     corpus = small_corpus()
@@ -90,3 +92,16 @@ def test_training_in_chunks_resumes_and_ships_a_lossless_head(tmp_path, capfd):
     expected = run_to_completion(SpeculativeWorker(models.target, None, None, max_seq_len=64), prompts, 12)[0]
     worker = SpeculativeWorker(models.target, head, "EAGLE3", speculative_num_steps=3, max_seq_len=64)
     assert run_to_completion(worker, prompts, 12)[0] == expected
+
+
+def test_the_zoo_command_forwards_train_eagle3(monkeypatch, tmp_path, capsys):
+    from specswap.zoo import __main__ as zoo_cli
+    calls = []
+    monkeypatch.setattr(recipe_module, "main", lambda argv: calls.append(list(argv)))
+    zoo_cli.main(["train", "eagle3", "--minutes", "5", "--work", str(tmp_path), "--planned-steps", "30"])
+    zoo_cli.main(["train", "eagle3", "--target", "tiny"])
+    assert calls == [["--target", "gemma-3-270m", "--minutes", "5.0", "--work", str(tmp_path), "--planned-steps", "30"],
+                     ["--target", "tiny", "--minutes", "100.0"]]
+    with pytest.raises(SystemExit):
+        zoo_cli.main(["train", "eagle3", "--target", "llama-3"])
+    assert "supported targets are tiny, gemma-3-270m, smollm2-135m" in capsys.readouterr().err
