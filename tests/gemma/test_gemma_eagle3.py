@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from eagle3_helpers import write_random_eagle3  # noqa: E402

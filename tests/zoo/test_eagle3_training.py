@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from specswap.models.eagle3 import load_eagle3_head
 from specswap.zoo import eagle3_training as recipe_module
 from specswap.zoo.data import Corpus
 from specswap.zoo.eagle3_training import Eagle3Recipe, make_head, train, unrolled
