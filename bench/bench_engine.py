@@ -171,8 +171,8 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
     from specswap.loading import resolve_draft_quantization
     quantization = resolve_draft_quantization(draft_quantization, "EAGLE", dtype, "cpu")
     if name == "random":
-        if draft_paths or "EAGLE3" in algorithms:
-            raise ValueError("--model random builds its drafts; EAGLE3 and --draft need a real model")
+        if draft_paths:
+            raise ValueError("--model random builds its drafts; --draft needs a real model")
         torch.manual_seed(0)
         config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512)
@@ -180,6 +180,9 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
         drafts = {"NGRAM": None,
                   "EAGLE": EagleHead(EagleConfig.for_target(config), target.embed_tokens, target.lm_head),
                   "STANDALONE": LlamaForCausalLM(LlamaConfig(**{**config.__dict__, "num_hidden_layers": 1}))}
+        missing = sorted(set(algorithms) - set(drafts))
+        if missing:
+            raise ValueError(f"--model random builds no draft for {missing}; use a real model")
         drafts = {a: drafts[a] and drafts[a].to(dtype).eval() for a in algorithms}
         for name, draft in drafts.items():
             if quantization == "int8" and algorithms_registry.algorithm(name).quantizable_draft:
