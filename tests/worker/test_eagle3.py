@@ -168,7 +168,7 @@ def test_the_head_computes_the_eagle3_layer_from_the_checkpoint_tensors(tmp_path
             head(ids, torch.zeros(1, 6, 40), positions, None, None)
 
 
-@pytest.mark.parametrize("steps,biased", [(2, None), (1, None), (2, "accept_always")])
+@pytest.mark.parametrize("steps,biased", [(2, None), (1, None), (0, None), (2, "accept_always")])
 def test_sampled_continuations_follow_the_target_law(tmp_path, steps, biased):
     params = SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9) if steps == 2 else \
         SamplingParams(max_new_tokens=3, temperature=1.2)
@@ -325,3 +325,33 @@ def test_one_target_serves_eagle3_eagle_and_target_only_workers_side_by_side(tmp
     head = random_eagle_head(target)
     with pytest.raises(ValueError, match="features are 96 wide, expected 32"):
         head(torch.tensor([[1]]), torch.zeros(1, 1, 96), torch.tensor([[0]]), None, None)
+
+
+def test_a_checkpoint_with_its_own_embedding_and_model_prefixes_loads_and_stays_lossless(tmp_path):
+    """Some published heads ship ``embed_tokens.weight`` (then it is the head's, not the target's) and prefix names
+    with ``model.``; a llama3 rope in ``rope_scaling`` round-trips."""
+    target = random_target(SMALL_VOCAB, 32, num_layers=4, logit_scale=3.0)
+    directory = write_random_eagle3(target, tmp_path)
+    own = torch.randn(SMALL_VOCAB, 32)
+
+    def edit(tensors):
+        for name in list(tensors):
+            if name.startswith("midlayer."):
+                tensors[f"model.{name}"] = tensors.pop(name)
+        tensors["embed_tokens.weight"] = own
+
+    def llama3(raw):
+        raw.pop("rope_theta")
+        raw["rope_scaling"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                               "original_max_position_embeddings": 8192}
+
+    _edit(directory, weights=edit, config=llama3)
+    head = load_eagle3_head(directory, target)
+    assert head.embed_tokens is not target.embed_tokens and torch.equal(head.embed_tokens.weight, own)
+    assert head.config.rope.rope_type == "llama3" and head.config.rope.theta == 500000.0
+    worker = SpeculativeWorker(target, head, "EAGLE3", speculative_num_steps=2, max_seq_len=64, tiers=(0, 2))
+    tokens, _, _ = run_to_completion(worker, PROMPTS, MAX_NEW, switch=lambda i: (2, 0)[i % 2])
+    assert tokens == target_only(target, PROMPTS, MAX_NEW)
+    _edit(directory, weights=lambda t: t.update({"embed_tokens.weight": torch.zeros(SMALL_VOCAB, 31)}))
+    with pytest.raises(CheckpointError, match=r"embed_tokens.weight: \(12, 31\), expected \(12, 32\)"):
+        load_eagle3_head(directory, target)
