@@ -14,6 +14,8 @@ docs/engine.md). ``--json`` writes the rows with the command, the CPU and the co
     PYTHONPATH=python python bench/bench_engine.py --model tiny --hf --repeats 3
     PYTHONPATH=python python bench/bench_engine.py --model gemma-3-270m --dtype bfloat16 --algorithm EAGLE NGRAM \
         --batch-sizes 1 --max-new-tokens 96 --num-prompts 4 --repeats 1 --threads 1 --hf --json gemma.json
+    PYTHONPATH=python python bench/bench_engine.py --model gemma-3-270m --weights native --algorithm EAGLE EAGLE3 \
+        --draft EAGLE3=python/specswap/zoo/weights/gemma-3-270m-eagle3 --static-steps 1 3 --batch-sizes 1 --threads 1
 
 ``--hf`` adds transformers rows at batch 1: plain ``generate``, prompt-lookup decoding
 (``prompt_lookup_num_tokens=10``) and, where the zoo has a standalone draft ("<model>-draft"), assisted
@@ -161,12 +163,16 @@ WORKLOADS = list(PROMPT_SETS[DEFAULT_PROMPT_SET])
 
 
 def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quantization: str = "auto",
-                weights: str | None = None):
-    """(target, {algorithm: draft or None}, tokenizer), loaded once and shared by every engine of the run."""
+                weights: str | None = None, draft_paths: dict[str, str] | None = None):
+    """(target, {algorithm: draft or None}, tokenizer), loaded once and shared by every engine of the run.
+    ``draft_paths``: algorithm -> draft checkpoint (EAGLE3 has no zoo default); else the zoo's."""
+    draft_paths = draft_paths or {}
     from specswap.models import EagleConfig, EagleHead, LlamaConfig, LlamaForCausalLM
     from specswap.loading import resolve_draft_quantization
     quantization = resolve_draft_quantization(draft_quantization, "EAGLE", dtype, "cpu")
     if name == "random":
+        if draft_paths:
+            raise ValueError("--model random builds its drafts; --draft needs a real model")
         torch.manual_seed(0)
         config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512)
@@ -174,6 +180,9 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
         drafts = {"NGRAM": None,
                   "EAGLE": EagleHead(EagleConfig.for_target(config), target.embed_tokens, target.lm_head),
                   "STANDALONE": LlamaForCausalLM(LlamaConfig(**{**config.__dict__, "num_hidden_layers": 1}))}
+        missing = sorted(set(algorithms) - set(drafts))
+        if missing:
+            raise ValueError(f"--model random builds no draft for {missing}; use a real model")
         drafts = {a: drafts[a] and drafts[a].to(dtype).eval() for a in algorithms}
         for name, draft in drafts.items():
             if quantization == "int8" and algorithms_registry.algorithm(name).quantizable_draft:
@@ -183,7 +192,7 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
     if weights is None:  # the dtype's dense weights
         weights = "bf16" if dtype == torch.bfloat16 else "fp32"
     loaded = load_models(name, speculative_algorithm="NONE", dtype=dtype, weights=weights)
-    drafts = {a: load_draft(name, None, a, loaded.target,
+    drafts = {a: load_draft(name, draft_paths.get(a), a, loaded.target,
                             quantization if algorithms_registry.algorithm(a).quantizable_draft else None)
               for a in algorithms}
     return loaded.target, drafts, loaded.tokenizer
@@ -349,7 +358,10 @@ def print_table(rows: list[dict]) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="zoo name, gemma-3-270m or checkpoint directory, or 'random'")
-    parser.add_argument("--algorithm", nargs="+", default=["EAGLE"], choices=["EAGLE", "STANDALONE", "NGRAM"],
+    parser.add_argument("--draft", action="append", default=[], metavar="ALGORITHM=DIR",
+                        help="a draft checkpoint for one algorithm, e.g. EAGLE3=DIR (an EAGLE-3 head, which has no "
+                             "zoo default); others default to the zoo's <model>-eagle / <model>-draft")
+    parser.add_argument("--algorithm", nargs="+", default=["EAGLE"], choices=["EAGLE", "EAGLE3", "STANDALONE", "NGRAM"],
                         help="one or more drafters, each with its static tiers and adaptive")
     parser.add_argument("--static-steps", type=int, nargs="+", default=[1, 3, 7])
     parser.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=WORKLOADS)
@@ -394,7 +406,12 @@ def main() -> None:
 
     print(cpu_capability().describe(), flush=True)
     dtype = resolve_dtype(args.dtype, "cpu")
-    target, drafts, tokenizer = load_models(args.model, args.algorithm, dtype, args.draft_quantization, args.weights)
+    draft_paths = dict(item.split("=", 1) for item in args.draft)
+    unknown = sorted(set(draft_paths) - set(args.algorithm))
+    if unknown or not all("=" in item for item in args.draft):
+        raise SystemExit(f"--draft takes ALGORITHM=DIR for an algorithm in --algorithm; got {args.draft}")
+    target, drafts, tokenizer = load_models(args.model, args.algorithm, dtype, args.draft_quantization, args.weights,
+                                            draft_paths)
     print(f"model {args.model} ({sum(p.numel() for p in target.parameters()) / 1e6:.1f}M), "
           f"drafts {'/'.join(args.algorithm)}, {dtype}, {torch.get_num_threads()} threads, "
           f"{args.max_new_tokens} new tokens, {args.num_prompts} {args.prompt_set} prompts, median of {args.repeats}, "

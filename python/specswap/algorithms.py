@@ -42,6 +42,9 @@ class Algorithm:
 ALGORITHMS: dict[str | None, Algorithm] = {entry.name: entry for entry in (
     Algorithm("EAGLE", "an EAGLE head", "eagle", quantizable_draft=True, number_tokens=False,
               drafter="specswap.worker.eagle:EagleDrafter"),
+    # an EAGLE-3 head (SpecForge / SGLang layout) over the target's auxiliary hidden states
+    Algorithm("EAGLE3", "an EAGLE-3 head", "eagle3", quantizable_draft=True, number_tokens=False,
+              drafter="specswap.worker.eagle3:Eagle3Drafter"),
     Algorithm("STANDALONE", "a draft model", "draft", quantizable_draft=False, number_tokens=False,
               drafter="specswap.worker.standalone:StandaloneDrafter"),
     Algorithm("NGRAM", None, None, quantizable_draft=False, number_tokens=True,
@@ -49,7 +52,7 @@ ALGORITHMS: dict[str | None, Algorithm] = {entry.name: entry for entry in (
     Algorithm(None, None, None, quantizable_draft=False, number_tokens=False,
               drafter="specswap.worker.drafter:Drafter"),
 )}
-NAMES: tuple[str, ...] = tuple(entry.flag for entry in ALGORITHMS.values())  # EAGLE STANDALONE NGRAM NONE
+NAMES: tuple[str, ...] = tuple(entry.flag for entry in ALGORITHMS.values())  # EAGLE EAGLE3 STANDALONE NGRAM NONE
 
 
 def algorithm(name: str | None) -> Algorithm:

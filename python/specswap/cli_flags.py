@@ -26,11 +26,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
                         help=f"zoo or registry name ('tiny', 'gemma-3-270m', 'smollm2-135m'), a Hugging Face checkpoint directory or "
                              f"a .gguf file (default {DEFAULT_MODEL})")
     parser.add_argument("--draft-model", "--speculative-draft-model-path", dest="draft_model", default=None,
-                        help="draft checkpoint (EAGLE head or standalone model); zoo models default to <model>-eagle "
-                             "/ <model>-draft")
+                        help="draft checkpoint (EAGLE head, EAGLE-3 head directory as SpecForge saves it, or "
+                             "standalone model); zoo models default to <model>-eagle / <model>-draft")
     parser.add_argument("--speculative-algorithm", type=str.upper, choices=ALGORITHM_CHOICES,
                         default=default_algorithm,
-                        help="EAGLE, STANDALONE, NGRAM (prompt lookup, no draft model) or NONE"
+                        help="EAGLE, EAGLE3 (an EAGLE-3 head: --speculative-draft-model-path DIR), STANDALONE, "
+                             "NGRAM (prompt lookup, no draft model) or NONE"
                              + ("" if default_algorithm else " (default: EAGLE when the model has a head, else NGRAM)"))
     parser.add_argument("--speculative-num-steps", type=int, default=3, help="draft steps per round (static tier)")
     parser.add_argument("--speculative-eagle-topk", type=int, default=1,
@@ -79,8 +80,8 @@ def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> No
         raise FileNotFoundError(f"--speculative-adaptive-config {args.speculative_adaptive_config}: no such file")
     # None is "the model's default" (its head, else NGRAM); "NONE" is no speculation
     if adaptive_flag and args.speculative_algorithm is not None and algorithm(args.speculative_algorithm).name is None:
-        raise ValueError("--speculative-adaptive needs a --speculative-algorithm (EAGLE, STANDALONE or NGRAM); "
-                         "got NONE")
+        raise ValueError("--speculative-adaptive needs a --speculative-algorithm (EAGLE, EAGLE3, STANDALONE or "
+                         "NGRAM); got NONE")
 
 
 def build_engine(models: LoadedModels, speculative_algorithm: str | None, speculative_num_steps: int = 3,

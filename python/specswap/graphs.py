@@ -112,11 +112,12 @@ class _BucketedGraphs:
 class StageGraphs(_BucketedGraphs):
     """One stage of one tier: a model forward over ``num_tokens`` tokens per request, captured per bucket.
     ``logits_at``: the forward computes the logits at one position per request (a replay's ``logits_at`` [B]),
-    [B, 1, V], as an EAGLE head's draft-extend needs them at the accepted length only."""
+    [B, 1, V], as an EAGLE head's draft-extend needs them at the accepted length only. ``feature_size``: the
+    width of the features a head stage reads (default H)."""
 
     def __init__(self, context: GraphContext, stage: str, speculative_num_steps: int, model: torch.nn.Module,
                  cache, num_tokens: int, with_features: bool, tree_nodes: int | None = None,
-                 tree_base: bool = False, logits_at: bool = False):
+                 tree_base: bool = False, logits_at: bool = False, feature_size: int | None = None):
         super().__init__(context, stage, speculative_num_steps, num_tokens)
         self.model = model
         self.logits_at = logits_at
@@ -125,6 +126,8 @@ class StageGraphs(_BucketedGraphs):
         self.tree_nodes, self.tree_base = tree_nodes, tree_base
         self.cache = cache
         self.with_features = with_features
+        # the features' width (an EAGLE-3 head's draft-extend reads the target's fused 3H; default H)
+        self.feature_size = feature_size or model.config.hidden_size
         self.device = cache.keys[0].device
         self.dtype = next(model.parameters()).dtype
         self._offsets = torch.arange(num_tokens, device=self.device)
@@ -136,7 +139,8 @@ class StageGraphs(_BucketedGraphs):
         input_ids = torch.zeros(batch, tokens, dtype=torch.long, device=device)          # [b, T]
         positions = self._offsets.expand(batch, -1).clone()                               # [b, T]
         slots = torch.full((batch,), self.context.scratch_slot, dtype=torch.long, device=device)  # [b]
-        hidden_size = model.config.hidden_size
+        # the output's hidden: a target returning auxiliary hidden states (EAGLE-3) is wider than H
+        hidden_size = getattr(model, "feature_size", None) or model.config.hidden_size
         logits_width = self._logits_width()
         logits = torch.zeros(batch, 1 if self.logits_at else tokens, logits_width, dtype=dtype,
                              device=device)                                            # [b, T or 1, V]
@@ -159,7 +163,7 @@ class StageGraphs(_BucketedGraphs):
             options["logits_at"] = torch.zeros(batch, dtype=torch.long, device=device)  # [b]
             runner.set_buffer("logits_at", options["logits_at"])
         if self.with_features:
-            features = torch.zeros(batch, tokens, hidden_size, dtype=dtype, device=device)
+            features = torch.zeros(batch, tokens, self.feature_size, dtype=dtype, device=device)
             runner.set_buffer("features", features)
 
             def body():

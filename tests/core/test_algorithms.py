@@ -18,8 +18,9 @@ REGISTRY = Path(algorithms.__file__).name  # the registry itself, python/specswa
 
 
 def test_every_algorithm_names_what_its_drafter_needs():
-    assert NAMES == ("EAGLE", "STANDALONE", "NGRAM", "NONE")
+    assert NAMES == ("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NONE")
     assert algorithm("EAGLE").needs_draft and algorithm("EAGLE").quantizable_draft
+    assert algorithm("EAGLE3").draft_suffix == "eagle3" and algorithm("EAGLE3").quantizable_draft
     assert algorithm("STANDALONE").draft_suffix == "draft" and not algorithm("STANDALONE").quantizable_draft
     assert algorithm("NGRAM").number_tokens and not algorithm("NGRAM").needs_draft
     assert algorithm(None) is algorithm("NONE") and algorithm(None).name is None
@@ -28,7 +29,7 @@ def test_every_algorithm_names_what_its_drafter_needs():
 
 
 def test_an_unknown_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="'MEDUSA' is not supported; valid: EAGLE, STANDALONE, NGRAM, NONE"):
+    with pytest.raises(ValueError, match="'MEDUSA' is not supported; valid: EAGLE, EAGLE3, STANDALONE, NGRAM, NONE"):
         algorithm("MEDUSA")
     with pytest.raises(ValueError, match="'eagle'"):
         algorithm("eagle")  # names are exact, as SGLang's

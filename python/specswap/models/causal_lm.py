@@ -20,6 +20,21 @@ class CausalLM(nn.Module):
     config: LlamaConfig
     model: nn.Module
     lm_head: nn.Linear
+    @staticmethod
+    def check_aux_points(points, num_layers: int) -> tuple[int, ...]:
+        """EAGLE-3 capture points, sorted: each p in 0..L is the residual stream entering layer p (L: after the
+        last layer, before the final norm); ValueError naming them otherwise."""
+        points = tuple(sorted(int(p) for p in points))
+        if not points or not all(0 <= p <= num_layers for p in points):
+            raise ValueError(f"auxiliary hidden-state points {list(points)} must be a non-empty list in "
+                             f"0..{num_layers} (the residual stream entering layer p; {num_layers}: after the last)")
+        return points
+
+    @staticmethod
+    def capture_aux(captured: list[torch.Tensor] | None, points, index: int, hidden: torch.Tensor) -> None:
+        """Keep ``hidden`` (the residual stream entering layer ``index``) once per capture point naming it."""
+        if captured is not None:
+            captured.extend(hidden for point in points if point == index)
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -31,7 +46,8 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, slots: torch.Tensor | None,
                 key_length: int | None = None, logits_at: torch.Tensor | None = None,
-                with_logits: bool = True, tree_mask: torch.Tensor | None = None) -> ModelOutput:
+                with_logits: bool = True, tree_mask: torch.Tensor | None = None,
+                aux_points: tuple[int, ...] | None = None) -> ModelOutput:
         """Run T new tokens per request, writing their keys/values into the cache rows ``slots``.
 
         input_ids: [B, T] int64; positions: [B, T] int64 absolute positions, consecutive within a row;
@@ -40,26 +56,31 @@ class CausalLM(nn.Module):
         are the root's plus each node's depth, and node i is stored at the root's position + i
         (``layers.plan_attention``).
         ``cache=None`` (training only): causal attention within the T tokens, positions must be 0..T-1 style.
-        ``logits_at`` / ``with_logits``: see ``output``. The embedding is the architecture's own (Gemma's
-        scales), then ``forward_hidden`` runs its decoder.
+        ``logits_at`` / ``with_logits``: see ``output``. ``aux_points`` (EAGLE-3, sorted, ``check_aux_points``):
+        the output's ``hidden`` is the residual stream entering those layers, concatenated in layer order
+        ([B, T, len(points) * H]), instead of the final-normed state; None (default) costs nothing. The embedding
+        is the architecture's own (Gemma's scales), then ``forward_hidden`` runs its decoder.
         """
         return self.forward_hidden(self.model.embed_tokens(input_ids), positions, cache, slots, key_length,
-                                   logits_at, with_logits, tree_mask)
+                                   logits_at, with_logits, tree_mask, aux_points)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head over final-normed hidden states [..., H] -> [..., V]."""
         return self.lm_head(hidden)
 
-    def output(self, hidden: torch.Tensor, logits_at: torch.Tensor | None, with_logits: bool) -> ModelOutput:
+    def output(self, hidden: torch.Tensor, logits_at: torch.Tensor | None, with_logits: bool,
+               captured: list[torch.Tensor] | None = None) -> ModelOutput:
         """Final-normed ``hidden`` [B, T, H] with logits at every position, at one position per row
         (``logits_at``: [B] -> logits [B, 1, V]), or none (``with_logits=False``: feature extraction, where the
-        LM head over a large vocabulary would cost more than the decoder)."""
+        LM head over a large vocabulary would cost more than the decoder). ``captured`` (auxiliary hidden
+        states, ``aux_points``): the output's ``hidden`` is their concatenation instead."""
+        features = hidden if captured is None else torch.cat(captured, dim=-1)
         if not with_logits:
-            return ModelOutput(logits=None, hidden=hidden)
+            return ModelOutput(logits=None, hidden=features)
         if logits_at is not None:
             rows = torch.arange(hidden.shape[0], device=hidden.device)
-            return ModelOutput(logits=self.compute_logits(hidden[rows, logits_at].unsqueeze(1)), hidden=hidden)
-        return ModelOutput(logits=self.compute_logits(hidden), hidden=hidden)
+            return ModelOutput(logits=self.compute_logits(hidden[rows, logits_at].unsqueeze(1)), hidden=features)
+        return ModelOutput(logits=self.compute_logits(hidden), hidden=features)
 
     def finish_loading(self, device: torch.device | str) -> None:
         """Re-tie weights and rebuild non-persistent buffers after ``load_state_dict(assign=True)``."""

@@ -301,14 +301,17 @@ def load_draft_model(path: str | Path, target: LlamaForCausalLM, dtype: torch.dt
     return draft
 
 
-DRAFT_KINDS = ("eagle", "draft")
+DRAFT_KINDS = ("eagle", "eagle3", "draft")
 
 
 def load_draft(kind: str, path: str | Path, target: LlamaForCausalLM, quantization: str | None = None) -> nn.Module:
     """A draft of ``kind`` over the built ``target``: "eagle" (an EAGLE head; ``quantization`` None, "int8" or
-    "q8_0") or "draft" (a standalone draft model)."""
+    "q8_0"), "eagle3" (an EAGLE-3 head, ``models.eagle3``; the same quantization) or "draft" (a standalone draft model)."""
     if kind == "eagle":
         return load_eagle_head(path, target, quantization=quantization)
+    if kind == "eagle3":  # an EAGLE-3 head in SpecForge's layout (models.eagle3)
+        from .eagle3 import load_eagle3_head  # noqa: PLC0415
+        return load_eagle3_head(path, target, quantization=quantization)
     if kind == "draft":
         if quantization is not None:
             raise ValueError(f"draft quantization {quantization!r} applies to EAGLE heads, not draft models")

@@ -111,6 +111,9 @@ class EagleHead(nn.Module):
         ``logits_at`` ([B]): logits at that position of each row only ([B, 1, Vd]; a catch-up over many tokens
         needs the last one's, and the LM head over every row would cost more than the layer).
         """
+        if features.shape[-1] != self.config.hidden_size:  # a shape, no sync: a clear error instead of fc's
+            raise ValueError(f"EAGLE head: features are {features.shape[-1]} wide, expected {self.config.hidden_size};"
+                             f" EAGLE-3 auxiliary hidden states (aux_points) cannot feed an EAGLE-1 head")
         embeds = self.embed_tokens(input_ids).to(features.dtype)          # [B, T, H]
         hidden = self.fc(torch.cat((embeds, features), dim=-1))           # [B, T, H]
         cos, sin = self.rotary(positions, hidden.dtype)

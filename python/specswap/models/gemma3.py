@@ -253,19 +253,21 @@ class Gemma3ForCausalLM(CausalLM):
     def forward_hidden(self, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
                        slots: torch.Tensor | None, key_length: int | None = None,
                        logits_at: torch.Tensor | None = None, with_logits: bool = True,
-                       tree_mask: torch.Tensor | None = None) -> ModelOutput:
+                       tree_mask: torch.Tensor | None = None, aux_points: tuple[int, ...] | None = None) -> ModelOutput:
         """The decoder and LM head applied to (scaled) input embeddings ``hidden``: [B, T, H].
 
         ``cache=None`` is the training path: causal attention within the T tokens, nothing stored; it has no
         sliding mask, so T must not exceed the window.
         """
         rotary = {True: self.rotary_local(positions, hidden.dtype), False: self.rotary_global(positions, hidden.dtype)}
+        captured = None if aux_points is None else []  # EAGLE-3 features (``CausalLM.forward``)
         if cache is None:
             check_cacheless(tree_mask)
             if hidden.shape[1] > self.config.sliding_window:
                 raise ValueError(f"a cacheless forward of {hidden.shape[1]} tokens exceeds the sliding window "
                                  f"{self.config.sliding_window}; pass a KV cache for longer inputs")
-            for layer in self.model.layers:
+            for index, layer in enumerate(self.model.layers):
+                self.capture_aux(captured, aux_points, index, hidden)
                 cos, sin = rotary[layer.is_sliding]
                 hidden = layer(hidden, cos, sin, None, None, None, positions, None)
         else:
@@ -274,10 +276,13 @@ class Gemma3ForCausalLM(CausalLM):
                 key_length = keys_needed(positions, tree_mask)
             plans = {True: plan_attention(positions, cache, key_length, self.config.sliding_window, tree_mask),
                      False: plan_attention(positions, cache, key_length, tree_mask=tree_mask)}
-            for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
+            for index, (layer, key_buffer, value_buffer) in enumerate(zip(self.model.layers, cache.keys,
+                                                                          cache.values)):
+                self.capture_aux(captured, aux_points, index, hidden)
                 cos, sin = rotary[layer.is_sliding]
                 hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plans[layer.is_sliding])
-        return self.output(self.model.norm(hidden), logits_at, with_logits)
+        self.capture_aux(captured, aux_points, len(self.model.layers), hidden)
+        return self.output(self.model.norm(hidden), logits_at, with_logits, captured)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

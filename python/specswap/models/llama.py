@@ -43,19 +43,24 @@ class LlamaForCausalLM(CausalLM):
     def forward_hidden(self, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache | None,
                        slots: torch.Tensor | None, key_length: int | None = None,
                        logits_at: torch.Tensor | None = None, with_logits: bool = True,
-                       tree_mask: torch.Tensor | None = None) -> ModelOutput:
+                       tree_mask: torch.Tensor | None = None, aux_points: tuple[int, ...] | None = None) -> ModelOutput:
         """The decoder and LM head applied to input embeddings ``hidden``: [B, T, H].
 
         ``cache=None`` is the training path: plain causal attention over the T tokens, nothing stored.
         """
         cos, sin = self.rotary(positions, hidden.dtype)
+        captured = None if aux_points is None else []  # EAGLE-3 features (``CausalLM.forward``)
         if cache is None:
             check_cacheless(tree_mask)
-            for layer in self.model.layers:
+            for index, layer in enumerate(self.model.layers):
+                self.capture_aux(captured, aux_points, index, hidden)
                 hidden = layer(hidden, cos, sin, None, None, None, positions, None)
         else:
             check_cache(cache, self.config.num_hidden_layers, positions, slots)
             plan = plan_attention(positions, cache, key_length, self.config.sliding_window, tree_mask)
-            for layer, key_buffer, value_buffer in zip(self.model.layers, cache.keys, cache.values):
+            for index, (layer, key_buffer, value_buffer) in enumerate(zip(self.model.layers, cache.keys,
+                                                                          cache.values)):
+                self.capture_aux(captured, aux_points, index, hidden)
                 hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plan)
-        return self.output(self.model.norm(hidden), logits_at, with_logits)
+        self.capture_aux(captured, aux_points, len(self.model.layers), hidden)
+        return self.output(self.model.norm(hidden), logits_at, with_logits, captured)

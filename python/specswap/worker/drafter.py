@@ -94,6 +94,11 @@ class Drafter:
         """Whether this drafter can run tier ``steps`` (its state was sized for it)."""
         return True
 
+    def target_view(self, target: torch.nn.Module) -> torch.nn.Module:
+        """The target as the worker calls it for prefill and verify (EAGLE-3: one returning its auxiliary hidden
+        states as ``hidden``); the target itself by default."""
+        return target
+
     def tree_parents(self, steps: int) -> Sequence[int] | None:
         """Tier ``steps``'s draft tree: [-1, parent of node 1, ..., parent of node k] (node 0 is x_{m-1});
         None: the k drafts are a chain."""

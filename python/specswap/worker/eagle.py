@@ -138,7 +138,7 @@ class EagleDrafter(ModelDrafter):
         from specswap.graphs import StageGraphs
 
         extend = StageGraphs(context, "draft_extend", steps, self.model, self.cache, steps + 1, with_features=True,
-                             logits_at=True)
+                             logits_at=True, feature_size=getattr(self.model, "fused_feature_size", None))
         extend.capture()
         forwards = super().stage_graphs(context, steps, topk)
         forwards.draft_extend = extend

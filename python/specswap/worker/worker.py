@@ -149,6 +149,8 @@ class SpeculativeWorker:
             raise ValueError(f"draft tree {trees[0]} (speculative_eagle_topk {trees[0][1]}): "
                              f"{type(self.drafter).__name__} drafts chains only; EAGLE, STANDALONE and NGRAM draft "
                              f"trees")
+        # the target as prefill and verify call it (an EAGLE-3 drafter's returns the auxiliary hidden states)
+        target = self.target = self.drafter.target_view(target)
         self.keyed_sampling = self.drafter.keyed_sampling
         self.token_map = self.drafter.token_map
         self.graph_context = None

@@ -1,6 +1,8 @@
 """python -m specswap.zoo train tiny [--out DIR] [--target-steps N] [--distill-steps N]
 python -m specswap.zoo train eagle --target {gemma-3-270m,smollm2-135m} [--minutes M] [--work DIR] [--out DIR]
     [--planned-steps N]   (train gemma-3-270m-eagle = train eagle --target gemma-3-270m)
+python -m specswap.zoo train eagle3 --target {gemma-3-270m,smollm2-135m,tiny} [--minutes M] [--work DIR] [--out DIR]
+    [--planned-steps N]   (an EAGLE-3 head: specswap.zoo.eagle3_training)
 python -m specswap.zoo measure [--dir DIR]"""
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specswap.zoo", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train a zoo family from offline text")
-    train.add_argument("family", choices=["tiny", "eagle", "gemma-3-270m-eagle"])
+    train.add_argument("family", choices=["tiny", "eagle", "eagle3", "gemma-3-270m-eagle"])
     train.add_argument("--target", help="eagle: the registry target to train a head for (default gemma-3-270m)")
     train.add_argument("--out", type=Path, help=f"output root for tiny (default {WEIGHTS_DIR}); the head's directory "
                                                 "for gemma-3-270m-eagle (default: the shipped one)")
@@ -33,6 +35,16 @@ def main(argv: list[str] | None = None) -> None:
     measure.add_argument("--dir", type=Path, default=WEIGHTS_DIR)
     args = parser.parse_args(argv)
 
+    if args.command == "train" and args.family == "eagle3":
+        from . import eagle3_training
+        target = args.target or eagle3_training.DEFAULT_TARGET
+        if target not in eagle3_training.TARGETS:
+            parser.error(f"--target {target!r}: supported targets are {', '.join(eagle3_training.TARGETS)}")
+        options = [part for flag, value in (("--work", args.work), ("--out", args.out),
+                                            ("--planned-steps", args.planned_steps)) if value is not None
+                   for part in (flag, str(value))]
+        eagle3_training.main(["--target", target, "--minutes", str(args.minutes), *options])
+        return
     if args.command == "train" and args.family in ("eagle", "gemma-3-270m-eagle"):
         from . import eagle_training
         target = args.target or eagle_training.DEFAULT_TARGET
