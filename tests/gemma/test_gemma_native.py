@@ -89,7 +89,7 @@ def test_native_speculative_greedy_equals_native_target_only(algorithm, steps, g
 @pytest.mark.parametrize("algorithm", ["NGRAM", "EAGLE"])
 def test_native_draft_trees_equal_native_target_only(algorithm, gemma_native, native_reference):
     """A tree tier on the batch-invariant native kernels: identical output, with a switch among chain and tree
-    tiers every round (the tree is tier 3; chains 1 and 5)."""
+    tiers every round (the tree [3, 2, 6]; chains 1 and 5)."""
     from specswap.engine import encode_text
     from specswap.models import load_eagle_head
     from specswap.sampling import SamplingParams
@@ -104,7 +104,10 @@ def test_native_draft_trees_equal_native_target_only(algorithm, gemma_native, na
     worker = SpeculativeWorker(model, draft, algorithm, 3, max_batch_size=len(PROMPTS), max_seq_len=96,
                                tiers=(1, 5), speculative_eagle_topk=2, speculative_num_draft_tokens=6)
     prompts = [encode_text(tokenizer, p) for p in PROMPTS]
-    pattern = (3, 1, 3, 5)
+    from specswap.worker.layout import tier_key
+
+    tree = tier_key(3, 2, 6)  # tiers are known by key: a chain's steps, a tree's encoded shape
+    pattern = (tree, 1, tree, 5)
     outputs, accepts, used = run_to_completion(worker, prompts, NEW_TOKENS, SamplingParams(max_new_tokens=NEW_TOKENS),
                                                switch=lambda i: pattern[i % len(pattern)])
     assert outputs == native_reference
