@@ -46,6 +46,48 @@ def tp_forward(args):
             "kv_heads": sharded.make_cache(1, 4).num_kv_heads}
 
 
+TEXTS = ["def fibonacci(n):\n    ", "import os\n\n\ndef main():\n    ", "The purpose of this module is",
+         "for i in range(10):\n    print(", "x"]
+# every step a decision, tiers 0..3, no dwell: switches happen within the few rounds of a test
+SWITCHY = {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1, "candidate_steps": [0, 1, 3]}
+
+
+def _engine_kwargs(args):
+    """``ALGORITHM STEPS ADAPTIVE [MODEL]``: the engine the scenario builds (ADAPTIVE 0/1: the SWITCHY policy)."""
+    algorithm, steps, adaptive = args[0], int(args[1]), args[2] == "1"
+    kwargs = dict(speculative_algorithm=None if algorithm == "NONE" else algorithm, speculative_num_steps=steps,
+                  max_seq_len=160, max_batch_size=4, disable_graphs=True, dtype="float32")
+    if adaptive:
+        kwargs.update(speculative_adaptive=True, speculative_adaptive_config=SWITCHY)
+    return kwargs, (args[3] if len(args) > 3 else "tiny")
+
+
+@scenario
+def tp_engine(args):
+    """The engine at TP=WORLD_SIZE; the leader generates TEXTS greedily, then (alone) target-only decoding in one
+    process on a fresh copy: both token lists, and the tiers the TP rounds ran."""
+    from specswap.engine import Engine
+    kwargs, model = _engine_kwargs(args)
+    min_dwell = {"min_dwell_rounds": 0} if kwargs.get("speculative_adaptive") else {}
+    engine = Engine(model, tp_size=int(os.environ["WORLD_SIZE"]), **kwargs, **min_dwell)
+    if not engine.is_leader:
+        engine.follow()
+        return {"followed": True, "num_switches": engine.stats()["num_switches"], "current_steps": engine.current_steps}
+    tiers = []
+    ids = [engine.add_request(text, max_new_tokens=int(os.environ.get("TP_NEW_TOKENS", 40))) for text in TEXTS]
+    outputs = {}
+    while engine.has_unfinished():
+        step = engine.step()
+        tiers.append(step.tier)
+        outputs.update((o.request_id, o.token_ids) for o in step.finished)
+    engine.shutdown()
+    stats = engine.stats()
+    reference = Engine(model, speculative_algorithm=None, max_seq_len=160, max_batch_size=4, dtype="float32")
+    want = [r.token_ids for r in reference.generate(TEXTS, int(os.environ.get("TP_NEW_TOKENS", 40)))]
+    return {"tokens": [outputs[i] for i in ids], "reference": want, "tiers": tiers, "current_steps": engine.current_steps,
+            "num_switches": stats["num_switches"], "mean_accept_length": stats["mean_accept_length"]}
+
+
 def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
     result = SCENARIOS[name](sys.argv[3:])
