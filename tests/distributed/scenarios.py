@@ -59,7 +59,10 @@ def _engine_kwargs(args):
                   max_seq_len=160, max_batch_size=4, disable_graphs=True, dtype="float32")
     if adaptive:
         kwargs.update(speculative_adaptive=True, speculative_adaptive_config=SWITCHY)
-    return kwargs, (args[3] if len(args) > 3 else "tiny")
+    model = args[3] if len(args) > 3 else "tiny"
+    if model.startswith("gemma"):
+        kwargs["weights"] = args[4] if len(args) > 4 else "fp32"
+    return kwargs, model
 
 
 @scenario
@@ -82,10 +85,95 @@ def tp_engine(args):
         outputs.update((o.request_id, o.token_ids) for o in step.finished)
     engine.shutdown()
     stats = engine.stats()
-    reference = Engine(model, speculative_algorithm=None, max_seq_len=160, max_batch_size=4, dtype="float32")
+    current = engine.current_steps
+    del engine  # its target's shard goes before the whole model loads again
+    reference = Engine(model, speculative_algorithm=None, max_seq_len=160, max_batch_size=4, dtype="float32",
+                       **({"weights": kwargs["weights"]} if "weights" in kwargs else {}))
     want = [r.token_ids for r in reference.generate(TEXTS, int(os.environ.get("TP_NEW_TOKENS", 40)))]
-    return {"tokens": [outputs[i] for i in ids], "reference": want, "tiers": tiers, "current_steps": engine.current_steps,
+    return {"tokens": [outputs[i] for i in ids], "reference": want, "tiers": tiers, "current_steps": current,
             "num_switches": stats["num_switches"], "mean_accept_length": stats["mean_accept_length"]}
+
+
+# rank 0's prompts repeat themselves (prompt lookup accepts long runs), rank 1's do not
+DP_TEXTS = {0: ["abc abc abc abc abc abc abc abc ", "x = 1\nx = 1\nx = 1\nx = 1\n", "for for for for for ",
+                "aaaa aaaa aaaa aaaa "],
+            1: ["The purpose of this module is", "Permission is hereby granted, free of charge,"]}
+
+
+def _dp_engine(args, max_batch_size=4, **extra):
+    from specswap.engine import Engine
+    algorithm = args[0] if args else "NGRAM"
+    return Engine("tiny", speculative_algorithm=algorithm, speculative_num_steps=3, speculative_adaptive=True,
+                  speculative_adaptive_config=SWITCHY, max_seq_len=320, max_batch_size=max_batch_size, dtype="float32",
+                  dp_size=int(os.environ["WORLD_SIZE"]), **extra)
+
+
+@scenario
+def dp_agreement(args):
+    """Data parallel, different prompts per rank; rank 1 joins with nothing to do and adds its requests at step 40
+    (shorter ones: it idles again at the end). Every step's tier, and each rank's tokens against target-only
+    decoding of its prompts in one process."""
+    from specswap.engine import Engine
+    engine = _dp_engine(args, max_batch_size=2)
+    texts = DP_TEXTS[RANK % 2] * (2 if RANK == 0 else 1)  # rank 0: 8 requests, two at a time
+    new_tokens = 240 if RANK == 0 else 60
+    ids, outputs, tiers, rounds = [], {}, [], 0
+    if RANK == 0:
+        ids = [engine.add_request(t, max_new_tokens=new_tokens, ignore_eos=True) for t in texts]
+    while engine.has_unfinished() or not ids:
+        if RANK != 0 and len(tiers) == 40:
+            ids = [engine.add_request(t, max_new_tokens=new_tokens, ignore_eos=True) for t in texts]
+        step = engine.step()
+        tiers.append(step.tier)
+        outputs.update((o.request_id, o.token_ids) for o in step.finished)
+    stats = engine.stats()
+    reference = Engine("tiny", speculative_algorithm=None, max_seq_len=320, max_batch_size=4, dtype="float32")
+    want = [r.token_ids for r in reference.generate(texts, new_tokens, ignore_eos=True)]
+    return {"tiers": tiers, "identical": [outputs[i] for i in ids] == want, "num_switches": stats["num_switches"],
+            "rounds": stats["num_verify_rounds"], "mean_accept_length": stats["mean_accept_length"],
+            "agreement_steps": stats["agreement_steps"]}
+
+
+@scenario
+def dp_failure(args):
+    """Data parallel; rank ``args[1]`` dies (SIGKILL) or hangs (sleeps) at step 20; the survivors report the
+    ``RankFailure`` they got and how long after their last good step."""
+    import signal
+    import time
+    from specswap.distributed import RankFailure
+    how, victim = args[0], int(args[1])
+    engine = _dp_engine(["NGRAM"])
+    for text in DP_TEXTS[RANK % 2]:
+        engine.add_request(text, max_new_tokens=200, ignore_eos=True)
+    steps, last = 0, time.monotonic()
+    try:
+        while engine.has_unfinished():
+            if steps == 20 and RANK == victim:
+                if how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(3600)
+            engine.step()
+            steps += 1
+            last = time.monotonic()
+    except RankFailure as failure:
+        return {"error": str(failure), "ranks": failure.ranks, "after_seconds": time.monotonic() - last,
+                "steps": steps}
+    return {"error": None, "steps": steps}
+
+
+@scenario
+def config_mismatch(args):
+    """Rank 1 starts with another candidate list: every rank's Engine must refuse to start."""
+    from specswap.distributed import ConfigMismatch
+    from specswap.engine import Engine
+    candidates = [0, 1, 3] if RANK == 0 else [0, 1, 2]
+    try:
+        Engine("tiny", speculative_algorithm="NGRAM", speculative_num_steps=3, speculative_adaptive=True,
+               speculative_adaptive_config={"candidate_steps": candidates}, max_seq_len=64, dtype="float32",
+               dp_size=int(os.environ["WORLD_SIZE"]))
+    except ConfigMismatch as mismatch:
+        return {"error": str(mismatch), "field": mismatch.field}
+    return {"error": None}
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ __all__ = ["DEFAULT_TIMEOUT_S", "DistributedGroup", "RankFailure", "backend_for"
 
 DEFAULT_TIMEOUT_S = 60.0
 _BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+# torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns)
+_ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class RankFailure(RuntimeError):
@@ -43,7 +45,7 @@ class RankFailure(RuntimeError):
 
 def backend_for(device: str | torch.device) -> str:
     """The torch.distributed backend for a device type: gloo (cpu), nccl (cuda), hccl (npu)."""
-    kind = torch.device(device).type
+    kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]  # "npu" needs torch_npu
     if kind not in _BACKENDS:
         raise ValueError(f"no distributed backend for device type {kind!r}; supported: {sorted(_BACKENDS)}")
     return _BACKENDS[kind]
@@ -119,7 +121,7 @@ class DistributedGroup:
 
     def all_gather_into(self, out: torch.Tensor, tensor: torch.Tensor, group: str = "dp") -> torch.Tensor:
         """``out``: [group size, *tensor.shape], preallocated by the caller (the per-round agreement)."""
-        self._run("all_gather", dist.all_gather_into_tensor, out, tensor, group=self._group(group))
+        self._run("all_gather", _ALL_GATHER_SINGLE, out, tensor, group=self._group(group))
         return out
 
     def all_gather_object(self, obj: Any, group: str = "world") -> list[Any]:
