@@ -346,6 +346,12 @@ class Engine:
         except Stopped:
             return
 
+    def keepalive_due(self) -> bool:
+        """Whether an idle owner of this engine should still call ``step()``: a distributed engine's ranks take
+        every step together (a tensor-parallel follower waits for its leader's, every rank for the agreement), so
+        an idle loop steps, cheaply, rather than leave its peers waiting past their timeout."""
+        return self._dist is not None and self._dist.lockstep_steps
+
     def shutdown(self) -> None:
         """The leader releases its followers from ``follow()`` (a no-op in one process)."""
         if self._dist is not None:

@@ -119,6 +119,11 @@ class Lockstep:
             self.agreement.end_step(result, busy)
 
     @property
+    def lockstep_steps(self) -> bool:
+        """Whether the ranks' steps are collective (a tensor-parallel group, or the agreement)."""
+        return self.group.tp_size > 1 or self.agreement is not None
+
+    @property
     def peers_busy(self) -> bool:
         """Whether some rank had unfinished requests after the last step (True before the first)."""
         return self.agreement is not None and self.agreement.peers_busy
