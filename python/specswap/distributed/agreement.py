@@ -59,17 +59,17 @@ class Observation:
                    len(result.accept_lengths), accepted, result.shadow, busy)
 
     def pack(self, out: torch.Tensor, bins: int) -> torch.Tensor:
-        """Into ``out`` [9 + 2 * bins] float64 (preallocated, reused every step)."""
-        out.zero_()
+        """Into ``out`` [9 + 2 * bins] float64 (preallocated, reused every step; written through numpy's view)."""
+        view = out.numpy()
+        view[:] = 0.0
         shadow = self.shadow
-        out[:_HEAD] = torch.tensor([self.tier, self.ran, self.measured, self.seconds, self.sampled,
-                                    self.plain_requests, shadow is not None, shadow.steps if shadow else 0,
-                                    self.busy], dtype=torch.float64)
+        view[:_HEAD] = (self.tier, self.ran, self.measured, self.seconds, self.sampled, self.plain_requests,
+                        shadow is not None, shadow.steps if shadow else 0, self.busy)
         for value in self.accepted:
-            out[_HEAD + min(value, bins - 1)] += 1
+            view[_HEAD + min(value, bins - 1)] += 1
         if shadow is not None:
             for value in shadow.accept_lengths:
-                out[_HEAD + bins + min(value, bins - 1)] += 1
+                view[_HEAD + bins + min(value, bins - 1)] += 1
         return out
 
 
@@ -82,46 +82,47 @@ class Merged:
     result: RoundResult | None
 
 
-def _expand(histogram: torch.Tensor) -> list[int]:
-    return [value for value, count in enumerate(histogram.round().long().tolist()) for _ in range(count)]
-
-
 def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
-    """``rows`` [world, 9 + 2 * bins]: every rank's packed ``Observation``, in rank order."""
-    tiers = rows[:, 0].long().tolist()
+    """``rows`` [world, 9 + 2 * bins]: every rank's packed ``Observation``, in rank order (read once, as lists)."""
+    table = rows.tolist()
+    tiers = [int(row[0]) for row in table]
     if len(set(tiers)) > 1:
         by_tier: dict[int, list[int]] = {}
         for r, tier in enumerate(tiers):
             by_tier.setdefault(tier, []).append(r)
         raise TierDesync(f"rank {rank}: ranks are at different tiers before the agreement: "
                          + "; ".join(f"ranks {ranks} at tier {tier}" for tier, ranks in sorted(by_tier.items())))
-    busy = bool(rows[:, 8].any())
-    speakers = rows[::tp_size]                       # one rank per data-parallel group
-    ran = speakers[speakers[:, 1] > 0]
-    if not len(ran):
-        shadow = _shadow(speakers, bins, rank)
-        return Merged(tiers[0], busy, None if shadow is None else RoundResult([], [], 0, tiers[0], shadow=shadow))
-    seconds = float(rows[rows[:, 1] > 0, 3].max())   # the slowest rank's round, tensor-parallel peers included
-    sampled = bool(ran[:, 4].any())
-    measured = ran[ran[:, 2] > 0]
+    tier = tiers[0]
+    busy = any(row[8] for row in table)
+    speakers = table[::tp_size]                      # one rank per data-parallel group
     shadow = _shadow(speakers, bins, rank)
-    if len(measured):
-        accepted = _expand(measured[:, _HEAD:_HEAD + bins].sum(0))
-        result = RoundResult([], accepted, tiers[0], tiers[0], seconds, sampled, [True] * len(accepted), shadow)
+    ran = [row for row in speakers if row[1]]
+    if not ran:
+        return Merged(tier, busy, None if shadow is None else RoundResult([], [], 0, tier, shadow=shadow))
+    seconds = max(row[3] for row in table if row[1])  # the slowest rank's round, tensor-parallel peers included
+    sampled = any(row[4] for row in ran)
+    measured = [row for row in ran if row[2]]
+    if measured:
+        accepted = _expand([sum(row[_HEAD + b] for row in measured) for b in range(bins)])
+        result = RoundResult([], accepted, tier, tier, seconds, sampled, [True] * len(accepted), shadow)
     else:  # every rank that ran decoded plainly in the drafting tier's place
-        n = int(ran[:, 5].sum())
-        result = RoundResult([], [0] * n, 0, tiers[0], seconds, sampled, [False] * n, shadow)
-    return Merged(tiers[0], busy, result)
+        n = int(sum(row[5] for row in ran))
+        result = RoundResult([], [0] * n, 0, tier, seconds, sampled, [False] * n, shadow)
+    return Merged(tier, busy, result)
 
 
-def _shadow(speakers: torch.Tensor, bins: int, rank: int) -> Shadow | None:
-    with_shadow = speakers[speakers[:, 6] > 0]
-    if not len(with_shadow):
+def _expand(histogram: list[float]) -> list[int]:
+    return [value for value, count in enumerate(histogram) for _ in range(int(round(count)))]
+
+
+def _shadow(speakers: list[list[float]], bins: int, rank: int) -> Shadow | None:
+    with_shadow = [row for row in speakers if row[6]]
+    if not with_shadow:
         return None
-    steps = set(with_shadow[:, 7].long().tolist())
+    steps = {int(row[7]) for row in with_shadow}
     if len(steps) > 1:
         raise TierDesync(f"rank {rank}: ranks report tier-0 checks for different tiers {sorted(steps)}")
-    return Shadow(_expand(with_shadow[:, _HEAD + bins:].sum(0)), steps.pop())
+    return Shadow(_expand([sum(row[_HEAD + bins + b] for row in with_shadow) for b in range(bins)]), steps.pop())
 
 
 class AgreedController:

@@ -196,7 +196,9 @@ class DistributedGroup:
                            dead or behind, name)
 
     def close(self) -> None:
+        """Stop the heartbeat (joined: no store call may outlive the process group) and leave the group."""
         self._stop.set()
+        self._thread.join(timeout=5 * self._interval + 1)
         if dist.is_initialized():
             dist.destroy_process_group()
 
