@@ -94,6 +94,41 @@ def tp_engine(args):
             "num_switches": stats["num_switches"], "mean_accept_length": stats["mean_accept_length"]}
 
 
+@scenario
+def tp_sampling(args):
+    """TP=2 with sampled requests (one seeded, one not), a greedy one and one aborted after 3 steps: the follower
+    runs the same steps (its round hash checked against the leader's every step); the seeded and greedy requests
+    against one process with the same seeds."""
+    from specswap.engine import Engine
+    from specswap.sampling import SamplingParams
+    engine = Engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_seq_len=160, max_batch_size=4,
+                    dtype="float32", disable_graphs=True, tp_size=int(os.environ["WORLD_SIZE"]))
+    if not engine.is_leader:
+        engine.follow()
+        return {"followed": True, "generated": engine.stats()["generated_tokens"]}
+    params = [SamplingParams(max_new_tokens=30, temperature=0.8, top_p=0.9, seed=7),
+              SamplingParams(max_new_tokens=30, temperature=1.0),
+              SamplingParams(max_new_tokens=30),
+              SamplingParams(max_new_tokens=30, temperature=0.7, seed=3)]
+    ids = [engine.add_request(text, p) for text, p in zip(TEXTS, params)]
+    outputs, steps = {}, 0
+    while engine.has_unfinished():
+        outputs.update((o.request_id, o) for o in engine.step().finished)
+        steps += 1
+        if steps == 3:
+            outputs[ids[3]] = engine.abort(ids[3])
+    engine.shutdown()
+    generated = engine.stats()["generated_tokens"]
+    one = Engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_seq_len=160, max_batch_size=4,
+                 dtype="float32", disable_graphs=True)
+    want = [one.add_request(TEXTS[i], params[i]) for i in (0, 2)]
+    done = {}
+    while one.has_unfinished():
+        done.update((o.request_id, o.token_ids) for o in one.step().finished)
+    return {"seeded_and_greedy": [outputs[ids[i]].token_ids for i in (0, 2)], "one_process": [done[w] for w in want],
+            "aborted": outputs[ids[3]].finish_reason, "generated": generated}
+
+
 # rank 0's prompts repeat themselves (prompt lookup accepts long runs), rank 1's do not
 DP_TEXTS = {0: ["abc abc abc abc abc abc abc abc ", "x = 1\nx = 1\nx = 1\nx = 1\n", "for for for for for ",
                 "aaaa aaaa aaaa aaaa "],

@@ -56,6 +56,16 @@ def test_tp2_tiny_tokens_identical_to_one_process(tmp_path, algorithm, steps, ad
         assert set(leader["tiers"]) == {steps}
 
 
+def test_tp2_sampling_seeds_and_aborts_follow_the_leader(tmp_path):
+    """Sampled requests at TP=2 (one unseeded: the leader's seed reaches the follower), a greedy one beside them,
+    one aborted mid-run: the follower's round hash matched the leader's at every step (it raises otherwise), both
+    generated the same tokens, and the seeded and greedy requests equal one process's."""
+    leader, follower = launch.run("tp_sampling", 2, tmp_path, timeout_s=90)
+    assert leader["seeded_and_greedy"] == leader["one_process"]
+    assert leader["aborted"] == "abort"
+    assert follower["generated"] == leader["generated"] > 60
+
+
 @pytest.mark.parametrize("algorithm,weights", [("NGRAM", "fp32"), ("EAGLE", "fp32"), ("NGRAM", "native"),
                                                ("EAGLE", "native")])
 def test_tp2_gemma_tokens_identical_to_one_process(tmp_path, algorithm, weights):

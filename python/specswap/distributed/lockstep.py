@@ -36,6 +36,7 @@ class _Message:
     requests: list[tuple[int, list[int], object, int | None]] = field(default_factory=list)  # id, prompt, params, seed
     aborts: list[int] = field(default_factory=list)
     stop: bool = False
+    checksum: int = 0  # the leader's rounds so far (``Lockstep._rounds_hash``)
 
 
 class Lockstep:
@@ -47,6 +48,7 @@ class Lockstep:
         self._announced: set[int] = set()
         self._aborts: list[int] = []
         self.agreement = None  # an AgreedController when the engine adapts
+        self._rounds_hash = 0  # the tokens of every round so far (tensor-parallel ranks compare it each step)
 
     def prepare(self, engine, *, tiers, start_tier: int, adaptive_config, disable_graphs: bool) -> bool:
         """Check every rank's configuration (one all-gather; ``ConfigMismatch`` names a difference), then shard the
@@ -82,11 +84,20 @@ class Lockstep:
             self._aborts.append(request_id)
 
     def begin_step(self, engine) -> None:
-        """Leader: broadcast the changes since the last step; follower: apply them (``Stopped`` on shutdown)."""
+        """Leader: broadcast the changes since the last step (and a checksum of its tokens so far); follower: apply
+        them (``Stopped`` on shutdown), after checking its tokens against the leader's checksum."""
         if self.group.tp_size == 1:
             return
+        try:
+            self._step(engine)
+        finally:
+            head = getattr(engine.target, "lm_head", None)
+            if hasattr(head, "greedy_only"):  # every request greedy: the LM head gathers an argmax, not the row
+                head.greedy_only = all(r.params.greedy for r in (*engine._waiting, *engine._running))
+
+    def _step(self, engine) -> None:
         if self.leader:
-            message = _Message(aborts=self._aborts)
+            message = _Message(aborts=self._aborts, checksum=self._rounds_hash)
             for request in engine._waiting:
                 if request.request_id not in self._announced:
                     seed = request.generator.initial_seed() if request.generator is not None else None
@@ -98,6 +109,9 @@ class Lockstep:
         message = self.group.broadcast_object(None)
         if message.stop:
             raise Stopped()
+        if message.checksum != self._rounds_hash:
+            raise RuntimeError(f"rank {self.group.rank}: its tokens differ from its tensor-parallel leader's (rank "
+                               f"{self.group.tp_ranks[0]}): the ranks' forwards are not deterministic alike")
         for request_id in message.aborts:
             engine.abort(request_id)
         for request_id, prompt_ids, params, seed in message.requests:
@@ -115,6 +129,8 @@ class Lockstep:
     # ---- the agreement (every rank, every step) ----------------------------------------------------
 
     def end_step(self, result, busy: bool) -> None:
+        if result is not None and self.group.tp_size > 1:  # every round's tokens, hashed alike on every rank
+            self._rounds_hash = hash((self._rounds_hash, *map(tuple, result.new_tokens)))
         if self.agreement is not None:
             self.agreement.end_step(result, busy)
 

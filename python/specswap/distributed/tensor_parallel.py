@@ -11,8 +11,9 @@
 - embedding vocabulary-parallel (rank r looks up its rows, zeros elsewhere, one all-reduce: adding exact zeros,
   so the output has the single-process bits);
 - LM head vocabulary-parallel: each rank computes its rows' logits; ``VocabParallelHead`` gathers them into the
-  full row the sampler reads, and ``vocab_parallel_argmax`` combines a greedy pick from each shard's (max, index)
-  pair (two numbers per row) without that gather;
+  full row the sampler reads, except in a step whose requests are all greedy (``greedy_only``, set by the
+  engine's lockstep): then ``vocab_parallel_argmax`` combines each shard's (max, index) pair (two numbers per
+  row gathered) and the row it returns is -inf but 0 at that argmax, which every greedy reader maps to the token;
 - norms, rotary tables and the KV cache's shape follow: the cache holds this rank's KV heads.
 
 The draft (EAGLE head, draft model) is not touched: an EAGLE head keeps the unsharded embedding and LM head it
@@ -205,7 +206,15 @@ class VocabParallelHead(nn.Module):
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.local(hidden)
 
+    # set by the engine's lockstep for a step whose every request is greedy: the logits are read by argmax only
+    greedy_only = False
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.greedy_only:  # (max, index) per shard gathered, not the row: a row of -inf but 0 at the argmax
+            tokens = vocab_parallel_argmax(self, hidden)
+            logits = torch.full((*hidden.shape[:-1], self.out_features), float("-inf"), dtype=hidden.dtype,
+                                device=hidden.device)
+            return logits.scatter_(-1, tokens.unsqueeze(-1), 0.0)
         parts = self.group.all_gather(self.local_logits(hidden))
         return torch.cat(parts, dim=-1)[..., :self.out_features]
 
