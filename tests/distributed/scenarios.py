@@ -170,6 +170,32 @@ def dp_agreement(args):
 
 
 @scenario
+def grid(args):
+    """tp_size=2 x dp_size=WORLD/2, adaptive: each group's leader generates its own prompts; every rank's tier per
+    step, each leader's tokens against one process's target-only decoding."""
+    from specswap.engine import Engine
+    world = int(os.environ["WORLD_SIZE"])
+    engine = Engine("tiny", speculative_algorithm="NGRAM", speculative_num_steps=3, speculative_adaptive=True,
+                    speculative_adaptive_config=SWITCHY, max_seq_len=160, max_batch_size=4, dtype="float32",
+                    disable_graphs=True, tp_size=2, dp_size=world // 2, min_dwell_rounds=2)
+    if not engine.is_leader:
+        engine.follow()
+        return {"switches": engine.stats()["num_switches"]}
+    texts = DP_TEXTS[(RANK // 2) % 2]
+    ids = [engine.add_request(t, max_new_tokens=40, ignore_eos=True) for t in texts]
+    outputs, tiers = {}, []
+    while engine.has_unfinished():
+        step = engine.step()
+        tiers.append(step.tier)
+        outputs.update((o.request_id, o.token_ids) for o in step.finished)
+    engine.shutdown()
+    switches = engine.stats()["num_switches"]
+    reference = Engine("tiny", speculative_algorithm=None, max_seq_len=160, max_batch_size=4, dtype="float32")
+    want = [r.token_ids for r in reference.generate(texts, 40, ignore_eos=True)]
+    return {"tiers": tiers, "identical": [outputs[i] for i in ids] == want, "switches": switches}
+
+
+@scenario
 def dp_failure(args):
     """Data parallel; rank ``args[1]`` dies (SIGKILL) or hangs (sleeps) at step 20; the survivors report the
     ``RankFailure`` they got and how long after their last good step."""

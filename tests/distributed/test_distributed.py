@@ -103,6 +103,15 @@ def test_dp_tier_traces_identical_over_200_rounds(tmp_path):
     assert first["identical"] and second["identical"]
 
 
+def test_tp2_by_dp2_grid_agrees_and_stays_lossless(tmp_path):
+    """Four ranks: two tensor-parallel pairs, each pair its own prompts: both leaders' step traces are the same, all
+    four pools switched alike, each pair's tokens are one process's."""
+    results = launch.run("grid", 4, tmp_path, timeout_s=150)
+    assert results[0]["tiers"] == results[2]["tiers"]
+    assert len({r["switches"] for r in results}) == 1
+    assert results[0]["identical"] and results[2]["identical"]
+
+
 def test_merge_is_the_same_observation_for_every_rank():
     from specswap.distributed.agreement import Observation, TierDesync, merge
     from specswap.worker.drafter import Shadow
