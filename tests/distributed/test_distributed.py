@@ -184,3 +184,42 @@ def test_engine_refuses_distributed_options_in_one_process():
     from specswap.engine import Engine
     with pytest.raises(ValueError, match="dist_timeout and min_dwell_rounds apply to distributed engines"):
         Engine("tiny", speculative_algorithm=None, min_dwell_rounds=4)
+
+
+class _OneRank:
+    """A group of one rank whose all-gather copies its input (the agreement's logic without processes)."""
+
+    rank, world_size, tp_size = 0, 1, 1
+
+    def all_gather_into(self, out, tensor, group="dp"):
+        out.copy_(tensor)
+        return out
+
+
+def test_the_dwell_spaces_switches_and_observations_reach_the_policy():
+    """Acceptance that would switch every round (EMA weight 1, a decision each round): with a dwell of 5 the
+    switches are at least 6 steps apart; with no dwell they follow every change; idle steps feed nothing."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
+    from test_controller import FAST, pool_of, verified
+
+    from specswap import AdaptiveController
+    from specswap.distributed.agreement import AgreedController
+
+    def trace(dwell):
+        pool = pool_of((1, 3, 7), start=3)
+        agreed = AgreedController(AdaptiveController(pool, FAST), _OneRank(), max_steps=7, min_dwell_rounds=dwell)
+        tiers = []
+        for step in range(40):
+            tier = pool.active_steps
+            tiers.append(tier)
+            full = step % 2 == 0  # all accepted, then none
+            agreed.end_step(verified([tier if full else 0] * 4, tier), busy=True)
+        agreed.end_step(None, busy=False)  # an idle step: nothing observed, peers_busy follows the flags
+        assert not agreed.peers_busy and agreed.steps == 41
+        return tiers, pool.num_switches
+
+    free, free_switches = trace(0)
+    dwelt, dwelt_switches = trace(5)
+    switch_steps = [i for i in range(1, 40) if dwelt[i] != dwelt[i - 1]]
+    assert free_switches > 15 and 0 < dwelt_switches <= 40 // 6
+    assert all(b - a >= 6 for a, b in zip(switch_steps, switch_steps[1:])), switch_steps

@@ -149,6 +149,8 @@ class AgreedController:
         self._started = time.monotonic()
 
     def __getattr__(self, name):  # the wrapped controller's properties (current_steps, ema, ...)
+        if name == "controller":  # not set yet (a half-built or unpickled instance): no recursion
+            raise AttributeError(name)
         return getattr(self.controller, name)
 
     def end_step(self, result: RoundResult | None, busy: bool) -> int | None:
