@@ -86,8 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from specswap.bench.provenance import stamp, write_report
     from specswap.distributed.spawn import run_local
-    torch.set_num_threads(args.tp)
-    one = _timed(_engine(args), PROMPTS[:args.prompts], args.new_tokens)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.tp)  # the one-process run gets the cores the ranks get
+    try:
+        one = _timed(_engine(args), PROMPTS[:args.prompts], args.new_tokens)
+    finally:
+        torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "leader.json"
         run_local([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--rank-out", str(out)],
