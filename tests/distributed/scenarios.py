@@ -223,6 +223,41 @@ def dp_failure(args):
 
 
 @scenario
+def tp_follower_dies(args):
+    """TP=2: the follower is killed (SIGKILL) in its 10th step; the leader's next collective (inside a forward or
+    the step's broadcast) must raise RankFailure naming rank 1."""
+    import signal
+    import time
+    from specswap.distributed import RankFailure
+    from specswap.engine import Engine
+    engine = Engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_seq_len=160, max_batch_size=4,
+                    dtype="float32", disable_graphs=True, tp_size=2)
+    if not engine.is_leader:
+        step, count = engine._step, [0]
+
+        def dying_step():
+            count[0] += 1
+            if count[0] == 10:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return step()
+        engine._step = dying_step
+        engine.follow()
+        return {"error": None}
+    for text in TEXTS:
+        engine.add_request(text, max_new_tokens=100, ignore_eos=True)
+    steps, last = 0, time.monotonic()
+    try:
+        while engine.has_unfinished():
+            engine.step()
+            steps += 1
+            last = time.monotonic()
+    except RankFailure as failure:
+        return {"error": str(failure), "ranks": failure.ranks, "after_seconds": time.monotonic() - last,
+                "steps": steps, "collective": failure.collective}
+    return {"error": None, "steps": steps}
+
+
+@scenario
 def config_mismatch(args):
     """Rank 1 starts with another candidate list: every rank's Engine must refuse to start."""
     from specswap.distributed import ConfigMismatch

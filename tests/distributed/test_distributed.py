@@ -153,6 +153,16 @@ def test_a_dead_or_hung_rank_is_named_within_the_timeout(tmp_path, how, victim):
     assert time.monotonic() - start < 60
 
 
+def test_a_dead_tensor_parallel_follower_is_named_by_its_leader(tmp_path):
+    procs = launch.start("tp_follower_dies", 2, tmp_path, timeout_s=TIMEOUT_S)
+    code, output = launch.wait([procs[0]], 90)[0]
+    launch.wait([procs[1]], 10)
+    assert code == 0, output[-3000:]
+    result = json.loads((tmp_path / "rank0.json").read_text())
+    assert result["ranks"] == [1] and "rank 1 died" in result["error"], result
+    assert result["steps"] == 9 and result["after_seconds"] < TIMEOUT_S + 3, result
+
+
 def test_a_rank_with_other_candidate_tiers_is_refused_at_start_up(tmp_path):
     for result in launch.run("config_mismatch", 2, tmp_path, timeout_s=60):
         assert result["field"] == "candidate_tiers", result
