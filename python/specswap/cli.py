@@ -140,10 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     from specswap.server.limits import add_arguments as add_limit_arguments
     add_limit_arguments(serve)
     serve.add_argument("--tp-size", type=int, default=1,
-                       help="tensor-parallel ranks (under torchrun; rank 0 of each group serves HTTP, docs/distributed.md)")
+                       help="tensor-parallel ranks (under torchrun; rank 0 of each group serves HTTP; README, "
+                            "'Several processes')")
     serve.add_argument("--dp-size", type=int, default=1,
-                       help="data-parallel groups (under torchrun), each with its own batch, serving on --port + its index; "
-                            "tier switches agreed by all")
+                       help="data-parallel groups (under torchrun), each with its own batch, serving on --port + "
+                            "its index; tier switches agreed by all")
     serve.add_argument("--dist-timeout", type=float, default=None,
                        help="seconds a collective waits for a peer before failing with the rank's name (default 60)")
     serve.add_argument("--min-dwell-rounds", type=int, default=None,

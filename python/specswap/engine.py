@@ -160,8 +160,8 @@ class Engine:
     after ``id = 2``, ``id = 3``) where the tokenizer writes numbers one digit per token (``specswap.prompt_lookup``);
     False copies them as plain prompt lookup does.
 
-    ``tp_size`` / ``dp_size`` (> 1 under torchrun: docs/distributed.md): the target sharded over ``tp_size`` ranks
-    whose first rank (``is_leader``) takes requests while the others call ``follow()``, in ``dp_size`` groups that
+    ``tp_size`` / ``dp_size`` (> 1 under torchrun; README, "Several processes"): the target sharded over
+    ``tp_size`` ranks whose first rank (``is_leader``) takes requests while the others call ``follow()``, in ``dp_size`` groups that
     each run their own requests; every rank's adaptive policy sees the same merged observations, so tier
     switches agree (``min_dwell_rounds`` steps at least between two, default 8). ``dist_timeout``: seconds any
     collective waits for a peer before a ``RankFailure`` naming it (default ``SPECSWAP_DIST_TIMEOUT`` or 60).

@@ -152,7 +152,7 @@ def dp_agreement(args):
     engine = _dp_engine(args, max_batch_size=2)
     texts = DP_TEXTS[RANK % 2] * (2 if RANK == 0 else 1)  # rank 0: 8 requests, two at a time
     new_tokens = 240 if RANK == 0 else 60
-    ids, outputs, tiers, rounds = [], {}, [], 0
+    ids, outputs, tiers = [], {}, []
     if RANK == 0:
         ids = [engine.add_request(t, max_new_tokens=new_tokens, ignore_eos=True) for t in texts]
     while engine.has_unfinished() or not ids:

@@ -78,7 +78,8 @@ def test_tp2_gemma_tokens_identical_to_one_process(tmp_path, algorithm, weights)
     from specswap.zoo.gemma import resolve
     cache = Path(os.environ["SPECSWAP_CACHE_DIR"])  # tests/conftest.py: the suite's weight cache
     resolve("gemma-3-270m", torch.float32, progress=False)
-    leader, follower = launch.run("tp_engine", 2, tmp_path, timeout_s=240, args=(algorithm, "3", "1", "gemma-3-270m", weights),
+    leader, follower = launch.run("tp_engine", 2, tmp_path, timeout_s=240,
+                                  args=(algorithm, "3", "1", "gemma-3-270m", weights),
                                   extra_env={"TP_NEW_TOKENS": "16", "SPECSWAP_CACHE_DIR": str(cache)})
     assert leader["tokens"] == leader["reference"]
     assert follower["num_switches"] == leader["num_switches"]

@@ -30,10 +30,10 @@ def test_torchrun_serve_tp2_answers_like_one_process(tmp_path):
     port = launch.free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", SPECSWAP_DIST_TIMEOUT="3",
                PYTHONPATH=str(launch.ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                             str(launch.free_port()), "-m", "specswap.cli", "serve", "--tp-size", "2", "--model", "tiny",
-                             "--dtype", "float32", "--speculative-algorithm", "NGRAM", "--speculative-adaptive",
-                             "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(launch.free_port()), "-m", "specswap.cli", "serve", "--tp-size", "2", "--model", "tiny", "--dtype",
+               "float32", "--speculative-algorithm", "NGRAM", "--speculative-adaptive", "--port", str(port)]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 60

@@ -1,7 +1,7 @@
 """``run_local(argv, world)``: ``world`` copies of a command on this machine as ranks of one job (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT set as torchrun sets them, one thread each unless told), for benchmarks
 that compare a multi-process run with a one-process run in one invocation. torchrun is the launcher for
-everything else (docs/distributed.md)."""
+everything else (README, "Several processes")."""
 
 from __future__ import annotations
 
