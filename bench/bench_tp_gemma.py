@@ -2,7 +2,7 @@
 the same prompts in one invocation: wall time and tokens per second of each, and whether their tokens agree.
 
     PYTHONPATH=python python bench/bench_tp_gemma.py [--tp 2] [--algorithm NGRAM] [--steps 3] [--adaptive]
-        [--weights fp32] [--prompts 8] [--new-tokens 64] [--batch 4] [--json results/tp_gemma.json]
+        [--weights fp32|bf16|native] [--prompts 8] [--new-tokens 64] [--batch 4] [--json results/tp_gemma.json]
 
 Both runs are greedy and eager (tensor parallelism runs eagerly; the one-process run is given
 ``disable_graphs=True`` too, so the comparison is of the parallelism, not of graphs). Each run first generates one
@@ -37,8 +37,9 @@ PROMPTS = [
 def _engine(args, **extra):
     from specswap.engine import Engine
     kwargs = dict(speculative_algorithm=None if args.algorithm == "NONE" else args.algorithm,
-                  speculative_num_steps=args.steps, max_batch_size=args.batch, max_seq_len=512, dtype="float32"
-                  if args.weights == "fp32" else "bfloat16", weights=args.weights, disable_graphs=True)
+                  speculative_num_steps=args.steps, max_batch_size=args.batch, max_seq_len=512,
+                  dtype={"fp32": "float32", "bf16": "bfloat16"}.get(args.weights, "auto"), weights=args.weights,
+                  disable_graphs=True)
     if args.adaptive:
         kwargs.update(speculative_adaptive=True, speculative_adaptive_config=str(
             Path(__file__).resolve().parents[1] / "configs" / "goodput.json"))
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="NGRAM", choices=["NONE", "NGRAM", "EAGLE"])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--adaptive", action="store_true", help="the goodput policy (configs/goodput.json)")
-    parser.add_argument("--weights", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--weights", default="fp32", choices=["fp32", "bf16", "native"],
+                        help="native: the GGUF's blocks, split by rows of blocks at TP")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=4)
