@@ -85,7 +85,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = build_engine(models, algorithm, args.speculative_num_steps, args.speculative_adaptive,
                           args.speculative_adaptive_config, max_running_requests(args), args.max_seq_len,
                           disable_graphs=args.disable_cuda_graph, speculative_eagle_topk=args.speculative_eagle_topk,
-                          speculative_num_draft_tokens=args.speculative_num_draft_tokens)
+                          speculative_num_draft_tokens=args.speculative_num_draft_tokens, tp_size=args.tp_size,
+                          dp_size=args.dp_size, dist_timeout=args.dist_timeout, min_dwell_rounds=args.min_dwell_rounds)
+    if not engine.is_leader:  # a tensor-parallel follower: no HTTP, the leader's steps until it shuts down
+        print(f"specswap serve: rank {engine._dist.group.rank} follows its tensor-parallel leader", flush=True)
+        engine.follow()
+        return 0
+    if args.dp_size > 1:  # each data-parallel group's leader serves its own requests, on its own port
+        args.port += engine._dist.group.dp_rank
     server_args = {key: value for key, value in vars(args).items() if key not in ("func", "api_key")}
     app = create_app(engine, args.served_model_name or args.model, api_key=args.api_key, server_args=server_args,
                      limits=limits)
@@ -100,7 +107,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"specswap serve: tier ({tier['speculative_num_steps']}, {tier['speculative_eagle_topk']}, "
               f"{tier['speculative_num_draft_tokens']}): {tier['memory_bytes'] / 2**20:.2f} MiB, built in "
               f"{tier['build_seconds']:.2f} s", flush=True)
-    serve(app, args.host, args.port, args.log_level)
+    try:
+        serve(app, args.host, args.port, args.log_level)
+    finally:
+        engine.shutdown()  # releases the tensor-parallel followers (a no-op in one process)
     return 0
 
 
@@ -134,6 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     from specswap.server.limits import add_arguments as add_limit_arguments
     add_limit_arguments(serve)
+    serve.add_argument("--tp-size", type=int, default=1,
+                       help="tensor-parallel ranks (under torchrun; rank 0 of each group serves HTTP; README, "
+                            "'Several processes')")
+    serve.add_argument("--dp-size", type=int, default=1,
+                       help="data-parallel groups (under torchrun), each with its own batch, serving on --port + "
+                            "its index; tier switches agreed by all")
+    serve.add_argument("--dist-timeout", type=float, default=None,
+                       help="seconds a collective waits for a peer before failing with the rank's name (default 60)")
+    serve.add_argument("--min-dwell-rounds", type=int, default=None,
+                       help="distributed: steps at least between two tier switches (default 8)")
     serve.add_argument("--log-level", default="warning")
     serve.set_defaults(func=cmd_serve)
 

@@ -87,9 +87,11 @@ def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> No
 def build_engine(models: LoadedModels, speculative_algorithm: str | None, speculative_num_steps: int = 3,
                  speculative_adaptive: bool = False, speculative_adaptive_config: Any = None,
                  max_batch_size: int = 8, max_seq_len: int | None = None, disable_graphs: bool = False,
-                 speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None):
+                 speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None,
+                 **distributed):
     """An Engine over already loaded modules (no weights are copied). ``speculative_algorithm`` None or "NONE":
-    target only. ``disable_graphs`` (``--disable-cuda-graph``) runs the worker eagerly."""
+    target only. ``disable_graphs`` (``--disable-cuda-graph``) runs the worker eagerly. ``distributed``: the
+    Engine's tp_size, dp_size, dist_timeout, min_dwell_rounds (``--tp-size`` ...; unset ones left out)."""
     from specswap.engine import Engine
     spec = algorithm(speculative_algorithm)
     draft = models.draft if spec.needs_draft else None
@@ -97,4 +99,5 @@ def build_engine(models: LoadedModels, speculative_algorithm: str | None, specul
                   speculative_adaptive=speculative_adaptive, speculative_adaptive_config=speculative_adaptive_config,
                   max_batch_size=max_batch_size, max_seq_len=max_seq_len, tokenizer=models.tokenizer,
                   disable_graphs=disable_graphs, speculative_eagle_topk=speculative_eagle_topk,
-                  speculative_num_draft_tokens=speculative_num_draft_tokens)
+                  speculative_num_draft_tokens=speculative_num_draft_tokens,
+                  **{key: value for key, value in distributed.items() if value is not None})

@@ -164,6 +164,12 @@ class Engine:
     steps x topk + 1) as SGLang's flags do, for every drafter: EAGLE and standalone keep each depth's top-k
     children by path probability (EAGLE-2), NGRAM a trie of lookups (docs/trees.md). The adaptive config's
     ``candidate_trees`` puts trees among the policy's tiers (the goodput policy).
+
+    ``tp_size`` / ``dp_size`` (> 1 under torchrun; README, "Several processes"): the target sharded over
+    ``tp_size`` ranks whose first rank (``is_leader``) takes requests while the others call ``follow()``, in ``dp_size`` groups that
+    each run their own requests; every rank's adaptive policy sees the same merged observations, so tier
+    switches agree (``min_dwell_rounds`` steps at least between two, default 8). ``dist_timeout``: seconds any
+    collective waits for a peer before a ``RankFailure`` naming it (default ``SPECSWAP_DIST_TIMEOUT`` or 60).
     """
 
     def __init__(self, model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",
@@ -172,11 +178,20 @@ class Engine:
                  dtype: str | torch.dtype = "auto", max_batch_size: int = 8, max_seq_len: int | None = None,
                  tokenizer: Any = None, disable_graphs: bool = False, draft_quantization: str = "auto",
                  round_graphs: bool | None = None, ngram_numbers: bool = True, weights: str = "auto",
-                 speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None):
+                 speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None,
+                 tp_size: int = 1, dp_size: int = 1, dist_timeout: float | None = None,
+                 min_dwell_rounds: int | None = None):
         spec = algorithm(speculative_algorithm)
         shape = tree_shape(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
         if shape[1] > 1 and spec.name is None:
             raise ValueError("speculative_eagle_topk > 1 needs a speculative_algorithm (EAGLE, STANDALONE or NGRAM)")
+        self._dist = None  # a distributed.Lockstep when tp_size or dp_size > 1
+        if tp_size != 1 or dp_size != 1:
+            from specswap.distributed.lockstep import Lockstep, join
+            self._dist = Lockstep(join(tp_size, dp_size, dist_timeout, device))
+        elif dist_timeout is not None or min_dwell_rounds is not None:
+            raise ValueError("dist_timeout and min_dwell_rounds apply to distributed engines; pass tp_size or "
+                             "dp_size > 1 (under torchrun) or leave them unset")
         if speculative_adaptive_config is not None and not speculative_adaptive:
             raise ValueError("speculative_adaptive_config was given but speculative_adaptive is False; pass "
                              "speculative_adaptive=True to use it (the config is never silently ignored)")
@@ -205,6 +220,9 @@ class Engine:
         self.controller = None
         tiers = () if adaptive_config is None else (  # the chains and the trees the policy chooses among, by key
             *adaptive_config.candidate_steps, *(tier_key(*tree) for tree in adaptive_config.candidate_trees))
+        if self._dist is not None:  # every rank's configuration checked, then the target sharded (in place)
+            disable_graphs = self._dist.prepare(self, tiers=tiers, start_tier=tier_key(*shape),
+                                                adaptive_config=adaptive_config, disable_graphs=disable_graphs)
         # graphs: every stage of every tier captured once here (specswap.graphs); disable_graphs runs eagerly
         numbers = None  # NGRAM drafts extrapolate counters where the tokenizer writes digits one per token
         if spec.number_tokens and ngram_numbers and self.tokenizer is not None:
@@ -217,6 +235,8 @@ class Engine:
             from specswap.controller import AdaptiveController
             self.controller = AdaptiveController(self.worker.pool, adaptive_config,
                                                  shadows=bool(self.worker.drafter.shadow_steps))
+            if self._dist is not None:  # fed the merged observations of every rank, once a step
+                self.controller = self._dist.agree(self.controller, self.worker, min_dwell_rounds)
 
         eos = set(getattr(self.tokenizer, "eos_token_ids", None) or ()) or set(target.config.eos_token_id or ())
         self.eos_token_ids = frozenset(eos)
@@ -273,6 +293,9 @@ class Engine:
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, **kwargs) -> int:
         """Queue a request; returns its id. Sampling settings come as a SamplingParams or as keywords
         (max_new_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)."""
+        if not self.is_leader:
+            raise RuntimeError("a tensor-parallel follower takes no requests: call follow() (the leader's "
+                               "requests reach it)")
         if params is None:
             params = SamplingParams(**kwargs)
         elif kwargs:
@@ -289,6 +312,8 @@ class Engine:
                 self._waiting.remove(request)
                 self._finish(request, "abort")
                 return self._finished.pop(request_id)
+        if self._dist is not None:
+            self._dist.note_abort(request_id)
         for request in self._running:
             if request.request_id == request_id:
                 self._finish(request, "abort")
@@ -319,7 +344,38 @@ class Engine:
                 for key, (steps, topk, nodes) in sorted(self.worker.tier_shapes().items())]
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running)
+        """Whether a request is queued or running (distributed with an adaptive policy: on any rank, since every
+        rank takes part in every step's agreement)."""
+        return bool(self._waiting or self._running) or (self._dist is not None and self._dist.peers_busy)
+
+    # ---- distributed (tp_size / dp_size > 1) ----------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this rank takes requests (always, unless a tensor-parallel follower)."""
+        return self._dist is None or self._dist.leader
+
+    def follow(self) -> None:
+        """A tensor-parallel follower's loop: run every step the leader runs, until its ``shutdown()``."""
+        from specswap.distributed.lockstep import Stopped
+        if self.is_leader:
+            raise RuntimeError("follow() is for tensor-parallel followers (ranks with tp_rank > 0); this rank leads")
+        try:
+            while True:
+                self._step()
+        except Stopped:
+            return
+
+    def keepalive_due(self) -> bool:
+        """Whether an idle owner of this engine should still call ``step()``: a distributed engine's ranks take
+        every step together (a tensor-parallel follower waits for its leader's, every rank for the agreement), so
+        an idle loop steps, cheaply, rather than leave its peers waiting past their timeout."""
+        return self._dist is not None and self._dist.lockstep_steps
+
+    def shutdown(self) -> None:
+        """The leader releases its followers from ``follow()`` (a no-op in one process)."""
+        if self._dist is not None:
+            self._dist.stop()
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -336,6 +392,8 @@ class Engine:
         return StepOutput(outputs, tier)
 
     def _step(self) -> list[_Request]:
+        if self._dist is not None:  # a tensor-parallel leader announces, its followers apply
+            self._dist.begin_step(self)
         start = time.perf_counter()
         updated: list[_Request] = []
         admitted = []
@@ -351,10 +409,11 @@ class Engine:
                 self._append(request, [token])
                 updated.append(request)
         decoding = [r for r in self._running if r.finish_reason is None]
+        result = None
         if decoding:
             result = self.worker.decode_round([r.slot for r in decoding])
             self._rounds_per_tier[result.ran_tier] += 1  # by key: a chain's steps, a tree's encoded shape
-            if self.controller is not None:
+            if self.controller is not None and self._dist is None:
                 self.controller.observe(result)  # may switch the pool's tier: the next round runs it
             for request, tokens, accepted, drafts, speculating in zip(
                     decoding, result.new_tokens, result.accept_lengths, result.drafts_verified, result.speculating):
@@ -369,6 +428,8 @@ class Engine:
         for request in [r for r in self._running if r.finish_reason is not None]:
             self._running.remove(request)
             self._free_slot(request)
+        if self._dist is not None:  # every rank, busy or not: the step's agreement
+            self._dist.end_step(result, bool(self._waiting or self._running))
         self._busy_seconds += time.perf_counter() - start
         return updated
 
@@ -403,6 +464,9 @@ class Engine:
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        if not self.is_leader:
+            raise RuntimeError("a tensor-parallel follower takes no requests: call follow() (the leader's "
+                               "requests reach it)")
         requests = []
         for index, prompt in enumerate(prompts):
             params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
@@ -411,7 +475,7 @@ class Engine:
             requests.append(self._make_request(prompt, params))
         self._waiting.extend(requests)
         wanted = [r.request_id for r in requests]
-        while any(rid not in self._finished for rid in wanted):
+        while any(rid not in self._finished for rid in wanted) or (self._dist is not None and self._dist.peers_busy):
             self._step()  # no per-step outputs: running requests' text is not decoded every round
         return [self._finished.pop(rid) for rid in wanted]
 
@@ -438,6 +502,8 @@ class Engine:
             stats["ema"] = controller_stats["ema"]
             stats["num_switches"] = controller_stats["num_switches"]
             stats["tiers"] = controller_stats["tiers"]
-            for key in ("policy", "alpha", "cost_estimates", "measured_costs"):
-                stats[key] = controller_stats[key]
+            for key in ("policy", "alpha", "cost_estimates", "measured_costs", "switches_per_hour", "min_dwell_rounds",
+                        "agreement_seconds", "agreement_steps"):
+                if key in controller_stats:
+                    stats[key] = controller_stats[key]
         return stats

@@ -41,6 +41,11 @@ class _EngineCollector:
         switches = CounterMetricFamily("spec_tier_switches", "Tier switches made by the adaptive controller")
         switches.add_metric([], stats.get("num_switches", 0))
         yield switches
+        if "switches_per_hour" in stats:  # distributed engines: switches agreed by every rank, bounded by the dwell
+            yield gauge("spec_tier_switches_per_hour", "Tier switches per hour since start (distributed: agreed by "
+                        "every rank)", stats["switches_per_hour"])
+            yield gauge("spec_agreement_seconds", "Seconds spent in the per-step tier agreement (distributed)",
+                        stats["agreement_seconds"])
         yield gauge("spec_num_requests_running", "Requests in the running batch", stats.get("running", 0))
         yield gauge("spec_num_requests_waiting", "Requests queued for a free slot",
                     stats.get("waiting", 0) + self.scheduler.pending())

@@ -238,7 +238,8 @@ class Scheduler:
                     self._handle(command, payload)
                     block = False
                 finishing = False
-                if engine.has_unfinished():
+                # a distributed engine steps when idle too: its peers' steps wait for this one (keepalive_due)
+                if engine.has_unfinished() or engine.keepalive_due():
                     step = engine.step()
                     finishing = bool(step.finished)
                     if finishing:  # a client that reads /server_info after its answer sees this step's tier

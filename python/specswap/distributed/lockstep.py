@@ -1,0 +1,145 @@
+"""The engine across ranks: what ``Engine(..., tp_size=N, dp_size=M)`` adds to one process's engine.
+
+- Start-up: join the process group (``group.init_group``), check that every rank has the same configuration
+  (``config_check``), shard the target (``tensor_parallel``). Tensor-parallel engines run eagerly: their
+  forwards hold collectives, which the captured graphs do not record (asking for graphs warns once).
+- Each step, in a tensor-parallel group: its first rank (the leader) owns the requests. It broadcasts what
+  changed since the last step (new requests with their prompts, sampling settings and generator seeds, and
+  aborts); the other ranks (followers, ``Engine.follow()``) apply the same changes, so every rank's scheduler
+  makes the same choices (slots, prefill groups, batch) and computes the same tokens from the same logits.
+- Each step, on every rank (with an adaptive policy): the agreement (``agreement.AgreedController``), one
+  all-gather, after which every rank's policy has seen the same observation and switched alike.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+from specswap.distributed.group import DistributedGroup
+
+__all__ = ["Lockstep", "Stopped", "join"]
+
+
+def join(tp_size: int, dp_size: int, timeout_s: float | None, device) -> DistributedGroup:
+    """This process's group (``group.init_group``)."""
+    from specswap.distributed.group import init_group
+    return init_group(tp_size, dp_size, timeout_s, device)
+
+
+class Stopped(Exception):
+    """The leader shut the engine down (``Engine.shutdown()``): a follower's ``follow()`` returns."""
+
+
+@dataclass
+class _Message:
+    requests: list[tuple[int, list[int], object, int | None]] = field(default_factory=list)  # id, prompt, params, seed
+    aborts: list[int] = field(default_factory=list)
+    stop: bool = False
+    checksum: int = 0  # the leader's rounds so far (``Lockstep._rounds_hash``)
+
+
+class Lockstep:
+    """One engine's part in the job: the group, the leader's announcements and the agreement (if adaptive)."""
+
+    def __init__(self, group: DistributedGroup):
+        self.group = group
+        self.leader = group.tp_rank == 0
+        self._announced: set[int] = set()
+        self._aborts: list[int] = []
+        self.agreement = None  # an AgreedController when the engine adapts
+        self._rounds_hash = 0  # the tokens of every round so far (tensor-parallel ranks compare it each step)
+
+    def prepare(self, engine, *, tiers, start_tier: int, adaptive_config, disable_graphs: bool) -> bool:
+        """Check every rank's configuration (one all-gather; ``ConfigMismatch`` names a difference), then shard the
+        engine's target; returns whether the worker must run eagerly (tensor parallelism: warned once when graphs
+        were asked for)."""
+        from specswap.distributed.config_check import check_same_config, engine_fingerprint
+        from specswap.distributed.tensor_parallel import shard_target
+        group = self.group
+        check_same_config(group, engine_fingerprint(
+            candidate_tiers=tiers, start_tier=start_tier, algorithm=engine.speculative_algorithm,
+            target=engine.target, draft=engine.draft, weights=engine.weights, max_batch_size=engine.max_batch_size,
+            max_seq_len=engine.max_seq_len, adaptive_config=adaptive_config, tp_size=group.tp_size,
+            dp_size=group.dp_size, graphs=not disable_graphs))
+        if group.tp_size == 1:
+            return disable_graphs
+        engine.target = shard_target(engine.target, group)
+        if not disable_graphs:
+            warnings.warn("tensor parallelism runs the worker eagerly: graphs do not record the forward's "
+                          "collectives (pass disable_graphs=True to silence this)", stacklevel=3)
+        return True
+
+    def agree(self, controller, worker, min_dwell_rounds: int | None):
+        """``controller`` fed by the per-step agreement (``agreement.AgreedController``)."""
+        from specswap.distributed.agreement import DEFAULT_MIN_DWELL_ROUNDS, AgreedController
+        self.agreement = AgreedController(controller, self.group, worker.max_steps,
+                                          DEFAULT_MIN_DWELL_ROUNDS if min_dwell_rounds is None else min_dwell_rounds)
+        return self.agreement
+
+    # ---- the leader's announcements (tensor-parallel groups) --------------------------------------------
+
+    def note_abort(self, request_id: int) -> None:
+        if self.group.tp_size > 1 and request_id in self._announced:
+            self._aborts.append(request_id)
+
+    def begin_step(self, engine) -> None:
+        """Leader: broadcast the changes since the last step (and a checksum of its tokens so far); follower: apply
+        them (``Stopped`` on shutdown), after checking its tokens against the leader's checksum."""
+        if self.group.tp_size == 1:
+            return
+        try:
+            self._step(engine)
+        finally:
+            head = getattr(engine.target, "lm_head", None)
+            if hasattr(head, "greedy_only"):  # every request greedy: the LM head gathers an argmax, not the row
+                head.greedy_only = all(r.params.greedy for r in (*engine._waiting, *engine._running))
+
+    def _step(self, engine) -> None:
+        if self.leader:
+            message = _Message(aborts=self._aborts, checksum=self._rounds_hash)
+            for request in engine._waiting:
+                if request.request_id not in self._announced:
+                    seed = request.generator.initial_seed() if request.generator is not None else None
+                    message.requests.append((request.request_id, request.prompt_ids, request.params, seed))
+                    self._announced.add(request.request_id)
+            self._aborts = []
+            self.group.broadcast_object(message)
+            return
+        message = self.group.broadcast_object(None)
+        if message.stop:
+            raise Stopped()
+        if message.checksum != self._rounds_hash:
+            raise RuntimeError(f"rank {self.group.rank}: its tokens differ from its tensor-parallel leader's (rank "
+                               f"{self.group.tp_ranks[0]}): the ranks' forwards are not deterministic alike")
+        for request_id in message.aborts:
+            engine.abort(request_id)
+        for request_id, prompt_ids, params, seed in message.requests:
+            request = engine._make_request(prompt_ids, params)
+            request.request_id = request_id
+            if seed is not None:
+                request.generator.manual_seed(seed)
+            engine._waiting.append(request)
+
+    def stop(self) -> None:
+        """Leader: tell the followers to return from ``follow()``."""
+        if self.group.tp_size > 1 and self.leader:
+            self.group.broadcast_object(_Message(stop=True))
+
+    # ---- the agreement (every rank, every step) ----------------------------------------------------
+
+    def end_step(self, result, busy: bool) -> None:
+        if result is not None and self.group.tp_size > 1:  # every round's tokens, hashed alike on every rank
+            self._rounds_hash = hash((self._rounds_hash, *map(tuple, result.new_tokens)))
+        if self.agreement is not None:
+            self.agreement.end_step(result, busy)
+
+    @property
+    def lockstep_steps(self) -> bool:
+        """Whether the ranks' steps are collective (a tensor-parallel group, or the agreement)."""
+        return self.group.tp_size > 1 or self.agreement is not None
+
+    @property
+    def peers_busy(self) -> bool:
+        """Whether some rank had unfinished requests after the last step (True before the first)."""
+        return self.agreement is not None and self.agreement.peers_busy

@@ -1,0 +1,17 @@
+"""bench/bench_agreement.py on tiny inputs: two ranks start, the JSON carries its provenance and both timings."""
+
+import json
+
+from scripts import load_script
+
+
+def test_bench_agreement_writes_its_report(tmp_path):
+    bench = load_script("bench_agreement")
+    out = tmp_path / "agreement.json"
+    assert bench.main(["--world", "2", "--steps", "20", "--warmup", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert {"command", "cpu", "commit"} <= set(report)
+    assert report["world"] == 2 and report["steps"] == 20
+    assert report["vector_bytes"] == (9 + 2 * 8) * 8
+    for key in ("agreement", "bare_all_gather"):
+        assert 0 < report[key]["median_us"] <= report[key]["p99_us"], report[key]

@@ -1,0 +1,285 @@
+"""What each rank runs in tests/distributed (started by launch.py as ``scenarios.py NAME OUT_DIR [ARGS]``): the
+result goes to OUT_DIR/rank<r>.json; a failure exits non-zero with its traceback on stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(1)
+RANK = int(os.environ["RANK"])
+SCENARIOS = {}
+
+
+def scenario(fn):
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def tiny_target():
+    from specswap import zoo
+    from specswap.models import load_model
+    return load_model(zoo.path("tiny"), dtype=torch.float32, device="cpu")
+
+
+@scenario
+def tp_forward(args):
+    """The tiny target's logits at TP=N against the unsharded model's, and the sharded greedy argmax."""
+    from specswap.distributed import init_group, shard_target, vocab_parallel_argmax
+    group = init_group(tp_size=int(os.environ["WORLD_SIZE"]))
+    full, sharded = tiny_target(), shard_target(tiny_target(), group)
+    ids = torch.randint(0, full.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(9).expand(2, -1)
+    slots = torch.tensor([0, 1])
+    with torch.inference_mode():
+        want = full(ids, positions, full.make_cache(2, 16), slots)
+        got = sharded(ids, positions, sharded.make_cache(2, 16), slots)
+        greedy = vocab_parallel_argmax(sharded.lm_head, got.hidden)
+    return {"max_error": (want.logits - got.logits).abs().max().item(),
+            "scale": want.logits.abs().max().item(),
+            "argmax_equal": bool((want.logits.argmax(-1) == got.logits.argmax(-1)).all()),
+            "sharded_argmax_equal": bool((greedy == got.logits.argmax(-1)).all()),
+            "kv_heads": sharded.make_cache(1, 4).num_kv_heads}
+
+
+TEXTS = ["def fibonacci(n):\n    ", "import os\n\n\ndef main():\n    ", "The purpose of this module is",
+         "for i in range(10):\n    print(", "x"]
+# every step a decision, tiers 0..3, no dwell: switches happen within the few rounds of a test
+SWITCHY = {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1, "candidate_steps": [0, 1, 3]}
+
+
+def _engine_kwargs(args):
+    """``ALGORITHM STEPS ADAPTIVE [MODEL]``: the engine the scenario builds (ADAPTIVE 0/1: the SWITCHY policy)."""
+    algorithm, steps, adaptive = args[0], int(args[1]), args[2] == "1"
+    kwargs = dict(speculative_algorithm=None if algorithm == "NONE" else algorithm, speculative_num_steps=steps,
+                  max_seq_len=160, max_batch_size=4, disable_graphs=True, dtype="float32")
+    if adaptive:
+        kwargs.update(speculative_adaptive=True, speculative_adaptive_config=SWITCHY)
+    model = args[3] if len(args) > 3 else "tiny"
+    if model.startswith("gemma"):
+        kwargs["weights"] = args[4] if len(args) > 4 else "fp32"
+    return kwargs, model
+
+
+@scenario
+def tp_engine(args):
+    """The engine at TP=WORLD_SIZE; the leader generates TEXTS greedily, then (alone) target-only decoding in one
+    process on a fresh copy: both token lists, and the tiers the TP rounds ran."""
+    from specswap.engine import Engine
+    kwargs, model = _engine_kwargs(args)
+    min_dwell = {"min_dwell_rounds": 0} if kwargs.get("speculative_adaptive") else {}
+    engine = Engine(model, tp_size=int(os.environ["WORLD_SIZE"]), **kwargs, **min_dwell)
+    if not engine.is_leader:
+        engine.follow()
+        return {"followed": True, "num_switches": engine.stats()["num_switches"], "current_steps": engine.current_steps}
+    tiers = []
+    ids = [engine.add_request(text, max_new_tokens=int(os.environ.get("TP_NEW_TOKENS", 40))) for text in TEXTS]
+    outputs = {}
+    while engine.has_unfinished():
+        step = engine.step()
+        tiers.append(step.tier)
+        outputs.update((o.request_id, o.token_ids) for o in step.finished)
+    engine.shutdown()
+    stats = engine.stats()
+    current = engine.current_steps
+    del engine  # its target's shard goes before the whole model loads again
+    reference = Engine(model, speculative_algorithm=None, max_seq_len=160, max_batch_size=4, dtype="float32",
+                       **({"weights": kwargs["weights"]} if "weights" in kwargs else {}))
+    want = [r.token_ids for r in reference.generate(TEXTS, int(os.environ.get("TP_NEW_TOKENS", 40)))]
+    return {"tokens": [outputs[i] for i in ids], "reference": want, "tiers": tiers, "current_steps": current,
+            "num_switches": stats["num_switches"], "mean_accept_length": stats["mean_accept_length"]}
+
+
+@scenario
+def tp_sampling(args):
+    """TP=2 with sampled requests (one seeded, one not), a greedy one and one aborted after 3 steps: the follower
+    runs the same steps (its round hash checked against the leader's every step); the seeded and greedy requests
+    against one process with the same seeds."""
+    from specswap.engine import Engine
+    from specswap.sampling import SamplingParams
+    engine = Engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_seq_len=160, max_batch_size=4,
+                    dtype="float32", disable_graphs=True, tp_size=int(os.environ["WORLD_SIZE"]))
+    if not engine.is_leader:
+        engine.follow()
+        return {"followed": True, "generated": engine.stats()["generated_tokens"]}
+    params = [SamplingParams(max_new_tokens=30, temperature=0.8, top_p=0.9, seed=7),
+              SamplingParams(max_new_tokens=30, temperature=1.0),
+              SamplingParams(max_new_tokens=30),
+              SamplingParams(max_new_tokens=30, temperature=0.7, seed=3)]
+    ids = [engine.add_request(text, p) for text, p in zip(TEXTS, params)]
+    outputs, steps = {}, 0
+    while engine.has_unfinished():
+        outputs.update((o.request_id, o) for o in engine.step().finished)
+        steps += 1
+        if steps == 3:
+            outputs[ids[3]] = engine.abort(ids[3])
+    engine.shutdown()
+    generated = engine.stats()["generated_tokens"]
+    one = Engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_seq_len=160, max_batch_size=4,
+                 dtype="float32", disable_graphs=True)
+    want = [one.add_request(TEXTS[i], params[i]) for i in (0, 2)]
+    done = {}
+    while one.has_unfinished():
+        done.update((o.request_id, o.token_ids) for o in one.step().finished)
+    return {"seeded_and_greedy": [outputs[ids[i]].token_ids for i in (0, 2)], "one_process": [done[w] for w in want],
+            "aborted": outputs[ids[3]].finish_reason, "generated": generated}
+
+
+# rank 0's prompts repeat themselves (prompt lookup accepts long runs), rank 1's do not
+DP_TEXTS = {0: ["abc abc abc abc abc abc abc abc ", "x = 1\nx = 1\nx = 1\nx = 1\n", "for for for for for ",
+                "aaaa aaaa aaaa aaaa "],
+            1: ["The purpose of this module is", "Permission is hereby granted, free of charge,"]}
+
+
+def _dp_engine(args, max_batch_size=4, **extra):
+    from specswap.engine import Engine
+    algorithm = args[0] if args else "NGRAM"
+    return Engine("tiny", speculative_algorithm=algorithm, speculative_num_steps=3, speculative_adaptive=True,
+                  speculative_adaptive_config=SWITCHY, max_seq_len=320, max_batch_size=max_batch_size, dtype="float32",
+                  dp_size=int(os.environ["WORLD_SIZE"]), **extra)
+
+
+@scenario
+def dp_agreement(args):
+    """Data parallel, different prompts per rank; rank 1 joins with nothing to do and adds its requests at step 40
+    (shorter ones: it idles again at the end). Every step's tier, and each rank's tokens against target-only
+    decoding of its prompts in one process."""
+    from specswap.engine import Engine
+    engine = _dp_engine(args, max_batch_size=2)
+    texts = DP_TEXTS[RANK % 2] * (2 if RANK == 0 else 1)  # rank 0: 8 requests, two at a time
+    new_tokens = 240 if RANK == 0 else 60
+    ids, outputs, tiers = [], {}, []
+    if RANK == 0:
+        ids = [engine.add_request(t, max_new_tokens=new_tokens, ignore_eos=True) for t in texts]
+    while engine.has_unfinished() or not ids:
+        if RANK != 0 and len(tiers) == 40:
+            ids = [engine.add_request(t, max_new_tokens=new_tokens, ignore_eos=True) for t in texts]
+        step = engine.step()
+        tiers.append(step.tier)
+        outputs.update((o.request_id, o.token_ids) for o in step.finished)
+    stats = engine.stats()
+    reference = Engine("tiny", speculative_algorithm=None, max_seq_len=320, max_batch_size=4, dtype="float32")
+    want = [r.token_ids for r in reference.generate(texts, new_tokens, ignore_eos=True)]
+    return {"tiers": tiers, "identical": [outputs[i] for i in ids] == want, "num_switches": stats["num_switches"],
+            "rounds": stats["num_verify_rounds"], "mean_accept_length": stats["mean_accept_length"],
+            "agreement_steps": stats["agreement_steps"]}
+
+
+@scenario
+def grid(args):
+    """tp_size=2 x dp_size=WORLD/2, adaptive: each group's leader generates its own prompts; every rank's tier per
+    step, each leader's tokens against one process's target-only decoding."""
+    from specswap.engine import Engine
+    world = int(os.environ["WORLD_SIZE"])
+    engine = Engine("tiny", speculative_algorithm="NGRAM", speculative_num_steps=3, speculative_adaptive=True,
+                    speculative_adaptive_config=SWITCHY, max_seq_len=160, max_batch_size=4, dtype="float32",
+                    disable_graphs=True, tp_size=2, dp_size=world // 2, min_dwell_rounds=2)
+    if not engine.is_leader:
+        engine.follow()
+        return {"switches": engine.stats()["num_switches"]}
+    texts = DP_TEXTS[(RANK // 2) % 2]
+    ids = [engine.add_request(t, max_new_tokens=40, ignore_eos=True) for t in texts]
+    outputs, tiers = {}, []
+    while engine.has_unfinished():
+        step = engine.step()
+        tiers.append(step.tier)
+        outputs.update((o.request_id, o.token_ids) for o in step.finished)
+    engine.shutdown()
+    switches = engine.stats()["num_switches"]
+    reference = Engine("tiny", speculative_algorithm=None, max_seq_len=160, max_batch_size=4, dtype="float32")
+    want = [r.token_ids for r in reference.generate(texts, 40, ignore_eos=True)]
+    return {"tiers": tiers, "identical": [outputs[i] for i in ids] == want, "switches": switches}
+
+
+@scenario
+def dp_failure(args):
+    """Data parallel; rank ``args[1]`` dies (SIGKILL) or hangs (sleeps) at step 20; the survivors report the
+    ``RankFailure`` they got and how long after their last good step."""
+    import signal
+    import time
+    from specswap.distributed import RankFailure
+    how, victim = args[0], int(args[1])
+    engine = _dp_engine(["NGRAM"])
+    for text in DP_TEXTS[RANK % 2]:
+        engine.add_request(text, max_new_tokens=200, ignore_eos=True)
+    steps, last = 0, time.monotonic()
+    try:
+        while engine.has_unfinished():
+            if steps == 20 and RANK == victim:
+                if how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(3600)
+            engine.step()
+            steps += 1
+            last = time.monotonic()
+    except RankFailure as failure:
+        return {"error": str(failure), "ranks": failure.ranks, "after_seconds": time.monotonic() - last,
+                "steps": steps}
+    return {"error": None, "steps": steps}
+
+
+@scenario
+def tp_follower_dies(args):
+    """TP=2: the follower is killed (SIGKILL) in its 10th step; the leader's next collective (inside a forward or
+    the step's broadcast) must raise RankFailure naming rank 1."""
+    import signal
+    import time
+    from specswap.distributed import RankFailure
+    from specswap.engine import Engine
+    engine = Engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_seq_len=160, max_batch_size=4,
+                    dtype="float32", disable_graphs=True, tp_size=2)
+    if not engine.is_leader:
+        step, count = engine._step, [0]
+
+        def dying_step():
+            count[0] += 1
+            if count[0] == 10:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return step()
+        engine._step = dying_step
+        engine.follow()
+        return {"error": None}
+    for text in TEXTS:
+        engine.add_request(text, max_new_tokens=100, ignore_eos=True)
+    steps, last = 0, time.monotonic()
+    try:
+        while engine.has_unfinished():
+            engine.step()
+            steps += 1
+            last = time.monotonic()
+    except RankFailure as failure:
+        return {"error": str(failure), "ranks": failure.ranks, "after_seconds": time.monotonic() - last,
+                "steps": steps, "collective": failure.collective}
+    return {"error": None, "steps": steps}
+
+
+@scenario
+def config_mismatch(args):
+    """Rank 1 starts with another candidate list: every rank's Engine must refuse to start."""
+    from specswap.distributed import ConfigMismatch
+    from specswap.engine import Engine
+    candidates = [0, 1, 3] if RANK == 0 else [0, 1, 2]
+    try:
+        Engine("tiny", speculative_algorithm="NGRAM", speculative_num_steps=3, speculative_adaptive=True,
+               speculative_adaptive_config={"candidate_steps": candidates}, max_seq_len=64, dtype="float32",
+               dp_size=int(os.environ["WORLD_SIZE"]))
+    except ConfigMismatch as mismatch:
+        return {"error": str(mismatch), "field": mismatch.field}
+    return {"error": None}
+
+
+def main() -> None:
+    name, out = sys.argv[1], Path(sys.argv[2])
+    result = SCENARIOS[name](sys.argv[3:])
+    (out / f"rank{RANK}.json").write_text(json.dumps(result))
+    from specswap.distributed import current_group
+    if current_group() is not None:
+        current_group().close()
+
+
+if __name__ == "__main__":
+    main()

