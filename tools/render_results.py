@@ -143,10 +143,11 @@ def _mode_groups(rows: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
-def best_static(rows: list[dict], algorithm: str) -> tuple[str, list[float]] | None:
-    """The static tier of ``algorithm`` with the highest median ratio to target-only, and its ratios."""
+def best_static(rows: list[dict], algorithm: str, prefix: str = "static-") -> tuple[str, list[float]] | None:
+    """The static tier of ``algorithm`` (``prefix`` "tree-": its static trees) with the highest median ratio to
+    target-only, and its ratios."""
     tiers = {mode: [row["vs_target_only"] for row in group if _number(row.get("vs_target_only"))]
-             for mode, group in _mode_groups(rows).items() if mode.startswith(f"{algorithm} static-")}
+             for mode, group in _mode_groups(rows).items() if mode.startswith(f"{algorithm} {prefix}")}
     tiers = {mode: values for mode, values in tiers.items() if values}
     if not tiers:
         return None
@@ -181,6 +182,13 @@ def llamacpp(data: dict) -> tuple[str, str]:
         found = best_static(rows, algorithm)
         if found:
             parts.append(f"{algorithm.upper()} {found[0].split()[-1]} (best static) {span(found[1])} target-only")
+        trees = best_static(rows, algorithm, prefix="tree-")
+        if trees:
+            parts.append(f"{algorithm.upper()} {trees[0].split()[-1]} (best tree) {span(trees[1])} target-only")
+        with_trees = [row["vs_target_only"] for row in groups.get(f"{algorithm} adaptive+trees", [])
+                      if _number(row.get("vs_target_only"))]
+        if with_trees:
+            parts.append(f"{algorithm.upper()} adaptive over chains and trees {span(with_trees)} target-only")
     return what, "; ".join(parts) + (" (ranges over its rows)" if parts else "")
 
 
@@ -295,6 +303,25 @@ def checkouts(data: dict) -> tuple[str, str]:
     return what, ", ".join(f"{row['config']} {x(row['b_over_a'])}" for row in rows)
 
 
+def agreement(data: dict) -> tuple[str, str]:
+    what = (f"the distributed tier agreement per step: {data.get('world')} ranks over {data.get('backend')}, "
+            f"{data.get('steps')} steps, a {data.get('vector_bytes')}-byte vector all-gathered")
+    cost, bare = data["agreement"], data.get("bare_all_gather", {})
+    parts = [f"median {fixed(cost['median_us'], 0)} us, p99 {fixed(cost['p99_us'], 0)} us"]
+    if bare:
+        parts.append(f"a bare all-gather of it: median {fixed(bare['median_us'], 0)} us")
+    return what, "; ".join(parts)
+
+
+def tensor_parallel(data: dict) -> tuple[str, str]:
+    one, tp = data["one_process"], data["tensor_parallel"]
+    what = (f"{data.get('model')} at TP={tp.get('tp_size')} ({tp.get('threads_per_rank')} thread a rank) against one "
+            f"process at {one.get('threads')} threads: {data.get('weights')} weights, {data.get('algorithm')}, "
+            f"{data.get('prompts')} prompts x {data.get('new_tokens')} tokens, batch {data.get('batch')}")
+    return what, (f"TP {x(data['speedup'])} one process ({fixed(tp['tokens_per_second'], 1)} against "
+                  f"{fixed(one['tokens_per_second'], 1)} tok/s); tokens identical: {data.get('tokens_identical')}")
+
+
 def generic(data: dict) -> tuple[str, str]:
     """Top-level ratio-like numbers as they are, ratio-like keys of row lists as ranges."""
     parts = []
@@ -339,12 +366,16 @@ def kind(data: dict) -> str:
         return "serving"
     if isinstance(data.get("python"), list) and all("ns_per_iteration" in row for row in data["python"]):
         return "state_pool"
+    if isinstance(data.get("agreement"), dict) and "median_us" in data["agreement"]:
+        return "agreement"
+    if isinstance(data.get("tensor_parallel"), dict) and isinstance(data.get("one_process"), dict):
+        return "tensor_parallel"
     return "generic"
 
 
 SUMMARIES = {"phased": phased, "llamacpp": llamacpp, "forward": forward, "qlinear": qlinear,
              "engine": engine_rows, "training": training, "ab": ab_runs, "checkouts": checkouts, "serving": serving,
-             "state_pool": state_pool, "generic": generic}
+             "state_pool": state_pool, "agreement": agreement, "tensor_parallel": tensor_parallel, "generic": generic}
 
 
 def summary(result: Result) -> tuple[str, str]:
