@@ -16,6 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = Path(__file__).with_name("scenarios.py")
 
 
+def package_path() -> str:
+    """PYTHONPATH for a rank: the folder holding the specswap these tests import (the installed package in CI, a
+    source checkout with its built extension locally), ahead of whatever the caller had."""
+    import specswap
+
+    return str(Path(specswap.__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -29,7 +37,7 @@ def start(scenario: str, world: int, out: Path, timeout_s: float = 10.0, extra_e
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1", SPECSWAP_DIST_TIMEOUT=str(timeout_s),
-                   PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                   PYTHONPATH=package_path())
         env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         env.update(extra_env or {})
         procs.append(subprocess.Popen([sys.executable, str(SCENARIOS), scenario, str(out), *args], env=env,

@@ -29,7 +29,7 @@ def test_torchrun_serve_tp2_answers_like_one_process(tmp_path):
     want = Engine("tiny", speculative_algorithm=None, dtype="float32").generate(PROMPT, 20)[0].text
     port = launch.free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", SPECSWAP_DIST_TIMEOUT="3",
-               PYTHONPATH=str(launch.ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=launch.package_path())
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                str(launch.free_port()), "-m", "specswap.cli", "serve", "--tp-size", "2", "--model", "tiny", "--dtype",
                "float32", "--speculative-algorithm", "NGRAM", "--speculative-adaptive", "--port", str(port)]

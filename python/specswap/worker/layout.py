@@ -118,6 +118,7 @@ class TreeLayout:
         self.ancestors = torch.zeros(rows, nodes, nodes, device=device)        # [S, T, T] non-root ancestor-or-self
         self.depth_rank = torch.zeros(rows, nodes, **long)                     # [S, T] orders nodes by depth
         self._index = torch.arange(nodes, **long)
+        self._rows = torch.arange(rows, **long)
         self._eye = torch.eye(nodes, dtype=torch.bool, device=device)
         self.chain = self._index                                               # [T] a chain's offsets
         self.extend_width = depth + 1                                          # the accepted path's room
@@ -145,7 +146,7 @@ class TreeLayout:
         parents, mask, depths = self.parents[:batch], self.tree_mask[:batch], self.depths[:batch]
         for i in range(1, self.nodes):  # parents come first: their rows are final when a child reads them
             parent = parents[:, i]                                             # [B]
-            mask[:, i] = mask[torch.arange(batch, device=self.device), parent] | self._eye[i]
+            mask[:, i] = mask[self._rows[:batch], parent] | self._eye[i]
             depths[:, i] = depths.gather(1, parent.unsqueeze(-1)).squeeze(-1) + 1
         ancestors = self.ancestors[:batch]
         ancestors.copy_(mask)
