@@ -196,11 +196,21 @@ class DistributedGroup:
                            dead or behind, name)
 
     def close(self) -> None:
-        """Stop the heartbeat (joined: no store call may outlive the process group) and leave the group."""
+        """Stop the heartbeat (joined: no store call may outlive the process group) and leave the group. Rank 0
+        hosts the job's store: it leaves last, once every rank said it left, so no rank's teardown meets a store
+        that is already gone (which aborts that process)."""
         self._stop.set()
         self._thread.join(timeout=5 * self._interval + 1)
         if dist.is_initialized():
             dist.destroy_process_group()
+        try:
+            self._store.add("specswap/closed", 1)
+            if self.rank == 0:
+                deadline = time.monotonic() + self.timeout_s
+                while int(self._store.add("specswap/closed", 0)) < self.world_size and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        except Exception:  # a peer's store already gone: nothing left to wait for
+            pass
 
 
 class _StoreGone(Exception):
