@@ -684,18 +684,19 @@ def keyed_draws(logits: torch.Tensor, sampling: RoundSampling,
         sampling.apply_filters
     noise = sampling.keyed.noise
     draws = []
+    per_row = depths is not None and len(depths) > 0 and isinstance(depths[0], (list, tuple))
     for row, keyed in enumerate(sampling.keyed.rows):
         if keyed.greedy:
             draws.append(argmax(logits[row]).tolist().__getitem__)
             continue
 
-        def draw(i: int, row: int = row, keyed: KeyedRow = keyed) -> int:
+        def draw(i: int, row: int = row, keyed: KeyedRow = keyed,
+                 row_depths: Sequence[int] | None = depths[row] if per_row else depths) -> int:
             if apply_filters:
                 log_weights = logits_to_probs(logits[row, i:i + 1], temperature[row:row + 1],
                                               top_k[row:row + 1], top_p[row:row + 1], True)[0].log()
             else:
                 log_weights = logits[row, i].float() / keyed.temperature
-            row_depths = depths[row] if depths is not None and isinstance(depths[0], (list, tuple)) else depths
             depth = i if row_depths is None else row_depths[i]
             return sample_keyed(log_weights, position_key(keyed.seed, keyed.start + depth), noise)
         draws.append(draw)

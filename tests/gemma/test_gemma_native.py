@@ -40,6 +40,17 @@ def native_reference(gemma_native):
     return [r.token_ids for r in plain.generate(PROMPTS, NEW_TOKENS)]
 
 
+def native_draft(algorithm: str, model):
+    """The shipped EAGLE head on the native target's blocks (Q8_0 linears) for EAGLE, None for NGRAM."""
+    from specswap.models import load_eagle_head
+
+    if algorithm != "EAGLE":
+        return None
+    if not (DEFAULT_OUT / "model.safetensors").is_file():
+        pytest.skip(f"no Gemma EAGLE head shipped at {DEFAULT_OUT}")
+    return load_eagle_head(DEFAULT_OUT, model, quantization="q8_0")
+
+
 def test_native_model_holds_the_file_blocks(gemma_native):
     from specswap.models.quantized import GGML_TYPE_NAMES, REPACKED, QuantizedEmbedding, QuantizedLinear, repack_default
 
@@ -71,14 +82,9 @@ def test_native_resident_bytes_at_most_half_of_bf16(gemma_native):
 @pytest.mark.parametrize("steps", [1, 3, 7])
 def test_native_speculative_greedy_equals_native_target_only(algorithm, steps, gemma_native, native_reference):
     from specswap.engine import Engine
-    from specswap.models import load_eagle_head
 
     model, tokenizer = gemma_native
-    draft = None
-    if algorithm == "EAGLE":
-        if not (DEFAULT_OUT / "model.safetensors").is_file():
-            pytest.skip(f"no Gemma EAGLE head shipped at {DEFAULT_OUT}")
-        draft = load_eagle_head(DEFAULT_OUT, model, quantization="q8_0")
+    draft = native_draft(algorithm, model)
     engine = Engine(model, draft, algorithm, speculative_num_steps=steps, tokenizer=tokenizer, max_seq_len=96,
                     max_batch_size=len(PROMPTS))
     results = engine.generate(PROMPTS, NEW_TOKENS)
@@ -91,16 +97,11 @@ def test_native_draft_trees_equal_native_target_only(algorithm, gemma_native, na
     """A tree tier on the batch-invariant native kernels: identical output, with a switch among chain and tree
     tiers every round (the tree [3, 2, 6]; chains 1 and 5)."""
     from specswap.engine import encode_text
-    from specswap.models import load_eagle_head
     from specswap.sampling import SamplingParams
     from specswap.worker import SpeculativeWorker
 
     model, tokenizer = gemma_native
-    draft = None
-    if algorithm == "EAGLE":
-        if not (DEFAULT_OUT / "model.safetensors").is_file():
-            pytest.skip(f"no Gemma EAGLE head shipped at {DEFAULT_OUT}")
-        draft = load_eagle_head(DEFAULT_OUT, model, quantization="q8_0")
+    draft = native_draft(algorithm, model)
     worker = SpeculativeWorker(model, draft, algorithm, 3, max_batch_size=len(PROMPTS), max_seq_len=96,
                                tiers=(1, 5), speculative_eagle_topk=2, speculative_num_draft_tokens=6)
     prompts = [encode_text(tokenizer, p) for p in PROMPTS]

@@ -279,7 +279,8 @@ def expand_tree(tier: TierStages, first_logits: torch.Tensor, step, token_map: t
     all_scores, all_tokens, all_parents = [scores], [tokens], [torch.full_like(ids, -1)]  # candidate parents
     all_regions = [torch.arange(topk, device=device).expand(batch, -1)]                  # region index or -1
     frontier = torch.arange(topk, device=device).expand(batch, -1)                        # [B, k] candidates
-    region = torch.eye(topk, dtype=torch.bool, device=device).expand(batch, -1, -1)      # [B, k, k]
+    eye = torch.eye(topk, dtype=torch.bool, device=device).expand(batch, -1, -1)         # [B, k, k]
+    region = eye
     frontier_parents, offset = None, topk
     for level in range(1, depth):
         logits = step(tokens, level, frontier_parents, region)                            # [B, k, Vd]
@@ -297,8 +298,7 @@ def expand_tree(tier: TierStages, first_logits: torch.Tensor, step, token_map: t
             1, best, torch.arange(level * topk, (level + 1) * topk, device=device).expand(batch, -1)))
         offset += topk * topk
         width = region.shape[-1]
-        region = torch.cat((region.gather(1, frontier_parents.unsqueeze(-1).expand(-1, -1, width)),
-                            torch.eye(topk, dtype=torch.bool, device=device).expand(batch, -1, -1)), dim=-1)
+        region = torch.cat((region.gather(1, frontier_parents.unsqueeze(-1).expand(-1, -1, width)), eye), dim=-1)
     candidate_scores = torch.cat(all_scores, dim=1)                                      # [B, C]
     order = torch.sort(candidate_scores, dim=-1, descending=True, stable=True).indices[:, :nodes - 1]
     chosen = order.sort(dim=-1).values                                                   # [B, T-1] parents first

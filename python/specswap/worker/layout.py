@@ -126,7 +126,7 @@ class TreeLayout:
         if parents is not None:
             self.parents[:] = torch.tensor([max(p, 0) for p in parents], **long)
             self.children = [[c for c in range(nodes) if parents[c] == i] for i in range(nodes)]
-            self.prepare(rows)
+            self._derive(rows)
 
     @classmethod
     def fixed(cls, parents: Sequence[int], cache, device: torch.device, rows: int = 1) -> "TreeLayout":
@@ -141,8 +141,10 @@ class TreeLayout:
     def prepare(self, batch: int) -> None:
         """Depths, ancestors and the verify mask of rows 0..batch-1 from their parents, on tensors (no host
         sync: a round graph records it)."""
-        if not self.dynamic and self.children is not None and batch < len(self.parents):
-            return  # a fixed tree: derived once for every row
+        if self.dynamic:  # a fixed tree was derived once, for every row
+            self._derive(batch)
+
+    def _derive(self, batch: int) -> None:
         parents, mask, depths = self.parents[:batch], self.tree_mask[:batch], self.depths[:batch]
         for i in range(1, self.nodes):  # parents come first: their rows are final when a child reads them
             parent = parents[:, i]                                             # [B]

@@ -33,7 +33,7 @@ class StandaloneDrafter(ModelDrafter):
         super().__init__(draft, draft.make_cache(cache_rows, cache_capacity), slots)
         self.vocab_size = target.config.vocab_size
         self._step_one_offsets = torch.arange(2, device=slots.device)  # [2]: m-2, m-1
-        self._node_region = torch.zeros(cache_rows, 1, dtype=torch.long, device=slots.device)  # a tree's, per row
+        self._node_region: torch.Tensor | None = None  # a tree round's: each node's frontier-region index [B, T-1]
 
     @classmethod
     def build(cls, context) -> "StandaloneDrafter":
