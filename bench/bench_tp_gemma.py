@@ -3,6 +3,10 @@ the same prompts in one invocation: wall time and tokens per second of each, and
 
     PYTHONPATH=python python bench/bench_tp_gemma.py [--tp 2] [--algorithm NGRAM] [--steps 3] [--adaptive]
         [--weights fp32|bf16|native] [--prompts 8] [--new-tokens 64] [--batch 4] [--json results/tp_gemma.json]
+        [--tp-draft replicate shard]
+
+``--tp-draft`` runs the tensor-parallel engine once per draft placement (Engine's ``tp_draft``), one after the
+other in the same invocation, and reports each (default: the algorithm's default placement alone).
 
 Both runs are greedy and eager (tensor parallelism runs eagerly; the one-process run is given
 ``disable_graphs=True`` too, so the comparison is of the parallelism, not of graphs). Each run first generates one
@@ -58,7 +62,7 @@ def _timed(engine, prompts, new_tokens) -> dict:
 
 def rank_main(args) -> None:
     torch.set_num_threads(1)
-    engine = _engine(args, tp_size=args.tp)
+    engine = _engine(args, tp_size=args.tp, **({"tp_draft": args.placement} if args.placement else {}))
     if not engine.is_leader:
         engine.follow()
         return
@@ -79,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--tp-draft", nargs="+", default=[None], choices=["replicate", "shard", "leader"],
+                        help="draft placements to run at TP, one after the other (default: the algorithm's)")
     parser.add_argument("--rank-out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--placement", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not 1 <= args.prompts <= len(PROMPTS):
         parser.error(f"--prompts must be 1..{len(PROMPTS)}")
@@ -94,17 +101,30 @@ def main(argv: list[str] | None = None) -> int:
         one = _timed(_engine(args), PROMPTS[:args.prompts], args.new_tokens)
     finally:
         torch.set_num_threads(threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "leader.json"
-        run_local([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--rank-out", str(out)],
-                  args.tp, threads=1, env={"PYTHONPATH": os.pathsep.join(sys.path)})
-        tp = json.loads(out.read_text())
-    same = one.pop("token_ids") == tp.pop("token_ids")
+    from specswap.algorithms import algorithm
+    runs = []
+    for placement in args.tp_draft:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "leader.json"
+            command = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--rank-out", str(out)]
+            run_local(command + (["--placement", placement] if placement else []), args.tp, threads=1,
+                      env={"PYTHONPATH": os.pathsep.join(sys.path)})
+            tp = json.loads(out.read_text())
+        tp["tokens_identical"] = tp.pop("token_ids") == one["token_ids"]
+        runs.append({"tp_size": args.tp, "threads_per_rank": 1,
+                     "tp_draft": algorithm(None if args.algorithm == "NONE" else args.algorithm).tp_draft(placement),
+                     **tp, "speedup": one["seconds"] / tp["seconds"]})
+    one.pop("token_ids")
     report = {**stamp(), "model": "gemma-3-270m", "weights": args.weights, "algorithm": args.algorithm,
               "steps": args.steps, "adaptive": args.adaptive, "prompts": args.prompts, "new_tokens": args.new_tokens,
-              "batch": args.batch, "one_process": {"threads": args.tp, **one},
-              "tensor_parallel": {"tp_size": args.tp, "threads_per_rank": 1, **tp},
-              "speedup": one["seconds"] / tp["seconds"], "tokens_identical": same}
+              "batch": args.batch, "one_process": {"threads": args.tp, **one}}
+    if len(runs) == 1:  # the one tensor-parallel run, under the names the single-placement report has always used
+        run = runs[0]
+        report.update(tensor_parallel={k: v for k, v in run.items() if k not in ("speedup", "tokens_identical")},
+                      speedup=run["speedup"], tokens_identical=run["tokens_identical"])
+    else:
+        report["tensor_parallel_runs"] = runs
+        report["tokens_identical"] = all(run["tokens_identical"] for run in runs)
     print(json.dumps(report, indent=2))
     if args.json:
         write_report(args.json, report)

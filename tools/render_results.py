@@ -314,7 +314,18 @@ def agreement(data: dict) -> tuple[str, str]:
 
 
 def tensor_parallel(data: dict) -> tuple[str, str]:
-    one, tp = data["one_process"], data["tensor_parallel"]
+    one = data["one_process"]
+    if "tensor_parallel_runs" in data:  # several draft placements, one after the other in one run
+        runs = data["tensor_parallel_runs"]
+        what = (f"{data.get('model')} at TP={runs[0].get('tp_size')} (1 thread a rank) by draft placement "
+                f"(`tp_draft`) against one process at {one.get('threads')} threads: {data.get('weights')} weights, "
+                f"{data.get('algorithm')} {data.get('steps')} steps, {data.get('prompts')} prompts x "
+                f"{data.get('new_tokens')} tokens, batch {data.get('batch')}")
+        parts = [f"{run['tp_draft']} {fixed(run['tokens_per_second'], 1)} tok/s ({x(run['speedup'])} one process)"
+                 for run in runs]
+        return what, (f"one process {fixed(one['tokens_per_second'], 1)} tok/s; " + "; ".join(parts) +
+                      f"; tokens identical: {data.get('tokens_identical')}")
+    tp = data["tensor_parallel"]
     what = (f"{data.get('model')} at TP={tp.get('tp_size')} ({tp.get('threads_per_rank')} thread a rank) against one "
             f"process at {one.get('threads')} threads: {data.get('weights')} weights, {data.get('algorithm')}, "
             f"{data.get('prompts')} prompts x {data.get('new_tokens')} tokens, batch {data.get('batch')}")
@@ -368,7 +379,8 @@ def kind(data: dict) -> str:
         return "state_pool"
     if isinstance(data.get("agreement"), dict) and "median_us" in data["agreement"]:
         return "agreement"
-    if isinstance(data.get("tensor_parallel"), dict) and isinstance(data.get("one_process"), dict):
+    if isinstance(data.get("one_process"), dict) and (isinstance(data.get("tensor_parallel"), dict)
+                                                      or _rows(data, "tensor_parallel_runs")):
         return "tensor_parallel"
     return "generic"
 

@@ -24,6 +24,18 @@ class Algorithm:
     quantizable_draft: bool     # its draft's linears may be quantized (draft_quantization int8 / q8_0)
     number_tokens: bool         # its drafter takes the tokenizer's digit tokens (counter extrapolation)
     drafter: str                # "module:Class" of its Drafter, imported when a worker builds one
+    # where its drafts come from under tensor parallelism (``tp_draft``), the default first: "replicate" (every
+    # rank drafts alike), "shard" (the draft split like the target), "leader" (the first rank drafts, broadcasts)
+    tp_drafts: tuple[str, ...] = ()
+
+    def tp_draft(self, placement: str | None) -> str | None:
+        """``placement`` checked against this algorithm's (None: its default; None without speculation)."""
+        if placement is None:
+            return self.tp_drafts[0] if self.tp_drafts else None
+        if placement not in self.tp_drafts:
+            raise ValueError(f"tp_draft {placement!r} does not apply to speculative_algorithm {self.flag}; valid: "
+                             f"{', '.join(self.tp_drafts) or 'none (no drafts)'}")
+        return placement
 
     @property
     def needs_draft(self) -> bool:
@@ -41,14 +53,14 @@ class Algorithm:
 
 ALGORITHMS: dict[str | None, Algorithm] = {entry.name: entry for entry in (
     Algorithm("EAGLE", "an EAGLE head", "eagle", quantizable_draft=True, number_tokens=False,
-              drafter="specswap.worker.eagle:EagleDrafter"),
+              drafter="specswap.worker.eagle:EagleDrafter", tp_drafts=("replicate", "shard")),
     # an EAGLE-3 head (SpecForge / SGLang layout) over the target's auxiliary hidden states
     Algorithm("EAGLE3", "an EAGLE-3 head", "eagle3", quantizable_draft=True, number_tokens=False,
-              drafter="specswap.worker.eagle3:Eagle3Drafter"),
+              drafter="specswap.worker.eagle3:Eagle3Drafter", tp_drafts=("replicate", "shard")),
     Algorithm("STANDALONE", "a draft model", "draft", quantizable_draft=False, number_tokens=False,
-              drafter="specswap.worker.standalone:StandaloneDrafter"),
+              drafter="specswap.worker.standalone:StandaloneDrafter", tp_drafts=("replicate", "shard")),
     Algorithm("NGRAM", None, None, quantizable_draft=False, number_tokens=True,
-              drafter="specswap.worker.ngram:NgramDrafter"),
+              drafter="specswap.worker.ngram:NgramDrafter", tp_drafts=("leader", "replicate")),
     Algorithm(None, None, None, quantizable_draft=False, number_tokens=False,
               drafter="specswap.worker.drafter:Drafter"),
 )}

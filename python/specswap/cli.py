@@ -86,7 +86,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           args.speculative_adaptive_config, max_running_requests(args), args.max_seq_len,
                           disable_graphs=args.disable_cuda_graph, speculative_eagle_topk=args.speculative_eagle_topk,
                           speculative_num_draft_tokens=args.speculative_num_draft_tokens, tp_size=args.tp_size,
-                          dp_size=args.dp_size, dist_timeout=args.dist_timeout, min_dwell_rounds=args.min_dwell_rounds)
+                          dp_size=args.dp_size, dist_timeout=args.dist_timeout, min_dwell_rounds=args.min_dwell_rounds,
+                          tp_draft=args.tp_draft)
     if not engine.is_leader:  # a tensor-parallel follower: no HTTP, the leader's steps until it shuts down
         print(f"specswap serve: rank {engine._dist.group.rank} follows its tensor-parallel leader", flush=True)
         engine.follow()
@@ -147,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tp-size", type=int, default=1,
                        help="tensor-parallel ranks (under torchrun; rank 0 of each group serves HTTP; README, "
                             "'Several processes')")
+    serve.add_argument("--tp-draft", default=None, choices=["replicate", "shard", "leader"],
+                       help="tensor parallelism: every rank runs the whole draft (replicate, the default for "
+                            "EAGLE and draft models), the draft split like the target (shard), or NGRAM's lookups "
+                            "on rank 0, broadcast (leader, NGRAM's default)")
     serve.add_argument("--dp-size", type=int, default=1,
                        help="data-parallel groups (under torchrun), each with its own batch, serving on --port + "
                             "its index; tier switches agreed by all")

@@ -91,7 +91,8 @@ def build_engine(models: LoadedModels, speculative_algorithm: str | None, specul
                  **distributed):
     """An Engine over already loaded modules (no weights are copied). ``speculative_algorithm`` None or "NONE":
     target only. ``disable_graphs`` (``--disable-cuda-graph``) runs the worker eagerly. ``distributed``: the
-    Engine's tp_size, dp_size, dist_timeout, min_dwell_rounds (``--tp-size`` ...; unset ones left out)."""
+    Engine's tp_size, dp_size, dist_timeout, min_dwell_rounds, tp_draft (``--tp-size`` ...; unset ones left
+    out)."""
     from specswap.engine import Engine
     spec = algorithm(speculative_algorithm)
     draft = models.draft if spec.needs_draft else None

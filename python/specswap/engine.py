@@ -170,6 +170,9 @@ class Engine:
     each run their own requests; every rank's adaptive policy sees the same merged observations, so tier
     switches agree (``min_dwell_rounds`` steps at least between two, default 8). ``dist_timeout``: seconds any
     collective waits for a peer before a ``RankFailure`` naming it (default ``SPECSWAP_DIST_TIMEOUT`` or 60).
+    ``tp_draft``: where a tensor-parallel engine's drafts come from: "replicate" (the default for a draft model
+    or head: every rank runs all of it), "shard" (split like the target), for NGRAM "leader" (the default: the
+    first rank looks up and broadcasts) or "replicate" (every rank looks up; the step checksum compares them).
     """
 
     def __init__(self, model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",
@@ -180,7 +183,7 @@ class Engine:
                  round_graphs: bool | None = None, ngram_numbers: bool = True, weights: str = "auto",
                  speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None,
                  tp_size: int = 1, dp_size: int = 1, dist_timeout: float | None = None,
-                 min_dwell_rounds: int | None = None):
+                 min_dwell_rounds: int | None = None, tp_draft: str | None = None):
         spec = algorithm(speculative_algorithm)
         shape = tree_shape(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
         if shape[1] > 1 and spec.name is None:
@@ -192,6 +195,10 @@ class Engine:
         elif dist_timeout is not None or min_dwell_rounds is not None:
             raise ValueError("dist_timeout and min_dwell_rounds apply to distributed engines; pass tp_size or "
                              "dp_size > 1 (under torchrun) or leave them unset")
+        if tp_draft is not None and tp_size == 1:
+            raise ValueError("tp_draft places the drafts of a tensor-parallel engine; pass tp_size > 1 (under "
+                             "torchrun) or leave it unset")
+        tp_draft = spec.tp_draft(tp_draft)
         if speculative_adaptive_config is not None and not speculative_adaptive:
             raise ValueError("speculative_adaptive_config was given but speculative_adaptive is False; pass "
                              "speculative_adaptive=True to use it (the config is never silently ignored)")
@@ -222,7 +229,9 @@ class Engine:
             *adaptive_config.candidate_steps, *(tier_key(*tree) for tree in adaptive_config.candidate_trees))
         if self._dist is not None:  # every rank's configuration checked, then the target sharded (in place)
             disable_graphs = self._dist.prepare(self, tiers=tiers, start_tier=tier_key(*shape),
-                                                adaptive_config=adaptive_config, disable_graphs=disable_graphs)
+                                                adaptive_config=adaptive_config, disable_graphs=disable_graphs,
+                                                tp_draft=tp_draft)
+            target, draft = self.target, self.draft
         # graphs: every stage of every tier captured once here (specswap.graphs); disable_graphs runs eagerly
         numbers = None  # NGRAM drafts extrapolate counters where the tokenizer writes digits one per token
         if spec.number_tokens and ngram_numbers and self.tokenizer is not None:
@@ -231,6 +240,8 @@ class Engine:
                                         max_seq_len, tiers=tiers, graphs=not disable_graphs,
                                         round_graphs=None if disable_graphs else round_graphs, number_tokens=numbers,
                                         speculative_eagle_topk=shape[1], speculative_num_draft_tokens=shape[2])
+        if self._dist is not None:  # NGRAM at tp_draft="leader": the first rank's lookups broadcast
+            self._dist.attach(self.worker, tp_draft)
         if speculative_adaptive:
             from specswap.controller import AdaptiveController
             self.controller = AdaptiveController(self.worker.pool, adaptive_config,

@@ -62,7 +62,20 @@ def _engine_kwargs(args):
     model = args[3] if len(args) > 3 else "tiny"
     if model.startswith("gemma"):
         kwargs["weights"] = args[4] if len(args) > 4 else "fp32"
+    if os.environ.get("TP_DRAFT"):  # where the drafts come from (Engine's tp_draft)
+        kwargs["tp_draft"] = os.environ["TP_DRAFT"]
+    if os.environ.get("TP_TOPK"):  # a static tree tier of depth STEPS
+        kwargs["speculative_eagle_topk"] = int(os.environ["TP_TOPK"])
     return kwargs, model
+
+
+def _forbid_lookups():
+    """A follower whose NGRAM drafts must come from its leader's broadcast: any lookup of its own fails."""
+    import specswap.worker.ngram as ngram
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"rank {RANK} looked up NGRAM drafts itself (tp_draft='leader': the leader's only)")
+    ngram.propose_ngram = ngram.propose_ngram_tree = forbidden
 
 
 @scenario
@@ -74,8 +87,12 @@ def tp_engine(args):
     min_dwell = {"min_dwell_rounds": 0} if kwargs.get("speculative_adaptive") else {}
     engine = Engine(model, tp_size=int(os.environ["WORLD_SIZE"]), **kwargs, **min_dwell)
     if not engine.is_leader:
+        leader_drafts = kwargs["speculative_algorithm"] == "NGRAM" and kwargs.get("tp_draft", "leader") == "leader"
+        if leader_drafts:
+            _forbid_lookups()
         engine.follow()
-        return {"followed": True, "num_switches": engine.stats()["num_switches"], "current_steps": engine.current_steps}
+        return {"followed": True, "num_switches": engine.stats()["num_switches"], "current_steps": engine.current_steps,
+                "leader_drafts": leader_drafts, "draft_tp_size": getattr(engine.draft, "tp_size", 1)}
     tiers = []
     ids = [engine.add_request(text, max_new_tokens=int(os.environ.get("TP_NEW_TOKENS", 40))) for text in TEXTS]
     outputs = {}

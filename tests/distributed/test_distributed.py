@@ -56,6 +56,37 @@ def test_tp2_tiny_tokens_identical_to_one_process(tmp_path, algorithm, steps, ad
         assert set(leader["tiers"]) == {steps}
 
 
+@pytest.mark.parametrize("algorithm,steps,adaptive,tp_draft,topk", [
+    ("NGRAM", 3, "0", "leader", "2"), ("NGRAM", 3, "1", "replicate", ""), ("EAGLE", 3, "1", "shard", ""),
+    ("EAGLE", 3, "0", "shard", "2"), ("STANDALONE", 3, "0", "shard", "")])
+def test_tp2_draft_placements_tokens_identical(tmp_path, algorithm, steps, adaptive, tp_draft, topk):
+    """Every ``tp_draft`` placement at TP=2, chains and trees, against one process's target-only tokens: NGRAM's
+    lookups on the leader alone (a follower that looked up would fail: its lookups raise) or on every rank, and a
+    draft sharded like the target (its layer by heads and rows, its LM head by vocabulary rows)."""
+    leader, follower = launch.run("tp_engine", 2, tmp_path, timeout_s=90, args=(algorithm, str(steps), adaptive),
+                                  extra_env={"TP_DRAFT": tp_draft, "TP_TOPK": topk})
+    assert leader["tokens"] == leader["reference"]
+    assert leader["mean_accept_length"] > 0.3, leader  # drafts were verified and accepted, not only plain decodes
+    assert follower["leader_drafts"] == (tp_draft == "leader")
+    assert follower["draft_tp_size"] == (2 if tp_draft == "shard" else 1)
+    assert follower["num_switches"] == leader["num_switches"]
+
+
+def test_tp_draft_is_checked():
+    """A placement that does not apply to the algorithm, or tp_draft without tensor parallelism, is an error
+    naming the valid placements (before any weights load)."""
+    from specswap.engine import Engine
+    with pytest.raises(ValueError, match="tp_size > 1"):
+        Engine("tiny", speculative_algorithm="NGRAM", tp_draft="leader")
+    from specswap.algorithms import algorithm
+    with pytest.raises(ValueError, match="valid: leader, replicate"):
+        algorithm("NGRAM").tp_draft("shard")
+    with pytest.raises(ValueError, match="valid: replicate, shard"):
+        algorithm("EAGLE").tp_draft("leader")
+    assert algorithm("NGRAM").tp_draft(None) == "leader" and algorithm("EAGLE").tp_draft(None) == "replicate"
+    assert algorithm(None).tp_draft(None) is None
+
+
 def test_tp2_sampling_seeds_and_aborts_follow_the_leader(tmp_path):
     """Sampled requests at TP=2 (one unseeded: the leader's seed reaches the follower), a greedy one beside them,
     one aborted mid-run: the follower's round hash matched the leader's at every step (it raises otherwise), both

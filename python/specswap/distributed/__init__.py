@@ -5,8 +5,8 @@ lockstep across ranks (``lockstep``) and the per-round tier agreement (``agreeme
 from specswap.distributed.config_check import ConfigMismatch, check_same_config, engine_fingerprint
 from specswap.distributed.group import (DEFAULT_TIMEOUT_S, DistributedGroup, RankFailure, backend_for, current_group,
                                         init_group)
-from specswap.distributed.tensor_parallel import shard_target, vocab_parallel_argmax
+from specswap.distributed.tensor_parallel import shard_draft, shard_target, vocab_parallel_argmax
 
 __all__ = ["ConfigMismatch", "DEFAULT_TIMEOUT_S", "DistributedGroup", "RankFailure", "backend_for",
-           "check_same_config", "current_group", "engine_fingerprint", "init_group", "shard_target",
+           "check_same_config", "current_group", "engine_fingerprint", "init_group", "shard_draft", "shard_target",
            "vocab_parallel_argmax"]

@@ -49,7 +49,7 @@ def describe_model(model: Any) -> dict[str, Any]:
 
 def engine_fingerprint(*, candidate_tiers, start_tier: int, algorithm: str | None, target: Any, draft: Any,
                        weights: str, max_batch_size: int, max_seq_len: int, adaptive_config: Any,
-                       tp_size: int, dp_size: int, graphs: bool) -> dict[str, Any]:
+                       tp_size: int, dp_size: int, graphs: bool, tp_draft: str | None = None) -> dict[str, Any]:
     """The fields every rank must agree on, as plain values (``check_same_config`` compares them one by one)."""
     target_desc, draft_desc = describe_model(target), describe_model(draft)
     return {
@@ -67,6 +67,7 @@ def engine_fingerprint(*, candidate_tiers, start_tier: int, algorithm: str | Non
         "max_batch_size": max_batch_size,
         "max_seq_len": max_seq_len,
         "layout": f"tp={tp_size} dp={dp_size}",
+        "tp_draft": tp_draft,
         "graphs": graphs,
     }
 

@@ -135,6 +135,11 @@ class DistributedGroup:
         self._run("broadcast", dist.broadcast_object_list, box, src=self.tp_ranks[src_tp_rank], group=self.tp_group)
         return box[0]
 
+    def broadcast(self, tensor: torch.Tensor, src_tp_rank: int = 0) -> torch.Tensor:
+        """``tensor`` (in place) from the tensor-parallel group's rank ``src_tp_rank`` to the others."""
+        self._run("broadcast", dist.broadcast, tensor, src=self.tp_ranks[src_tp_rank], group=self.tp_group)
+        return tensor
+
     def barrier(self) -> None:
         self._run("barrier", dist.barrier)
 

@@ -50,25 +50,34 @@ class Lockstep:
         self.agreement = None  # an AgreedController when the engine adapts
         self._rounds_hash = 0  # the tokens of every round so far (tensor-parallel ranks compare it each step)
 
-    def prepare(self, engine, *, tiers, start_tier: int, adaptive_config, disable_graphs: bool) -> bool:
+    def prepare(self, engine, *, tiers, start_tier: int, adaptive_config, disable_graphs: bool,
+                tp_draft: str | None = None) -> bool:
         """Check every rank's configuration (one all-gather; ``ConfigMismatch`` names a difference), then shard the
-        engine's target; returns whether the worker must run eagerly (tensor parallelism: warned once when graphs
-        were asked for)."""
+        engine's target (and its draft at ``tp_draft="shard"``); returns whether the worker must run eagerly
+        (tensor parallelism: warned once when graphs were asked for)."""
         from specswap.distributed.config_check import check_same_config, engine_fingerprint
-        from specswap.distributed.tensor_parallel import shard_target
+        from specswap.distributed.tensor_parallel import shard_draft, shard_target
         group = self.group
         check_same_config(group, engine_fingerprint(
             candidate_tiers=tiers, start_tier=start_tier, algorithm=engine.speculative_algorithm,
             target=engine.target, draft=engine.draft, weights=engine.weights, max_batch_size=engine.max_batch_size,
             max_seq_len=engine.max_seq_len, adaptive_config=adaptive_config, tp_size=group.tp_size,
-            dp_size=group.dp_size, graphs=not disable_graphs))
+            dp_size=group.dp_size, graphs=not disable_graphs, tp_draft=tp_draft))
         if group.tp_size == 1:
             return disable_graphs
         engine.target = shard_target(engine.target, group)
+        if tp_draft == "shard":
+            engine.draft = shard_draft(engine.draft, group)
         if not disable_graphs:
             warnings.warn("tensor parallelism runs the worker eagerly: graphs do not record the forward's "
                           "collectives (pass disable_graphs=True to silence this)", stacklevel=3)
         return True
+
+    def attach(self, worker, tp_draft: str | None) -> None:
+        """NGRAM at ``tp_draft="leader"``: the group's first rank looks up, one broadcast a drafting round carries
+        its drafts to the others (``NgramDrafter.lookup_on_leader``)."""
+        if self.group.tp_size > 1 and tp_draft == "leader":
+            worker.drafter.lookup_on_leader(self.group.broadcast, self.leader)
 
     def agree(self, controller, worker, min_dwell_rounds: int | None):
         """``controller`` fed by the per-step agreement (``agreement.AgreedController``)."""

@@ -16,10 +16,13 @@
   row gathered) and the row it returns is -inf but 0 at that argmax, which every greedy reader maps to the token;
 - norms, rotary tables and the KV cache's shape follow: the cache holds this rank's KV heads.
 
-The draft (EAGLE head, draft model) is not touched: an EAGLE head keeps the unsharded embedding and LM head it
-was built over (replicated), so every rank drafts the same tokens with no collective. Row-parallel sums change
-the fp32 summation order, so logits agree with one process to rounding, not bit for bit; all ranks get the same
-bits (an all-reduce hands every rank one result).
+The draft is replicated by default (``tp_draft="replicate"``): an EAGLE head keeps the unsharded embedding and
+LM head it was built over, so every rank drafts the same tokens with no collective. ``shard_draft`` (``tp_draft=
+"shard"``) splits it like the target instead: a draft model is sharded by ``shard_target``; an EAGLE or EAGLE-3
+head's decoder layer by heads and MLP rows (two all-reduces a step) and its draft-vocabulary LM head by rows (one
+all-gather of the row), its embedding (the target's) and ``fc`` replicated. results/tp2-draft-placement-native.json
+measures both. Row-parallel sums change the fp32 summation order, so logits agree with one process to rounding,
+not bit for bit; all ranks get the same bits (an all-reduce hands every rank one result).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from torch import nn
 from specswap.models.kv_cache import KVCache
 from specswap.models.layers import Attention, GatedMLP
 
-__all__ = ["RowParallelLinear", "VocabParallelEmbedding", "VocabParallelHead", "shard_target",
+__all__ = ["RowParallelLinear", "VocabParallelEmbedding", "VocabParallelHead", "shard_draft", "shard_target",
            "vocab_parallel_argmax"]
 
 
@@ -292,3 +295,56 @@ def shard_target(target: nn.Module, group) -> nn.Module:
     object.__setattr__(target, "tie_weights", lambda: None)  # the shards are not tied by name any more
     target.tp_size, target.tp_rank, target.tp_group = tp_size, tp_rank, group
     return target
+
+
+def _draft_lm_rows(head) -> nn.Module:
+    """An EAGLE-1 head's draft LM head as one linear over the draft vocabulary's rows (``EagleHead._logits``)."""
+    if head._draft_lm is not None:
+        return head._draft_lm
+    if head._draft_lm_scales is not None:
+        raise NotImplementedError("tp_draft='shard' does not split an int8 draft LM head (draft_quantization="
+                                  "'int8'); pass draft_quantization='none' or tp_draft='replicate'")
+    if _is_quantized(head.lm_head) and head.token_map is None:
+        return head.lm_head
+    weight = head.lm_head.weight.detach() if head._draft_lm_weight is None else head._draft_lm_weight
+    rows = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        rows.weight.copy_(weight)
+    return rows.requires_grad_(False)
+
+
+def shard_draft(draft: nn.Module, group) -> nn.Module:
+    """Rewrite a draft in place into rank ``group.tp_rank``'s shard (``tp_draft="shard"``); returns it.
+
+    A draft model (a ``CausalLM``) is sharded as a target. An EAGLE head (``layers[0]``) or EAGLE-3 head
+    (``midlayer``): attention by heads and the MLP by rows as in ``shard_target``, the draft-vocabulary LM head
+    vocabulary-parallel (the full row gathered: tree drafts rank every token); ``fc`` and the shared embedding
+    stay whole."""
+    tp_rank, tp_size = group.tp_rank, group.tp_size
+    if tp_size == 1 or draft is None:
+        return draft
+    if getattr(draft, "tp_size", 1) != 1:
+        raise ValueError("this draft is already sharded")
+    if hasattr(getattr(draft, "model", None), "layers"):
+        return shard_target(draft, group)
+    layers = list(draft.layers) if hasattr(draft, "layers") else [getattr(draft, "midlayer", None)]
+    if layers[0] is None or not hasattr(draft, "make_cache"):
+        raise NotImplementedError(f"tp_draft='shard' splits draft models and EAGLE / EAGLE-3 heads; got "
+                                  f"{type(draft).__name__}")
+    for layer in layers:
+        _shard_attention(layer.self_attn, tp_rank, tp_size, group)
+        _shard_mlp(layer.mlp, tp_rank, tp_size, group)
+    if hasattr(draft, "_draft_lm"):  # EAGLE-1: the target's LM head, the draft vocabulary's rows of it
+        draft._draft_lm = VocabParallelHead(_draft_lm_rows(draft), tp_rank, tp_size, group)
+    else:  # EAGLE-3: its own draft-vocabulary LM head
+        draft.lm_head = VocabParallelHead(draft.lm_head, tp_rank, tp_size, group)
+    local_kv, whole = layers[0].self_attn.num_kv_heads, draft.make_cache
+
+    def make_cache(max_batch_size: int, capacity: int, dtype=None, device=None) -> KVCache:
+        like = whole(1, 1, dtype, device)  # the dtype and device the head's own rule picks
+        return KVCache(len(layers), max_batch_size, local_kv, capacity, like.head_dim, dtype=like.dtype,
+                       device=like.device)
+
+    object.__setattr__(draft, "make_cache", make_cache)  # this rank's KV heads
+    draft.tp_size, draft.tp_rank, draft.tp_group = tp_size, tp_rank, group
+    return draft

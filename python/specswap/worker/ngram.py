@@ -20,6 +20,11 @@ the lookup's drafts, then what followed other occurrences of the suffix, so
 text that branched before (code after ``if``, list items) can accept along
 whichever branch it takes now. A request whose trie is short pads it with
 copies of its last token under the root.
+
+Under tensor parallelism (``lookup_on_leader``) the group's first rank looks
+up and broadcasts each drafting round's drafts (a trie's parents with them,
+and whether any request matched) in one collective; the other ranks look up
+nothing, not even tier 0's checks (the agreement hears the leader's).
 """
 
 from __future__ import annotations
@@ -46,6 +51,16 @@ class NgramDrafter(Drafter):
         self.shadow_steps = shadow_steps  # the tier tier-0 rounds check lookups for (0: none)
         # per slot: (position the drafts would continue from, the drafts) not yet settled
         self._pending: list[list[tuple[int, list[int]]]] = [[] for _ in slots.host_tokens]
+        self._broadcast = None  # tensor parallelism: the leader's drafts to every rank (``lookup_on_leader``)
+        self._follower = False
+        self._packets: dict[tuple[int, int, int], torch.Tensor] = {}  # per tier shape: found, drafts, parents
+
+    def lookup_on_leader(self, broadcast, leader: bool) -> None:
+        """Tensor parallelism: ``broadcast(tensor)`` (in place, from the group's first rank) carries the leader's
+        lookups to the others, which (``leader`` False) look up nothing themselves."""
+        self._broadcast, self._follower = broadcast, not leader
+        if self._follower:
+            self.shadow_steps = 0
 
     @classmethod
     def build(cls, context) -> "NgramDrafter":
@@ -57,9 +72,15 @@ class NgramDrafter(Drafter):
         if not steps:
             self._look_up_shadow(slots)
             return True
-        host_tokens = self.slots.host_tokens
-        if tier.speculative_eagle_topk > 1:
-            return self._trie(tier, slots)
+        if self._follower:
+            return self._receive(tier, len(slots))
+        found = self._trie(tier, slots) if tier.speculative_eagle_topk > 1 else self._chain(tier, slots)
+        if self._broadcast is not None:
+            self._send(tier, len(slots), found)
+        return found
+
+    def _chain(self, tier: TierStages, slots: Sequence[int]) -> bool:
+        steps, host_tokens = tier.speculative_num_steps, self.slots.host_tokens
         proposals = [propose_ngram(host_tokens[slot], steps, numbers=self.numbers) for slot in slots]
         if not any(proposals):
             return False
@@ -81,6 +102,40 @@ class NgramDrafter(Drafter):
         batch = len(slots)
         tier.draft.draft_tokens[:batch].copy_(torch.tensor(rows, dtype=torch.long))          # [B, T-1]
         tier.verify.layout.parents[:batch].copy_(torch.tensor(parents, dtype=torch.long))    # [B, T]
+        return True
+
+    # ---- tensor parallelism: one broadcast of [found, drafts [B, k], parents [B, T] (a trie's)] per round ----
+
+    def _packet(self, tier: TierStages, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        rows = tier.draft.draft_tokens.shape[0]
+        packet = self._packets.get(tier.shape)
+        drafts = tier.draft.draft_tokens[0].numel()
+        trie = tier.speculative_eagle_topk > 1
+        nodes = tier.verify.layout.parents.shape[1] if trie else 0
+        if packet is None:  # once per tier, at the largest batch
+            packet = self._packets[tier.shape] = torch.zeros(1 + rows * (drafts + nodes), dtype=torch.long)
+        used = packet[:1 + batch * (drafts + nodes)]
+        tokens = used[1:1 + batch * drafts].view(batch, drafts)
+        parents = used[1 + batch * drafts:].view(batch, nodes) if trie else None
+        return used, tokens, parents
+
+    def _send(self, tier: TierStages, batch: int, found: bool) -> None:
+        packet, tokens, parents = self._packet(tier, batch)
+        packet[0] = int(found)
+        if found:
+            tokens.copy_(tier.draft.draft_tokens[:batch])
+            if parents is not None:
+                parents.copy_(tier.verify.layout.parents[:batch])
+        self._broadcast(packet)
+
+    def _receive(self, tier: TierStages, batch: int) -> bool:
+        packet, tokens, parents = self._packet(tier, batch)
+        self._broadcast(packet)
+        if not packet[0].item():
+            return False
+        tier.draft.draft_tokens[:batch].copy_(tokens)
+        if parents is not None:
+            tier.verify.layout.parents[:batch].copy_(parents)
         return True
 
     def _look_up_shadow(self, slots: Sequence[int]) -> None:
