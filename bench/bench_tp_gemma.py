@@ -3,13 +3,13 @@ the same prompts in one invocation: wall time and tokens per second of each, and
 
     PYTHONPATH=python python bench/bench_tp_gemma.py [--tp 2] [--algorithm NGRAM] [--steps 3] [--adaptive]
         [--weights fp32|bf16|native] [--prompts 8] [--new-tokens 64] [--batch 4] [--json results/tp_gemma.json]
-        [--tp-draft replicate shard]
+        [--tp-draft replicate shard] [--graphs]
 
 ``--tp-draft`` runs the tensor-parallel engine once per draft placement (Engine's ``tp_draft``), one after the
 other in the same invocation, and reports each (default: the algorithm's default placement alone).
 
-Both runs are greedy and eager (tensor parallelism runs eagerly; the one-process run is given
-``disable_graphs=True`` too, so the comparison is of the parallelism, not of graphs). Each run first generates one
+Both runs are greedy, and both eager or (``--graphs``) both with their graphs captured (each rank its own, the
+forwards' collectives recorded), so the comparison is of the parallelism. Each run first generates one
 warm-up prompt, then times ``generate`` over every prompt. The one-process run and the ranks run one after the
 other, never together.
 """
@@ -43,7 +43,7 @@ def _engine(args, **extra):
     kwargs = dict(speculative_algorithm=args.algorithm,  # "NONE": target only (algorithms.algorithm)
                   speculative_num_steps=args.steps, max_batch_size=args.batch, max_seq_len=512,
                   dtype={"fp32": "float32", "bf16": "bfloat16"}.get(args.weights, "auto"), weights=args.weights,
-                  disable_graphs=True)
+                  disable_graphs=not args.graphs)
     if args.adaptive:
         kwargs.update(speculative_adaptive=True, speculative_adaptive_config=str(
             Path(__file__).resolve().parents[1] / "configs" / "goodput.json"))
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--graphs", action="store_true", help="both runs capture their graphs (default: eager)")
     parser.add_argument("--tp-draft", nargs="+", default=[None], choices=["replicate", "shard", "leader"],
                         help="draft placements to run at TP, one after the other (default: the algorithm's)")
     parser.add_argument("--rank-out", default=None, help=argparse.SUPPRESS)
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     one.pop("token_ids")
     report = {**stamp(), "model": "gemma-3-270m", "weights": args.weights, "algorithm": args.algorithm,
               "steps": args.steps, "adaptive": args.adaptive, "prompts": args.prompts, "new_tokens": args.new_tokens,
-              "batch": args.batch, "one_process": {"threads": args.tp, **one}}
+              "batch": args.batch, "graphs": args.graphs, "one_process": {"threads": args.tp, **one}}
     if len(runs) == 1:  # the one tensor-parallel run, under the names the single-placement report has always used
         run = runs[0]
         report.update(tensor_parallel={k: v for k, v in run.items() if k not in ("speedup", "tokens_identical")},

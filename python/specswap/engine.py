@@ -228,9 +228,8 @@ class Engine:
         tiers = () if adaptive_config is None else (  # the chains and the trees the policy chooses among, by key
             *adaptive_config.candidate_steps, *(tier_key(*tree) for tree in adaptive_config.candidate_trees))
         if self._dist is not None:  # every rank's configuration checked, then the target sharded (in place)
-            disable_graphs = self._dist.prepare(self, tiers=tiers, start_tier=tier_key(*shape),
-                                                adaptive_config=adaptive_config, disable_graphs=disable_graphs,
-                                                tp_draft=tp_draft)
+            self._dist.prepare(self, tiers=tiers, start_tier=tier_key(*shape), adaptive_config=adaptive_config,
+                               disable_graphs=disable_graphs, tp_draft=tp_draft)
             target, draft = self.target, self.draft
         # graphs: every stage of every tier captured once here (specswap.graphs); disable_graphs runs eagerly
         numbers = None  # NGRAM drafts extrapolate counters where the tokenizer writes digits one per token
@@ -413,8 +412,8 @@ class Engine:
             request.slot = self._free_slots.pop()
             admitted.append(request)
         for group in prefill_groups(admitted, PREFILL_TOKEN_BUDGET):
-            first_tokens = self.worker.prefill([r.slot for r in group], [r.prompt_ids for r in group],
-                                               [r.params for r in group], [r.generator for r in group])
+            first_tokens = self._forward(self.worker.prefill, [r.slot for r in group], [r.prompt_ids for r in group],
+                                         [r.params for r in group], [r.generator for r in group])
             for request, token in zip(group, first_tokens):
                 self._running.append(request)
                 self._append(request, [token])
@@ -422,7 +421,7 @@ class Engine:
         decoding = [r for r in self._running if r.finish_reason is None]
         result = None
         if decoding:
-            result = self.worker.decode_round([r.slot for r in decoding])
+            result = self._forward(self.worker.decode_round, [r.slot for r in decoding])
             self._rounds_per_tier[result.ran_tier] += 1  # by key: a chain's steps, a tree's encoded shape
             if self.controller is not None and self._dist is None:
                 self.controller.observe(result)  # may switch the pool's tier: the next round runs it
@@ -443,6 +442,10 @@ class Engine:
             self._dist.end_step(result, bool(self._waiting or self._running))
         self._busy_seconds += time.perf_counter() - start
         return updated
+
+    def _forward(self, fn, *args):
+        """``fn(*args)``; a tensor-parallel rank's failure inside it (a replayed graph's collective) diagnosed."""
+        return fn(*args) if self._dist is None else self._dist.forward(fn, *args)
 
     def _append(self, request: _Request, tokens: list[int]) -> None:
         self._generated_tokens += request.append(tokens, self.eos_token_ids, self.tokenizer)

@@ -64,6 +64,8 @@ def _engine_kwargs(args):
         kwargs["weights"] = args[4] if len(args) > 4 else "fp32"
     if os.environ.get("TP_DRAFT"):  # where the drafts come from (Engine's tp_draft)
         kwargs["tp_draft"] = os.environ["TP_DRAFT"]
+    if os.environ.get("TP_GRAPHS") == "1":  # every rank captures its stages (and greedy rounds)
+        kwargs["disable_graphs"] = False
     if os.environ.get("TP_TOPK"):  # a static tree tier of depth STEPS
         kwargs["speculative_eagle_topk"] = int(os.environ["TP_TOPK"])
     return kwargs, model
@@ -91,8 +93,10 @@ def tp_engine(args):
         if leader_drafts:
             _forbid_lookups()
         engine.follow()
+        from specswap._core import _C
         return {"followed": True, "num_switches": engine.stats()["num_switches"], "current_steps": engine.current_steps,
-                "leader_drafts": leader_drafts, "draft_tp_size": getattr(engine.draft, "tp_size", 1)}
+                "leader_drafts": leader_drafts, "draft_tp_size": getattr(engine.draft, "tp_size", 1),
+                "graph_captures": _C.graph_capture_count()}
     tiers = []
     ids = [engine.add_request(text, max_new_tokens=int(os.environ.get("TP_NEW_TOKENS", 40))) for text in TEXTS]
     outputs = {}
@@ -103,12 +107,15 @@ def tp_engine(args):
     engine.shutdown()
     stats = engine.stats()
     current = engine.current_steps
+    from specswap._core import _C
+    captures = _C.graph_capture_count()
     del engine  # its target's shard goes before the whole model loads again
     reference = Engine(model, speculative_algorithm=None, max_seq_len=160, max_batch_size=4, dtype="float32",
                        **({"weights": kwargs["weights"]} if "weights" in kwargs else {}))
     want = [r.token_ids for r in reference.generate(TEXTS, int(os.environ.get("TP_NEW_TOKENS", 40)))]
     return {"tokens": [outputs[i] for i in ids], "reference": want, "tiers": tiers, "current_steps": current,
-            "num_switches": stats["num_switches"], "mean_accept_length": stats["mean_accept_length"]}
+            "num_switches": stats["num_switches"], "mean_accept_length": stats["mean_accept_length"],
+            "graph_captures": captures}
 
 
 @scenario
@@ -241,23 +248,26 @@ def dp_failure(args):
 
 @scenario
 def tp_follower_dies(args):
-    """TP=2: the follower is killed (SIGKILL) in its 10th step; the leader's next collective (inside a forward or
-    the step's broadcast) must raise RankFailure naming rank 1."""
+    """TP=2: the follower is killed (SIGKILL) in its 10th step: before it (``args[0]`` "step", eager), so the
+    leader's step broadcast fails, or in its 10th round (``round``, with graphs), so a collective the leader's
+    replayed graph runs fails; either must raise RankFailure naming rank 1."""
     import signal
     import time
     from specswap.distributed import RankFailure
     from specswap.engine import Engine
+    where = args[0] if args else "step"
     engine = Engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_seq_len=160, max_batch_size=4,
-                    dtype="float32", disable_graphs=True, tp_size=2)
+                    dtype="float32", disable_graphs=where == "step", tp_size=2)
     if not engine.is_leader:
-        step, count = engine._step, [0]
+        owner, name = (engine, "_step") if where == "step" else (engine.worker, "decode_round")
+        call, count = getattr(owner, name), [0]
 
-        def dying_step():
+        def dying(*call_args):
             count[0] += 1
             if count[0] == 10:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return step()
-        engine._step = dying_step
+            return call(*call_args)
+        setattr(owner, name, dying)
         engine.follow()
         return {"error": None}
     for text in TEXTS:

@@ -56,16 +56,20 @@ def test_tp2_tiny_tokens_identical_to_one_process(tmp_path, algorithm, steps, ad
         assert set(leader["tiers"]) == {steps}
 
 
-@pytest.mark.parametrize("algorithm,steps,adaptive,tp_draft,topk", [
-    ("NGRAM", 3, "0", "leader", "2"), ("NGRAM", 3, "1", "replicate", ""), ("EAGLE", 3, "1", "shard", ""),
-    ("EAGLE", 3, "0", "shard", "2"), ("STANDALONE", 3, "0", "shard", "")])
-def test_tp2_draft_placements_tokens_identical(tmp_path, algorithm, steps, adaptive, tp_draft, topk):
-    """Every ``tp_draft`` placement at TP=2, chains and trees, against one process's target-only tokens: NGRAM's
-    lookups on the leader alone (a follower that looked up would fail: its lookups raise) or on every rank, and a
-    draft sharded like the target (its layer by heads and rows, its LM head by vocabulary rows)."""
-    leader, follower = launch.run("tp_engine", 2, tmp_path, timeout_s=90, args=(algorithm, str(steps), adaptive),
-                                  extra_env={"TP_DRAFT": tp_draft, "TP_TOPK": topk})
+@pytest.mark.parametrize("algorithm,steps,adaptive,tp_draft,topk,graphs", [
+    ("NGRAM", 3, "0", "leader", "2", "0"), ("NGRAM", 3, "1", "replicate", "", "0"), ("EAGLE", 3, "1", "shard", "", "0"),
+    ("EAGLE", 3, "0", "shard", "2", "0"), ("STANDALONE", 3, "0", "shard", "", "0"),
+    ("EAGLE", 3, "1", "replicate", "", "1"), ("NGRAM", 3, "1", "leader", "", "1"), ("EAGLE", 3, "0", "shard", "2", "1"),
+    ("STANDALONE", 3, "1", "shard", "", "1")])
+def test_tp2_draft_placements_tokens_identical(tmp_path, algorithm, steps, adaptive, tp_draft, topk, graphs):
+    """Every ``tp_draft`` placement at TP=2, chains and trees, eager and with each rank's graphs (the forwards'
+    functional collectives recorded and replayed), against one process's target-only tokens: NGRAM's lookups on
+    the leader alone (a follower that looked up would fail: its lookups raise) or on every rank, and a draft
+    sharded like the target (its layer by heads and rows, its LM head by vocabulary rows)."""
+    leader, follower = launch.run("tp_engine", 2, tmp_path, timeout_s=150, args=(algorithm, str(steps), adaptive),
+                                  extra_env={"TP_DRAFT": tp_draft, "TP_TOPK": topk, "TP_GRAPHS": graphs})
     assert leader["tokens"] == leader["reference"]
+    assert (leader["graph_captures"] > 0 and follower["graph_captures"] > 0) == (graphs == "1")
     assert leader["mean_accept_length"] > 0.3, leader  # drafts were verified and accepted, not only plain decodes
     assert follower["leader_drafts"] == (tp_draft == "leader")
     assert follower["draft_tp_size"] == (2 if tp_draft == "shard" else 1)
@@ -185,14 +189,21 @@ def test_a_dead_or_hung_rank_is_named_within_the_timeout(tmp_path, how, victim):
     assert time.monotonic() - start < 60
 
 
-def test_a_dead_tensor_parallel_follower_is_named_by_its_leader(tmp_path):
-    procs = launch.start("tp_follower_dies", 2, tmp_path, timeout_s=TIMEOUT_S)
+@pytest.mark.parametrize("where", ["step", "round"])
+def test_a_dead_tensor_parallel_follower_is_named_by_its_leader(tmp_path, where):
+    """The follower killed before its 10th step (the leader's step broadcast fails) or inside its 10th round with
+    graphs (a collective of the leader's replayed graph fails): the leader raises RankFailure naming rank 1."""
+    procs = launch.start("tp_follower_dies", 2, tmp_path, timeout_s=TIMEOUT_S, args=(where,))
     code, output = launch.wait([procs[0]], 90)[0]
     launch.wait([procs[1]], 10)
     assert code == 0, output[-3000:]
     result = json.loads((tmp_path / "rank0.json").read_text())
     assert result["ranks"] == [1] and "rank 1 died" in result["error"], result
-    assert result["steps"] == 9 and result["after_seconds"] < TIMEOUT_S + 3, result
+    assert result["after_seconds"] < TIMEOUT_S + 3, result
+    if where == "step":
+        assert result["steps"] == 9 and result["collective"] == "broadcast", result
+    else:
+        assert result["collective"] == "forward", result
 
 
 def test_a_rank_with_other_candidate_tiers_is_refused_at_start_up(tmp_path):

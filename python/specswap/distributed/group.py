@@ -34,6 +34,19 @@ _BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 _ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+# the forwards' collectives: functional (torch.ops._c10d_functional), dispatcher operators that return a new
+# tensor, so a CPU operator tape or a CUDA graph records them and a replay runs them again
+def _sum(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
+    ops = torch.ops._c10d_functional
+    return ops.wait_tensor(ops.all_reduce(tensor, "sum", group_name))
+
+
+def _gather(tensor: torch.Tensor, size: int, group_name: str) -> torch.Tensor:
+    ops = torch.ops._c10d_functional
+    gathered = ops.wait_tensor(ops.all_gather_into_tensor(tensor.contiguous(), size, group_name))
+    return gathered.view(size, *tensor.shape)
+
+
 class RankFailure(RuntimeError):
     """A peer rank died or hung; ``ranks`` names it (them), ``collective`` the operation that failed."""
 
@@ -110,14 +123,30 @@ class DistributedGroup:
         except Exception as error:  # gloo: a closed connection, a timeout; nccl: a watchdog abort
             raise self._diagnose(name, error) from error
 
-    def all_reduce(self, tensor: torch.Tensor, group: str = "tp", op=dist.ReduceOp.SUM) -> torch.Tensor:
-        self._run("all_reduce", dist.all_reduce, tensor, op=op, group=self._group(group))
-        return tensor
+    # ---- the forwards' collectives over the tensor-parallel group (functional: graphs record them) ----------
 
-    def all_gather(self, tensor: torch.Tensor, group: str = "tp") -> list[torch.Tensor]:
-        parts = [torch.empty_like(tensor) for _ in range(self._size(group))]
-        self._run("all_gather", dist.all_gather, parts, tensor.contiguous(), group=self._group(group))
-        return parts
+    def tp_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum of ``tensor`` over the tensor-parallel ranks, as a new tensor."""
+        return self._run("all_reduce", _sum, tensor, self.tp_group.group_name)
+
+    def tp_stack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every tensor-parallel rank's ``tensor`` stacked in rank order: [tp_size, *tensor.shape]."""
+        return self._run("all_gather", _gather, tensor, self.tp_size, self.tp_group.group_name)
+
+    def tp_cat(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every tensor-parallel rank's ``tensor`` [..., d] concatenated along the last dim, in rank order."""
+        stacked = self.tp_stack(tensor)                                  # [N, ..., d]
+        return stacked.movedim(0, -2).reshape(*tensor.shape[:-1], self.tp_size * tensor.shape[-1])
+
+    def guard(self, name: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` (a replayed graph holding collectives) with its failure diagnosed as a
+        ``RankFailure`` naming the rank, as the collectives called from Python are; counts no collective."""
+        try:
+            return fn(*args, **kwargs)
+        except RankFailure:
+            raise
+        except Exception as error:
+            raise self._diagnose(name, error) from error
 
     def all_gather_into(self, out: torch.Tensor, tensor: torch.Tensor, group: str = "dp") -> torch.Tensor:
         """``out``: [group size, *tensor.shape], preallocated by the caller (the per-round agreement)."""

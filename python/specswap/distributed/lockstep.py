@@ -1,8 +1,8 @@
 """The engine across ranks: what ``Engine(..., tp_size=N, dp_size=M)`` adds to one process's engine.
 
 - Start-up: join the process group (``group.init_group``), check that every rank has the same configuration
-  (``config_check``), shard the target (``tensor_parallel``). Tensor-parallel engines run eagerly: their
-  forwards hold collectives, which the captured graphs do not record (asking for graphs warns once).
+  (``config_check``), shard the target (``tensor_parallel``). Each rank captures its own graphs: the forwards'
+  collectives are functional (dispatcher operators), which a CPU tape or CUDA graph records and replays.
 - Each step, in a tensor-parallel group: its first rank (the leader) owns the requests. It broadcasts what
   changed since the last step (new requests with their prompts, sampling settings and generator seeds, and
   aborts); the other ranks (followers, ``Engine.follow()``) apply the same changes, so every rank's scheduler
@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 from specswap.distributed.group import DistributedGroup
@@ -49,12 +48,12 @@ class Lockstep:
         self._aborts: list[int] = []
         self.agreement = None  # an AgreedController when the engine adapts
         self._rounds_hash = 0  # the tokens of every round so far (tensor-parallel ranks compare it each step)
+        self._eager = True  # whether the worker runs eagerly (``prepare``)
 
     def prepare(self, engine, *, tiers, start_tier: int, adaptive_config, disable_graphs: bool,
-                tp_draft: str | None = None) -> bool:
+                tp_draft: str | None = None) -> None:
         """Check every rank's configuration (one all-gather; ``ConfigMismatch`` names a difference), then shard the
-        engine's target (and its draft at ``tp_draft="shard"``); returns whether the worker must run eagerly
-        (tensor parallelism: warned once when graphs were asked for)."""
+        engine's target (and its draft at ``tp_draft="shard"``)."""
         from specswap.distributed.config_check import check_same_config, engine_fingerprint
         from specswap.distributed.tensor_parallel import shard_draft, shard_target
         group = self.group
@@ -63,15 +62,12 @@ class Lockstep:
             target=engine.target, draft=engine.draft, weights=engine.weights, max_batch_size=engine.max_batch_size,
             max_seq_len=engine.max_seq_len, adaptive_config=adaptive_config, tp_size=group.tp_size,
             dp_size=group.dp_size, graphs=not disable_graphs, tp_draft=tp_draft))
+        self._eager = disable_graphs
         if group.tp_size == 1:
-            return disable_graphs
+            return
         engine.target = shard_target(engine.target, group)
         if tp_draft == "shard":
             engine.draft = shard_draft(engine.draft, group)
-        if not disable_graphs:
-            warnings.warn("tensor parallelism runs the worker eagerly: graphs do not record the forward's "
-                          "collectives (pass disable_graphs=True to silence this)", stacklevel=3)
-        return True
 
     def attach(self, worker, tp_draft: str | None) -> None:
         """NGRAM at ``tp_draft="leader"``: the group's first rank looks up, one broadcast a drafting round carries
@@ -85,6 +81,11 @@ class Lockstep:
         self.agreement = AgreedController(controller, self.group, worker.max_steps,
                                           DEFAULT_MIN_DWELL_ROUNDS if min_dwell_rounds is None else min_dwell_rounds)
         return self.agreement
+
+    def forward(self, fn, *args):
+        """``fn(*args)`` (a prefill or a round); in a tensor-parallel group, a failure inside it (a collective
+        that a replayed graph ran) is diagnosed as a ``RankFailure`` naming the rank, as Python's are."""
+        return self.group.guard("forward", fn, *args) if self.group.tp_size > 1 else fn(*args)
 
     # ---- the leader's announcements (tensor-parallel groups) --------------------------------------------
 
@@ -101,7 +102,9 @@ class Lockstep:
             self._step(engine)
         finally:
             head = getattr(engine.target, "lm_head", None)
-            if hasattr(head, "greedy_only"):  # every request greedy: the LM head gathers an argmax, not the row
+            # eager, every request greedy: the LM head gathers an argmax, not the row (a graph records the row's
+            # gather once, at capture, for greedy and sampled rounds alike)
+            if self._eager and hasattr(head, "greedy_only"):
                 head.greedy_only = all(r.params.greedy for r in (*engine._waiting, *engine._running))
 
     def _step(self, engine) -> None:

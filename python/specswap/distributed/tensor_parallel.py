@@ -105,10 +105,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.local(x)
-        if out.dtype != torch.float32:
-            out = self.group.all_reduce(out.float()).to(x.dtype)
-        else:
-            self.group.all_reduce(out)
+        out = self.group.tp_sum(out.float()).to(x.dtype) if out.dtype != torch.float32 else self.group.tp_sum(out)
         return out if self.bias is None else out + self.bias
 
 
@@ -126,8 +123,7 @@ class GatheredColumnLinear(nn.Module):
         self.group = group
 
     def forward(self, x_local: torch.Tensor) -> torch.Tensor:
-        x = torch.cat(self.group.all_gather(x_local), dim=-1)
-        return torch.cat(self.group.all_gather(self.local(x)), dim=-1)
+        return self.group.tp_cat(self.local(self.group.tp_cat(x_local)))
 
 
 def _row_parallel(linear, cols: slice, tp_rank: int, tp_size: int, group) -> nn.Module:
@@ -165,10 +161,8 @@ class VocabParallelEmbedding(nn.Module):
         rows = self.table(local) if self.table is not None else F.embedding(local, self.weight)
         rows = rows.masked_fill(outside[..., None], 0)
         dtype = rows.dtype
-        if dtype != torch.float32:  # exact either way (the other ranks add zeros); gloo sums fp32 everywhere
-            rows = self.group.all_reduce(rows.float()).to(dtype)
-        else:
-            self.group.all_reduce(rows)
+        # exact either way (the other ranks add zeros); gloo sums fp32 everywhere
+        rows = self.group.tp_sum(rows.float()).to(dtype) if dtype != torch.float32 else self.group.tp_sum(rows)
         if self.embed_scale is not None:
             scale = torch.full((), self.embed_scale, dtype=torch.float32, device=rows.device).to(dtype)
             rows = rows * scale
@@ -218,8 +212,7 @@ class VocabParallelHead(nn.Module):
             logits = torch.full((*hidden.shape[:-1], self.out_features), float("-inf"), dtype=hidden.dtype,
                                 device=hidden.device)
             return logits.scatter_(-1, tokens.unsqueeze(-1), 0.0)
-        parts = self.group.all_gather(self.local_logits(hidden))
-        return torch.cat(parts, dim=-1)[..., :self.out_features]
+        return self.group.tp_cat(self.local_logits(hidden))[..., :self.out_features]
 
 
 def vocab_parallel_argmax(head: VocabParallelHead, hidden: torch.Tensor) -> torch.Tensor:
@@ -231,7 +224,7 @@ def vocab_parallel_argmax(head: VocabParallelHead, hidden: torch.Tensor) -> torc
         logits[..., head.valid:] = float("-inf")
     values, index = logits.max(dim=-1)
     pair = torch.stack((values.float(), (index + head.start).float()), dim=-1)    # [..., 2]
-    gathered = torch.stack(head.group.all_gather(pair), dim=0)                      # [N, ..., 2]
+    gathered = head.group.tp_stack(pair)                                            # [N, ..., 2]
     best = gathered[..., 0].argmax(dim=0)                                           # first max: lowest rank
     return gathered[..., 1].gather(0, best.unsqueeze(0)).squeeze(0).long()
 
