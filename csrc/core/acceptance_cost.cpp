@@ -4,6 +4,9 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
+#include <utility>
 
 namespace specswap {
 namespace {
@@ -104,6 +107,44 @@ double AcceptanceEstimate::tokens(AcceptanceModel model, int depth, int steps) c
   return tokens;
 }
 
+// ---- row costs --------------------------------------------------------------
+
+RowCosts::RowCosts(std::vector<int> rows, std::vector<double> costs) : rows_(std::move(rows)), costs_(std::move(costs)) {
+  if (rows_.size() != costs_.size()) {
+    throw std::invalid_argument("row costs: " + std::to_string(rows_.size()) + " row counts but " +
+                                std::to_string(costs_.size()) + " costs");
+  }
+  if (rows_.size() < 2 || rows_[0] != 1) {
+    throw std::invalid_argument("row costs need at least two row counts, the first 1 (a forward of one row)");
+  }
+  for (std::size_t i = 0; i < rows_.size(); ++i) {
+    if (i > 0 && rows_[i] <= rows_[i - 1]) {
+      throw std::invalid_argument("row costs: row counts must be strictly increasing, got " +
+                                  std::to_string(rows_[i - 1]) + " then " + std::to_string(rows_[i]));
+    }
+    if (!std::isfinite(costs_[i]) || !(costs_[i] > 0.0)) {
+      throw std::invalid_argument("row costs: the cost at " + std::to_string(rows_[i]) +
+                                  " rows must be a finite number > 0, got " + format_number(costs_[i]));
+    }
+  }
+  const double one = costs_[0];
+  for (double& cost : costs_) cost /= one;
+}
+
+double RowCosts::at(int rows) const noexcept {
+  if (rows_.empty()) return 1.0;
+  if (rows <= rows_.front()) return costs_.front();
+  const std::size_t n = rows_.size();
+  std::size_t hi = 1;
+  while (hi + 1 < n && rows_[hi] < rows) ++hi;  // the segment [hi - 1, hi] holding rows, or the last one
+  const double x0 = rows_[hi - 1], x1 = rows_[hi];
+  const double y0 = costs_[hi - 1], y1 = costs_[hi];
+  // beyond the last count: along the last segment, never below its end
+  const double slope = rows > rows_.back() ? std::max(0.0, (y1 - y0) / (x1 - x0)) : (y1 - y0) / (x1 - x0);
+  if (rows > rows_.back()) return y1 + slope * (rows - x1);
+  return y0 + slope * (rows - x0);
+}
+
 // ---- costs ------------------------------------------------------------------
 
 CostModel::CostModel(const std::vector<int>& candidates, const AdaptiveConfig& config)
@@ -118,6 +159,17 @@ CostModel::CostModel(const std::vector<int>& candidates, const AdaptiveConfig& c
       level_(kNumTables, 1.0),
       last_index_(kNumTables, -1),
       rounds_in_a_row_(kNumTables, 0) {}
+
+void CostModel::set_prior(std::vector<double> prior) {
+  if (!prior.empty() && prior.size() != candidates_.size()) {
+    throw std::invalid_argument("cost prior: " + std::to_string(prior.size()) + " values for " +
+                                std::to_string(candidates_.size()) + " candidates");
+  }
+  for (double value : prior) {
+    if (!std::isfinite(value) || !(value > 0.0)) throw std::invalid_argument("cost prior: values must be > 0");
+  }
+  prior_ = std::move(prior);
+}
 
 int CostModel::bucket_of(int batch_size) noexcept {
   if (batch_size <= 1) return 0;
@@ -272,7 +324,8 @@ void CostModel::estimate(int table, double* out) const noexcept {
   const int bucket = table - first;
   if (measured_in(table) == 0) {
     // Another batch size's table, nearest first (only ratios matter), else
-    // the prior: a round costs 1 + cost_prior_slope * k.
+    // the prior: a round costs 1 + cost_prior_slope * k, or from the row
+    // costs (set_prior).
     for (int d = 1; d < kNumBuckets; ++d) {
       for (int b : {bucket - d, bucket + d}) {
         if (b >= 0 && b < kNumBuckets && measured_in(first + b) > 0) {
@@ -281,21 +334,34 @@ void CostModel::estimate(int table, double* out) const noexcept {
         }
       }
     }
-    for (std::size_t j = 0; j < n; ++j) out[j] = 1.0 + prior_slope_ * candidates_[j];
+    for (std::size_t j = 0; j < n; ++j) out[j] = prior(j);
     return;
   }
   double a = 0.0, s = 0.0;
   if (!fit(table, &a, &s)) {
     // One tier timed here: a line through it with the relative slope of the
-    // nearest bucket that has a fit, else with the prior slope.
+    // nearest bucket that has a fit, else the prior scaled through it.
     double relative = prior_slope_;
+    bool fitted = false;
     for (int d = 1; d < kNumBuckets; ++d) {
       double other_a = 0.0, other_s = 0.0;
       if ((bucket - d >= 0 && fit(first + bucket - d, &other_a, &other_s)) ||
           (bucket + d < kNumBuckets && fit(first + bucket + d, &other_a, &other_s))) {
         relative = other_s / other_a;
+        fitted = true;
         break;
       }
+    }
+    if (!fitted && !prior_.empty()) {
+      // the row costs' prior (not a line in k): its shape through the timed tier
+      std::size_t timed = 0;
+      while (std::isnan(cost_now(table, timed))) ++timed;
+      const double scale = cost_now(table, timed) / prior_[timed];
+      for (std::size_t j = 0; j < n; ++j) {
+        const double cost = cost_now(table, j);
+        out[j] = std::isnan(cost) ? scale * prior_[j] : cost;
+      }
+      return;
     }
     for (std::size_t j = 0; j < n; ++j) {
       const double cost = cost_now(table, j);

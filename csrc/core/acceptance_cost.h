@@ -50,6 +50,29 @@ struct AcceptanceEstimate {
   double tokens(AcceptanceModel model, int depth, int steps) const noexcept;
 };
 
+// The verify's relative cost per row count (docs/policy.md): a forward of n
+// new rows over one of a single row, measured at a few row counts (1 among
+// them) where the engine starts. Between measured counts linear, below the
+// first its value, beyond the last along the last segment (never falling).
+// Empty: no table (the cost prior is 1 + cost_prior_slope * drafts).
+class RowCosts {
+ public:
+  RowCosts() = default;
+  // rows strictly increasing from 1; costs finite and > 0, stored divided by
+  // the cost at 1 row. Throws std::invalid_argument naming what is wrong.
+  RowCosts(std::vector<int> rows, std::vector<double> costs);
+
+  bool empty() const noexcept { return rows_.empty(); }
+  // The relative cost of a forward of `rows` new rows (1 for an empty table).
+  double at(int rows) const noexcept;
+  const std::vector<int>& rows() const noexcept { return rows_; }
+  const std::vector<double>& costs() const noexcept { return costs_; }
+
+ private:
+  std::vector<int> rows_;
+  std::vector<double> costs_;
+};
+
 // Seconds per round: an EMA per table (batch-size bucket x kind of round) and
 // candidate tier, slow spells kept out of it, and estimates for tiers never
 // timed. Each table also follows the machine's speed (its level): a tier
@@ -89,6 +112,14 @@ class CostModel {
   // Candidate `index`'s cost as the line through the table's other measured
   // tiers puts it (NaN with fewer than two of them).
   double line_cost(int table, std::size_t index) const noexcept;
+  // Candidate `index`'s cost before any timing, relative to a round without
+  // drafts: 1 + cost_prior_slope * drafts, or what set_prior() gave.
+  double prior(std::size_t index) const noexcept {
+    return prior_.empty() ? 1.0 + prior_slope_ * candidates_[index] : prior_[index];
+  }
+  // Replaces the prior (one value per candidate, > 0; empty: back to the
+  // slope). Allocates: at start-up, not per round.
+  void set_prior(std::vector<double> prior);
   // The policy batch at which candidate `index` was last timed in `table` (0: never).
   std::uint64_t timed_at(int table, std::size_t index) const noexcept {
     return timed_at_[table * candidates_.size() + index];
@@ -112,6 +143,7 @@ class CostModel {
   double ema_alpha_;
   std::uint64_t stale_after_;  // batches untimed before a slot starts a new run
   double prior_slope_;
+  std::vector<double> prior_;  // [candidate]: set_prior()'s, or empty for the slope
   // [table * candidates + index]: EMA of seconds per round; NaN = never.
   std::vector<double> cost_ema_;
   std::vector<std::uint64_t> timed_at_;  // same layout: batch of the last sample

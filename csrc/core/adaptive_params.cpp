@@ -84,6 +84,11 @@ bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths, doub
   return index_ != before;
 }
 
+void AdaptiveSpeculativeParams::set_row_costs(RowCosts row_costs) {
+  goodput_.set_row_costs(row_costs);
+  row_costs_ = std::move(row_costs);
+}
+
 void AdaptiveSpeculativeParams::shadow(std::span<const int> accept_lengths, int steps) {
   if (config_.policy == PolicyKind::kGoodput) goodput_.shadow(accept_lengths, steps);
 }

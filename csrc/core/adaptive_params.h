@@ -47,6 +47,11 @@ class AdaptiveSpeculativeParams {
   // A plain decode run in place of the current drafting tier, timed
   // (GoodputPolicy::plain_round; goodput only). Never switches.
   void plain_round(int batch_size, double round_seconds, bool sampled);
+  // The verify's relative cost per row count, measured at start-up (empty:
+  // none): goodput prices tiers never timed from it (GoodputPolicy::
+  // set_row_costs). Allocates; any time, usually before the first update.
+  void set_row_costs(RowCosts row_costs);
+  const RowCosts& row_costs() const noexcept { return row_costs_; }
   // The drafter sends shadows at tier 0 (goodput then leaves blind_zero_margin off).
   void expect_shadows() noexcept { goodput_.expect_shadows(); }
 
@@ -99,6 +104,7 @@ class AdaptiveSpeculativeParams {
   // Built for either policy: under sglang it only answers the statistics
   // (alpha, costs) from its priors.
   GoodputPolicy goodput_;
+  RowCosts row_costs_;
 };
 
 }  // namespace specswap

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace specswap {
 namespace {
@@ -60,6 +61,17 @@ GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> cand
       zero_wait_(first_zero_wait()),
       position_scratch_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0) {
   for (std::size_t j = 0; j < candidates_.size(); ++j) tree_[j] = is_tree_key(candidates_[j]);
+}
+
+void GoodputPolicy::set_row_costs(const RowCosts& row_costs) {
+  std::vector<double> prior;
+  if (!row_costs.empty()) {
+    for (std::size_t j = 0; j < candidates_.size(); ++j) {
+      const TierShape shape = tier_shape(candidates_[j]);  // a chain's rows: steps + 1; a tree's: its nodes
+      prior.push_back(config_.cost_prior_slope * shape[0] + row_costs.at(shape[2]));
+    }
+  }
+  costs_.set_prior(std::move(prior));
 }
 
 std::uint64_t GoodputPolicy::first_zero_wait() const noexcept {

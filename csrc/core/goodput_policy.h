@@ -39,6 +39,11 @@ class GoodputPolicy {
   // untouched). Ignored at tier 0 (it times itself) and without tier 0 among
   // the candidates. No allocation.
   void plain_round(int batch_size, double round_seconds, bool sampled) noexcept;
+  // The verify's measured relative cost per row count (empty: none): tiers
+  // never timed are then priced cost_prior_slope per draft step plus the
+  // verify at their row count (a chain's steps + 1, a tree's nodes), instead
+  // of 1 + cost_prior_slope per verified draft. Allocates: at start-up.
+  void set_row_costs(const RowCosts& row_costs);
   // The drafter will send shadow observations at tier 0 (it is not blind there): blind_zero_margin is off.
   void expect_shadows() noexcept { shadow_seen_ = true; }
 

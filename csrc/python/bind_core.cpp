@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -259,6 +260,27 @@ void bind_core(py::module_& m) {
            "A plain decode of batch_size requests the worker ran in place of the current drafting tier (NGRAM: "
            "nothing to look up), timed: goodput learns it as tier 0's cost beside the running tier's (sglang "
            "ignores it); never a switch.")
+      .def("set_row_costs", [](AdaptiveSpeculativeParams& params, std::optional<std::map<int, double>> costs) {
+             std::vector<int> rows;
+             std::vector<double> relative;
+             for (const auto& [count, cost] : costs.value_or(std::map<int, double>{})) {
+               rows.push_back(count);
+               relative.push_back(cost);
+             }
+             params.set_row_costs(rows.empty() ? RowCosts{} : RowCosts(std::move(rows), std::move(relative)));
+           },
+           py::arg("row_costs"),
+           "The verify's cost per row count ({rows: cost}, 1 among the rows; divided by the cost at 1), measured "
+           "at start-up: goodput prices tiers never timed as cost_prior_slope per draft step plus the verify at "
+           "their row count, interpolated between the counts given (None or {}: back to 1 + cost_prior_slope * k). "
+           "ValueError on a bad table.")
+      .def_property_readonly("row_costs", [](const AdaptiveSpeculativeParams& params) {
+             py::dict out;
+             const RowCosts& costs = params.row_costs();
+             for (std::size_t i = 0; i < costs.rows().size(); ++i) out[py::int_(costs.rows()[i])] = costs.costs()[i];
+             return out;
+           },
+           "The row costs set_row_costs() gave, divided by the cost at 1 row ({} if none).")
       .def("expect_shadows", &AdaptiveSpeculativeParams::expect_shadows,
            "The drafter sends shadow observations at tier 0 (NGRAM): it is not blind there, so goodput does "
            "not hold tier 0 back by blind_zero_margin.")

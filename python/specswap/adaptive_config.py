@@ -2,6 +2,12 @@
 
 Nothing is silently ignored: an unknown key, a value of the wrong type or out of
 range raises ValueError naming the key and what would be valid.
+
+``"candidate_trees": "auto"`` asks for tree shapes chosen from the verify's
+measured cost per row count (``worker.row_cost.auto_trees``), which exists only
+once the Engine has loaded its target: ``read_adaptive_config`` reads such a
+config (trees empty, the flag set) and ``with_candidate_trees`` fills them in;
+``load_adaptive_config`` refuses "auto", naming the Engine.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 POLICIES = _CHOICES["policy"]
 ACCEPTANCE_MODELS = _CHOICES["acceptance_model"]
 VALID_KEYS = tuple(_SCHEMA)
+AUTO_TREES = "auto"
 
 
 def _is_int(value: Any) -> bool:
@@ -35,6 +42,8 @@ def _is_int(value: Any) -> bool:
 
 def _check_value(key: str, value: Any, where: str) -> Any:
     kind, valid = _SCHEMA[key]
+    if kind == "trees":
+        valid += f", or {AUTO_TREES!r} (shapes from the measured row costs, chosen by the Engine)"
     bad = ValueError(f"{where}{key} must be {valid}, got {value!r} ({type(value).__name__})")
     if kind == "choice":
         if not isinstance(value, str) or value not in _CHOICES[key]:
@@ -62,8 +71,20 @@ def _check_value(key: str, value: Any, where: str) -> Any:
     return value
 
 
+def _auto_trees_refused(where: str) -> ValueError:
+    return ValueError(f"{where}candidate_trees {AUTO_TREES!r} is chosen by the Engine from the target's measured "
+                      f"row costs: give this config to Engine(speculative_adaptive_config=...) (or specswap serve / "
+                      f"bench), or list the trees")
+
+
 def config_from_dict(values: Mapping[str, Any], *, where: str = "") -> AdaptiveConfig:
     """Build a validated AdaptiveConfig from a flat mapping of policy keys."""
+    if isinstance(values, Mapping) and values.get("candidate_trees") == AUTO_TREES:
+        raise _auto_trees_refused(where)
+    return _from_dict(values, where)
+
+
+def _from_dict(values: Mapping[str, Any], where: str) -> AdaptiveConfig:
     if not isinstance(values, Mapping):
         raise ValueError(
             f"{where}the adaptive config must be an object of policy keys, got {type(values).__name__}"
@@ -85,13 +106,48 @@ def config_from_dict(values: Mapping[str, Any], *, where: str = "") -> AdaptiveC
 
 def load_adaptive_config(source: ConfigSource = None) -> AdaptiveConfig:
     """Return a validated AdaptiveConfig from None (defaults), a dict, a JSON file or an AdaptiveConfig."""
+    config, auto, where = _read(source)
+    if auto:
+        raise _auto_trees_refused(where)
+    return config
+
+
+def read_adaptive_config(source: ConfigSource = None) -> tuple[AdaptiveConfig, bool]:
+    """``load_adaptive_config`` where ``"candidate_trees": "auto"`` is allowed: (the validated config, its trees
+    empty when "auto", whether it said "auto"). "auto" needs the goodput policy, as any tree does."""
+    config, auto, _ = _read(source)
+    return config, auto
+
+
+def with_candidate_trees(config: AdaptiveConfig, trees: Any) -> AdaptiveConfig:
+    """``config`` with ``candidate_trees`` replaced by ``trees`` (validated)."""
+    values = config.to_dict()
+    values["candidate_trees"] = trees
+    return _from_dict(values, "")
+
+
+def _read(source: ConfigSource) -> tuple[AdaptiveConfig, bool, str]:
+    if source is None or isinstance(source, AdaptiveConfig):
+        return _load_object(source), False, ""
+    values, where = (source, "") if isinstance(source, Mapping) else _read_file(source)
+    if isinstance(values, Mapping) and values.get("candidate_trees") == AUTO_TREES:
+        rest = {key: value for key, value in values.items() if key != "candidate_trees"}
+        config = _from_dict(rest, where)
+        if config.policy != "goodput":
+            raise ValueError(f"{where}candidate_trees {AUTO_TREES!r} needs policy 'goodput' (SGLang's thresholds are "
+                             f"per step count, not per tree), got policy {config.policy!r}")
+        return config, True, where
+    return _from_dict(values, where), False, where
+
+
+def _load_object(source: Any) -> AdaptiveConfig:
     if source is None:
         return AdaptiveConfig()
-    if isinstance(source, AdaptiveConfig):
-        source.validate()
-        return source
-    if isinstance(source, Mapping):
-        return config_from_dict(source)
+    source.validate()
+    return source
+
+
+def _read_file(source: Any) -> tuple[dict[str, Any], str]:
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         where = f"{path}: "
@@ -108,7 +164,7 @@ def load_adaptive_config(source: ConfigSource = None) -> AdaptiveConfig:
             raise ValueError(
                 f"{where}the top level must be a JSON object of policy keys, got {type(values).__name__}"
             )
-        return config_from_dict(values, where=where)
+        return values, where
     raise TypeError(
         f"adaptive config must be None, a path, a dict or an AdaptiveConfig, got {type(source).__name__}"
     )

@@ -10,7 +10,7 @@ here; nothing is built or called back after start-up.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from specswap._core import AdaptiveSpeculativeParams, StatePool
 from specswap.adaptive_config import ConfigSource, load_adaptive_config
@@ -20,10 +20,12 @@ class AdaptiveController:
     """Owns the policy for one worker's state pool, whose active tier is the start-up tier.
 
     ``shadows``: the drafter reports what its drafts would have accepted at tier 0 (``RoundResult.shadow``), so
-    the policy expects such observations (NGRAM).
+    the policy expects such observations (NGRAM). ``row_costs``: the verify's relative cost per row count
+    ({rows: cost}, ``worker.row_cost``), which the goodput policy prices untimed tiers from (``set_row_costs``).
     """
 
-    def __init__(self, pool: StatePool, config: ConfigSource = None, shadows: bool = False):
+    def __init__(self, pool: StatePool, config: ConfigSource = None, shadows: bool = False,
+                 row_costs: Mapping[int, float] | None = None):
         self.pool = pool
         self.config = load_adaptive_config(config)
         start = pool.active_steps
@@ -37,6 +39,20 @@ class AdaptiveController:
             raise ValueError(f"candidate tiers {missing} have no state in the pool (it holds {pool.tiers()}); build "
                              f"the worker with every candidate in tiers=")
         pool.activate(self.params.current_steps)
+        if row_costs:
+            self.set_row_costs(row_costs)
+
+    def set_row_costs(self, row_costs: Mapping[int, float] | None) -> None:
+        """The verify's relative cost per row count ({rows: cost}, 1 among the rows; None: none). The goodput
+        policy then prices a tier never timed as ``cost_prior_slope`` per draft step plus the verify at its row
+        count (a chain's steps + 1, a tree's nodes), interpolated between the counts given (docs/policy.md).
+        ValueError on a bad table. Start-up only: it allocates."""
+        self.params.set_row_costs(None if row_costs is None else {int(r): float(c) for r, c in row_costs.items()})
+
+    @property
+    def row_costs(self) -> dict[int, float]:
+        """The table set_row_costs() gave, divided by the 1-row cost ({} if none)."""
+        return dict(self.params.row_costs)
 
     @property
     def candidate_steps(self) -> list[int]:
@@ -85,5 +101,6 @@ class AdaptiveController:
             "num_switches": self.pool.num_switches,
             "candidate_steps": self.candidate_steps,  # every candidate's key (a tree's: _core.tier_key)
             "candidate_trees": [list(tree) for tree in self.config.candidate_trees],
+            "row_costs": self.row_costs,  # rows -> the verify's relative cost (the untimed tiers' prior), {} if none
             "tiers": [row for row in self.pool.stats() if row["speculative_num_steps"] in self.candidate_steps],
         }

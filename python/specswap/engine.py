@@ -12,10 +12,11 @@ a server.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -25,6 +26,8 @@ from specswap.prompt_lookup import NumberTokens
 from specswap.sampling import SamplingParams
 from specswap.worker import SpeculativeWorker
 from specswap.worker.layout import tier_key, tree_shape
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Engine", "RequestOutput", "StepOutput", "resolve_dtype", "resolve_checkpoint", "encode_text"]
 
@@ -165,6 +168,12 @@ class Engine:
     children by path probability (EAGLE-2), NGRAM a trie of lookups (docs/trees.md). The adaptive config's
     ``candidate_trees`` puts trees among the policy's tiers (the goodput policy).
 
+    ``row_costs`` ("auto", "off" or {rows: relative cost}): under the goodput policy the verify's cost per row
+    count is measured once where the engine starts ("auto", cached on disk, ``worker.row_cost``;
+    ``SPECSWAP_ROW_COSTS=off`` skips it) and prices the tiers never timed; the adaptive config's
+    ``"candidate_trees": "auto"`` takes its trees from it (docs/trees.md). "off" keeps ``cost_prior_slope``'s prior
+    (said once); a mapping is used as given.
+
     ``tp_size`` / ``dp_size`` (> 1 under torchrun; README, "Several processes"): the target sharded over
     ``tp_size`` ranks whose first rank (``is_leader``) takes requests while the others call ``follow()``, in ``dp_size`` groups that
     each run their own requests; every rank's adaptive policy sees the same merged observations, so tier
@@ -183,7 +192,8 @@ class Engine:
                  round_graphs: bool | None = None, ngram_numbers: bool = True, weights: str = "auto",
                  speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None,
                  tp_size: int = 1, dp_size: int = 1, dist_timeout: float | None = None,
-                 min_dwell_rounds: int | None = None, tp_draft: str | None = None):
+                 min_dwell_rounds: int | None = None, tp_draft: str | None = None,
+                 row_costs: str | Mapping[int, float] = "auto"):
         spec = algorithm(speculative_algorithm)
         shape = tree_shape(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
         if shape[1] > 1 and spec.name is None:
@@ -207,10 +217,12 @@ class Engine:
                              "'NGRAM'); got None")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an int >= 1; got {max_batch_size!r}")
-        adaptive_config = None
+        adaptive_config, trees_auto = None, False
         if speculative_adaptive:  # validated before any weights load
-            from specswap.adaptive_config import load_adaptive_config
-            adaptive_config = load_adaptive_config(speculative_adaptive_config)
+            from specswap.adaptive_config import read_adaptive_config
+            adaptive_config, trees_auto = read_adaptive_config(speculative_adaptive_config)
+        from specswap.worker.row_cost import check_request
+        check_request(row_costs)
         target, draft, self.tokenizer, self.weights = self._load(model, draft, speculative_algorithm, device, dtype,
                                                                  tokenizer, draft_quantization, weights)
         max_positions = target.config.max_position_embeddings
@@ -223,6 +235,9 @@ class Engine:
         self.max_seq_len = max_seq_len
         self.max_batch_size = max_batch_size
         self.target, self.draft = target, draft
+        self.row_costs = None  # worker.row_cost.RowCosts: the goodput policy's prior and "auto" trees
+        if adaptive_config is not None and adaptive_config.policy == "goodput":
+            adaptive_config = self._follow_row_costs(row_costs, adaptive_config, trees_auto)
 
         self.controller = None
         tiers = () if adaptive_config is None else (  # the chains and the trees the policy chooses among, by key
@@ -244,7 +259,8 @@ class Engine:
         if speculative_adaptive:
             from specswap.controller import AdaptiveController
             self.controller = AdaptiveController(self.worker.pool, adaptive_config,
-                                                 shadows=bool(self.worker.drafter.shadow_steps))
+                                                 shadows=bool(self.worker.drafter.shadow_steps),
+                                                 row_costs=None if self.row_costs is None else self.row_costs.costs)
             if self._dist is not None:  # fed the merged observations of every rank, once a step
                 self.controller = self._dist.agree(self.controller, self.worker, min_dwell_rounds)
 
@@ -261,6 +277,19 @@ class Engine:
         self._verified_total = 0
         self._generated_tokens = 0
         self._busy_seconds = 0.0
+
+    def _follow_row_costs(self, request, config, trees_auto):
+        """The verify's row costs (measured, cached or given; None when skipped or failed, said once) into
+        ``self.row_costs``, and the config with ``"candidate_trees": "auto"`` expanded from them."""
+        from specswap.adaptive_config import with_candidate_trees
+        from specswap.worker.row_cost import auto_trees, resolve_row_costs
+        self.row_costs = resolve_row_costs(request, self.target, self.weights, distributed=self._dist is not None)
+        if not trees_auto:
+            return config
+        trees = auto_trees(self.row_costs, config.candidate_steps)
+        logger.info("specswap: candidate_trees 'auto' -> %s (%s)", trees,
+                    "from the measured row costs" if self.row_costs is not None else "fixed shapes, no row costs")
+        return with_candidate_trees(config, trees)
 
     # ---- loading ---------------------------------------------------------------------------------
 
@@ -516,8 +545,8 @@ class Engine:
             stats["ema"] = controller_stats["ema"]
             stats["num_switches"] = controller_stats["num_switches"]
             stats["tiers"] = controller_stats["tiers"]
-            for key in ("policy", "alpha", "cost_estimates", "measured_costs", "switches_per_hour", "min_dwell_rounds",
-                        "agreement_seconds", "agreement_steps"):
+            for key in ("policy", "alpha", "cost_estimates", "measured_costs", "row_costs", "switches_per_hour",
+                        "min_dwell_rounds", "agreement_seconds", "agreement_steps"):
                 if key in controller_stats:
                     stats[key] = controller_stats[key]
         return stats

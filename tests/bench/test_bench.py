@@ -173,6 +173,9 @@ def test_the_oracle_includes_the_baseline_when_tier_0_is_a_candidate(tmp_path):
     without.write_text(json.dumps({"policy": "goodput", "candidate_steps": [1, 3]}))
     assert oracle_candidates(modes, str(with_zero)) == ["static1", "static3", "tree3x2x6", "baseline"]
     assert oracle_candidates(modes, str(without)) == ["static1", "static3", "tree3x2x6"]
+    auto = tmp_path / "auto.json"  # "candidate_trees": "auto" (the Engine fills it) reads as its chains
+    auto.write_text(json.dumps({"policy": "goodput", "candidate_steps": [0, 1, 3], "candidate_trees": "auto"}))
+    assert oracle_candidates(modes, str(auto)) == oracle_candidates(modes, str(with_zero))
     baseline_wins_low = {
         "baseline": _mode(_phase("low", 100, 1.0), _phase("high", 100, 1.0)),
         "static1": _mode(_phase("low", 100, 2.0), _phase("high", 100, 0.5)),

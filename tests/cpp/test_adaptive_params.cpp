@@ -1,4 +1,5 @@
 // The policy from C++ alone (a serving loop without Python).
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -138,5 +139,36 @@ int main() {
   AdaptiveSpeculativeParams over_trees(30206, trees);
   CHECK((over_trees.candidate_steps() == std::vector<int>{0, 1, 3, 20204, 30206, 7}));
   CHECK(over_trees.current_steps() == 30206 && over_trees.ema() == 2.0);
+
+  // measured row costs: interpolated between counts, extrapolated along the last segment, checked
+  auto near = [](double a, double b) { return std::fabs(a - b) < 1e-12; };
+  const RowCosts avx2({1, 4, 8}, {2.0, 2.78, 4.76});  // divided by the 1-row cost: 1, 1.39, 2.38
+  CHECK(near(avx2.at(1), 1.0) && near(avx2.at(4), 1.39) && near(avx2.at(8), 2.38));
+  CHECK(near(avx2.at(2), 1.13) && near(avx2.at(6), 1.885) && near(avx2.at(10), 2.875));
+  CHECK(near(RowCosts({1, 2, 4}, {1.0, 1.2, 1.1}).at(6), 1.1));  // never falling beyond the last count
+  CHECK(RowCosts{}.empty() && RowCosts{}.at(5) == 1.0);
+  CHECK(throws([] { RowCosts({2, 4}, {1.0, 1.5}); }));          // no 1-row count
+  CHECK(throws([] { RowCosts({1, 4, 4}, {1.0, 1.5, 1.6}); }));  // not increasing
+  CHECK(throws([] { RowCosts({1, 4}, {1.0, 0.0}); }));          // not > 0
+  CHECK(throws([] { RowCosts({1, 4}, {1.0}); }));               // sizes differ
+  CHECK(throws([] { RowCosts({1}, {1.0}); }));                  // one count
+  // untimed tiers: cost_prior_slope per draft step plus the verify at their rows (a tree's: its nodes)
+  over_trees.set_row_costs(avx2);
+  const std::vector<double> prior{1.0, 0.1 + 1.13, 0.3 + 1.39, 0.2 + 1.39, 0.3 + 1.885, 0.7 + 2.38};
+  auto untimed = over_trees.cost_estimates(1);
+  for (std::size_t j = 0; j < prior.size(); ++j) CHECK(near(untimed[j], prior[j]));
+  // one tier timed: the others are the prior's shape through it
+  AdaptiveConfig quiet = trees;
+  quiet.probe_rounds = 0;
+  quiet.warmup_batches = 1000;
+  AdaptiveSpeculativeParams one_timed(30206, quiet);
+  one_timed.set_row_costs(avx2);
+  one_timed.update(std::vector<int>{2}, 3.0);
+  const auto scaled = one_timed.cost_estimates(1);
+  for (std::size_t j = 0; j < prior.size(); ++j) CHECK(near(scaled[j], 3.0 * prior[j] / prior[4]));
+  // no table: the slope again
+  over_trees.set_row_costs(RowCosts{});
+  untimed = over_trees.cost_estimates(1);
+  CHECK(over_trees.row_costs().empty() && untimed[4] == 1.0 + 0.1 * 5 && untimed[5] == 1.0 + 0.1 * 7);
   return 0;
 }

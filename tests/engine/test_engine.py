@@ -121,6 +121,10 @@ def test_adaptive_config_without_the_flag_is_an_error():
         engine("EAGLE", speculative_adaptive=True, speculative_adaptive_config={"ema_alpah": 0.5})
     with pytest.raises(ValueError, match="'NGRAMS'"):
         engine("NGRAMS")
+    with pytest.raises(ValueError, match="row_costs must be 'auto', 'off' or a mapping"):
+        engine("EAGLE", row_costs="sometimes")
+    with pytest.raises(ValueError, match="row_costs: row costs need"):
+        engine("EAGLE", row_costs={2: 1.0, 4: 1.3})
 
 
 def test_caches_cover_every_candidate_tier_not_just_the_active_one():

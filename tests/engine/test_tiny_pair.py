@@ -173,3 +173,55 @@ def test_tiny_adaptive_over_chains_and_trees_is_lossless(tiny, reference, algori
     assert [r.token_ids for r in results] == [reference[t] for t in TEXTS]
     rounds = engine.stats()["rounds_per_tier"]
     assert rounds.get(tier_key(3, 2, 6), 0) > 0 and rounds.get(tier_key(2, 3, 7), 0) > 0, rounds
+
+
+VNNI_ROWS = {1: 1.0, 2: 1.07, 4: 1.18, 6: 1.41, 8: 1.71}  # the issue's AVX-512 VNNI EPYC, Gemma native
+AVX2_ROWS = {1: 1.0, 4: 1.39, 8: 2.38}                    # the AVX2-only EPYC
+
+
+@pytest.mark.parametrize("rows, trees", [(VNNI_ROWS, [[2, 2, 5], [3, 2, 6]]), (AVX2_ROWS, [[2, 2, 4], [3, 2, 5]])])
+def test_tiny_auto_trees_follow_the_row_costs(tiny, reference, rows, trees):
+    """"candidate_trees": "auto" with a given table: the trees its row costs make cheap become tiers (built, probed,
+    lossless), and the policy's prior is that table."""
+    from specswap.worker.layout import tier_key
+
+    config = {"policy": "goodput", "candidate_steps": [0, 1, 2, 3], "candidate_trees": "auto",
+              "warmup_batches": 0, "update_interval": 1, "probe_rounds": 1}
+    engine = make(tiny, "EAGLE", speculative_num_steps=3, speculative_adaptive=True,
+                  speculative_adaptive_config=config, max_batch_size=4, row_costs=rows)
+    assert [list(t) for t in engine.controller.config.candidate_trees] == trees
+    assert all(tier_key(*tree) in engine.worker.pool for tree in trees)
+    assert engine.row_costs.source == "given" and engine.stats()["row_costs"] == pytest.approx(rows)
+    results = engine.generate(TEXTS, 40)
+    assert [r.token_ids for r in results] == [reference[t] for t in TEXTS]
+    rounds = engine.stats()["rounds_per_tier"]
+    assert all(rounds.get(tier_key(*tree), 0) > 0 for tree in trees), rounds  # every tree probed
+
+
+def test_tiny_goodput_measures_the_row_costs_once(tiny, tmp_path, monkeypatch, caplog):
+    """Under the goodput policy the engine measures the verify's row costs where it starts, then reads them from
+    the cache; SPECSWAP_ROW_COSTS=off skips them with one warning; the EMA policy never measures."""
+    import logging
+
+    from specswap.worker import row_cost
+
+    monkeypatch.setenv("SPECSWAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(row_cost.ENV, raising=False)
+    monkeypatch.setattr(row_cost, "_warned", set())
+    config = {"policy": "goodput", "candidate_steps": [0, 1, 3], "candidate_trees": "auto"}
+    first = make(tiny, "EAGLE", speculative_adaptive=True, speculative_adaptive_config=config)
+    assert first.row_costs.source == "measured" and sorted(first.row_costs.costs) == list(row_cost.ROW_COUNTS)
+    assert first.controller.row_costs == pytest.approx(first.row_costs.costs)
+    assert [list(t) for t in first.controller.config.candidate_trees] == row_cost.auto_trees(first.row_costs, [3])
+    second = make(tiny, "EAGLE", speculative_adaptive=True, speculative_adaptive_config=config)
+    assert second.row_costs.source == "cache" and second.row_costs.costs == first.row_costs.costs
+    monkeypatch.setenv(row_cost.ENV, "off")
+    with caplog.at_level(logging.WARNING, logger="specswap.worker.row_cost"):
+        skipped = make(tiny, "NGRAM", speculative_adaptive=True, speculative_adaptive_config=config)
+    assert skipped.row_costs is None and skipped.controller.row_costs == {}
+    assert [list(t) for t in skipped.controller.config.candidate_trees] == [[3, 2, 6]]  # the fixed shapes
+    assert sum("SPECSWAP_ROW_COSTS=off" in r.getMessage() for r in caplog.records) == 1
+    monkeypatch.delenv(row_cost.ENV)
+    monkeypatch.setenv("SPECSWAP_CACHE_DIR", str(tmp_path / "other"))
+    sglang = make(tiny, "EAGLE", speculative_adaptive=True)
+    assert sglang.row_costs is None and not (tmp_path / "other").exists()

@@ -46,8 +46,8 @@ def candidate_steps(config_path: str | None, with_zero: bool = False) -> list[in
     """The adaptive config's candidate tiers (the static modes to compare against; tier 0 only ``with_zero``)."""
     if config_path is None:
         return list(DEFAULT_STATIC_STEPS)
-    from specswap.adaptive_config import load_adaptive_config
-    return [int(k) for k in load_adaptive_config(config_path).candidate_steps if with_zero or int(k) > 0]
+    from specswap.adaptive_config import read_adaptive_config  # "candidate_trees": "auto" allowed: the Engine fills it
+    return [int(k) for k in read_adaptive_config(config_path)[0].candidate_steps if with_zero or int(k) > 0]
 
 
 def oracle_candidates(modes: dict[str, Any], config_path: str | None) -> list[str]:

@@ -1,0 +1,172 @@
+"""The verify's cost per row count (worker.row_cost): the measurement, its cache and key, the warning when it is
+skipped or fails, "candidate_trees": "auto" from a table, and the config loader's side of "auto"."""
+
+import json
+import logging
+
+import pytest
+import torch
+from spec_helpers import random_target
+
+from specswap.adaptive_config import load_adaptive_config, read_adaptive_config, with_candidate_trees
+from specswap.capability import OVERRIDE_ENV, cpu_capability
+from specswap.worker import row_cost
+from specswap.worker.row_cost import ROW_COUNTS, RowCosts, auto_trees, load_row_costs, resolve_row_costs
+
+LOGGER = "specswap.worker.row_cost"
+VNNI = RowCosts({1: 1.0, 2: 1.07, 4: 1.18, 6: 1.41, 8: 1.71}, "given")  # the issue's AVX-512 VNNI EPYC
+AVX2 = RowCosts({1: 1.0, 4: 1.39, 8: 2.38}, "given")                     # the AVX2-only EPYC
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache directory, no SPECSWAP_ROW_COSTS, warnings not yet given."""
+    monkeypatch.setenv("SPECSWAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(row_cost.ENV, raising=False)
+    monkeypatch.setattr(row_cost, "_warned", set())
+    return tmp_path / "row-costs"
+
+
+class FakeMeasure:
+    """Stands in for the timing: seconds per row count, counting calls."""
+
+    def __init__(self, seconds=None):
+        self.seconds = seconds or {1: 0.010, 2: 0.011, 4: 0.013, 6: 0.016, 8: 0.020}
+        self.calls = 0
+
+    def __call__(self, model):
+        self.calls += 1
+        return dict(self.seconds)
+
+
+def test_the_measurement_times_every_row_count():
+    seconds = row_cost.measure_row_costs(random_target(), min_repeats=2, max_repeats=3, warmup=1)
+    assert sorted(seconds) == list(ROW_COUNTS) and all(s > 0 for s in seconds.values())
+
+
+def test_measured_once_then_read_from_the_cache(cache, caplog):
+    model, measure = random_target(), FakeMeasure()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        first = load_row_costs(model, "fp32", measure=measure)
+        second = load_row_costs(model, "fp32", measure=measure)
+    assert measure.calls == 1 and first.source == "measured" and second.source == "cache"
+    assert first.costs == second.costs == pytest.approx({1: 1.0, 2: 1.1, 4: 1.3, 6: 1.6, 8: 2.0})
+    assert first.path == second.path and first.path.parent == cache
+    record = json.loads(first.path.read_text())
+    assert record["key"]["machine"]["threads"] == torch.get_num_threads()
+    assert record["key"]["model"]["weights"] == "fp32"
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("measured the verify's cost per row count once" in m for m in messages) == 1
+    assert sum("from the cache" in m for m in messages) == 1
+
+
+def test_the_key_follows_the_model_the_weights_the_cpu_override_and_the_threads(cache, monkeypatch):
+    model, measure = random_target(), FakeMeasure()
+    load_row_costs(model, "fp32", measure=measure)
+    load_row_costs(random_target(seed=5), "fp32", measure=measure)  # same shape, other weights: same key
+    assert measure.calls == 1
+    load_row_costs(random_target(hidden_size=48), "fp32", measure=measure)  # another config
+    assert measure.calls == 2
+    load_row_costs(model, "native", measure=measure)  # another weights kind
+    assert measure.calls == 3
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        load_row_costs(model, "fp32", measure=measure)
+        assert measure.calls == 4
+    finally:
+        torch.set_num_threads(threads)
+    try:
+        monkeypatch.setenv(OVERRIDE_ENV, "none")  # SPECSWAP_CPU_CAPS: a different CPU as far as the kernels go
+        cpu_capability.cache_clear()
+        load_row_costs(model, "fp32", measure=measure)
+        assert measure.calls == 5
+        load_row_costs(model, "fp32", measure=measure)
+        assert measure.calls == 5
+    finally:
+        monkeypatch.delenv(OVERRIDE_ENV)
+        cpu_capability.cache_clear()
+    load_row_costs(model, "fp32", measure=measure)  # the first key again: cached
+    assert measure.calls == 5 and len(list(cache.glob("*.json"))) == 5
+
+
+def test_a_damaged_cache_file_is_measured_again(cache, caplog):
+    model, measure = random_target(), FakeMeasure()
+    path = load_row_costs(model, "fp32", measure=measure).path
+    path.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        again = load_row_costs(model, "fp32", measure=measure)
+    assert measure.calls == 2 and again.source == "measured"
+    assert any("unreadable row-cost cache" in r.getMessage() for r in caplog.records)
+    assert json.loads(path.read_text())["costs"]["8"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("how", ["keyword", "environment", "distributed", "failure"])
+def test_a_skipped_or_failed_measurement_is_said_once(cache, monkeypatch, caplog, how):
+    model = random_target()
+
+    def broken(model):
+        raise RuntimeError("no forward today")
+
+    request, kwargs = "auto", {}
+    if how == "keyword":
+        request = "off"
+    elif how == "environment":
+        monkeypatch.setenv(row_cost.ENV, "off")
+    elif how == "distributed":
+        kwargs["distributed"] = True
+    else:
+        kwargs["measure"] = broken
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert resolve_row_costs(request, model, "fp32", **kwargs) is None
+        assert resolve_row_costs(request, model, "fp32", **kwargs) is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "cost_prior_slope" in warnings[0].getMessage(), warnings
+    assert {"keyword": "row_costs='off'", "environment": "SPECSWAP_ROW_COSTS=off", "distributed": "tp_size",
+            "failure": "no forward today"}[how] in warnings[0].getMessage()
+    assert not cache.exists()
+
+
+def test_a_given_table_is_used_as_given_and_a_bad_one_refused(cache):
+    given = resolve_row_costs({1: 2.0, 4: 3.0}, random_target(), "fp32")
+    assert given.source == "given" and given.costs == {1: 1.0, 4: 1.5} and not cache.exists()
+    for bad in ({2: 1.0, 4: 1.2}, {1: 1.0, 4: -1.0}, "sometimes", 3):
+        with pytest.raises(ValueError, match="row"):
+            resolve_row_costs(bad, random_target(), "fp32")
+
+
+def test_interpolation_matches_the_policy_s():
+    assert AVX2.at(2) == pytest.approx(1.13) and AVX2.at(6) == pytest.approx(1.885)
+    assert AVX2.at(10) == pytest.approx(2.875) and AVX2.at(1) == 1.0
+    assert RowCosts({1: 1.0, 2: 1.2, 4: 1.1}, "given").at(8) == pytest.approx(1.1)  # never falling beyond
+
+
+def test_auto_trees_follow_the_row_costs():
+    """For each chain depth d >= 2, topk 2 and the most nodes (<= 8) whose verify costs at most 1.2x the chain's."""
+    assert auto_trees(VNNI, [0, 1, 2, 3]) == [[2, 2, 5], [3, 2, 6]]
+    assert auto_trees(AVX2, [0, 1, 2, 3]) == [[2, 2, 4], [3, 2, 5]]
+    free = RowCosts({1: 1.0, 8: 1.0}, "given")
+    assert auto_trees(free, [0, 1, 2, 3, 7]) == [[2, 2, 7], [3, 2, 8]]  # 2x2 trees hold 7 nodes at most; 7: none
+    dear = RowCosts({1: 1.0, 2: 2.0, 8: 8.0}, "given")
+    assert auto_trees(dear, [0, 1, 3]) == []
+    assert auto_trees(None, [0, 1, 2, 3, 7]) == [[2, 2, 4], [3, 2, 6]]  # no table: 2d nodes where that fits
+
+
+def test_the_loader_reads_auto_trees_for_the_engine_only(tmp_path):
+    config, auto = read_adaptive_config({"policy": "goodput", "candidate_steps": [0, 1, 3],
+                                         "candidate_trees": "auto"})
+    assert auto and list(config.candidate_trees) == [] and list(config.candidate_steps) == [0, 1, 3]
+    filled = with_candidate_trees(config, [[3, 2, 6]])
+    assert [list(t) for t in filled.candidate_trees] == [[3, 2, 6]] and list(filled.candidate_steps) == [0, 1, 3]
+    assert read_adaptive_config({"policy": "goodput"})[1] is False
+    path = tmp_path / "auto.json"
+    path.write_text(json.dumps({"policy": "goodput", "candidate_trees": "auto"}))
+    assert read_adaptive_config(path)[1] is True
+    with pytest.raises(ValueError, match="chosen by the Engine"):
+        load_adaptive_config(path)
+    with pytest.raises(ValueError, match="needs policy 'goodput'"):
+        read_adaptive_config({"candidate_trees": "auto"})
+    with pytest.raises(ValueError, match=r"candidate_trees must be .* or 'auto'"):
+        read_adaptive_config({"policy": "goodput", "candidate_trees": "many"})
+    with pytest.raises(TypeError):
+        read_adaptive_config(["not", "a", "config"])
