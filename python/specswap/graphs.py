@@ -238,12 +238,15 @@ class RoundGraphs(_BucketedGraphs):
     drawn per request on the host).
     """
 
-    def __init__(self, context: GraphContext, stages, body, seq_lens: torch.Tensor):
+    def __init__(self, context: GraphContext, stages, body, seq_lens: torch.Tensor, target=None):
         # the verify (the tier's speculative_num_draft_tokens) is the widest read of the round
         super().__init__(context, "round", stages.speculative_num_steps, stages.speculative_num_draft_tokens)
         self.body = body
         self.seq_lens = seq_lens  # the worker's [S + 1] committed lengths (row S: scratch)
         self.device = seq_lens.device
+        # the target's heads that answer greedy readers with less (``greedy_only``: a tensor-parallel LM head
+        # gathers each shard's argmax, not the row): a greedy round records that form
+        self.greedy_heads = [m for m in (target.modules() if target is not None else ()) if hasattr(m, "greedy_only")]
 
     @torch.inference_mode()
     def _capture_one(self, batch: int, key_length: int) -> _C.GraphRunner:
@@ -260,7 +263,13 @@ class RoundGraphs(_BucketedGraphs):
             next_tokens.copy_(following)
 
         self.seq_lens[self.context.scratch_slot] = 1
-        runner.capture(body)
+        for head in self.greedy_heads:
+            head.greedy_only = True
+        try:
+            runner.capture(body)
+        finally:
+            for head in self.greedy_heads:
+                head.greedy_only = False
         return runner
 
     def __call__(self, slots: Sequence[int], key_length: int) -> tuple[torch.Tensor, torch.Tensor]:

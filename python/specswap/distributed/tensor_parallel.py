@@ -11,8 +11,8 @@
 - embedding vocabulary-parallel (rank r looks up its rows, zeros elsewhere, one all-reduce: adding exact zeros,
   so the output has the single-process bits);
 - LM head vocabulary-parallel: each rank computes its rows' logits; ``VocabParallelHead`` gathers them into the
-  full row the sampler reads, except in a step whose requests are all greedy (``greedy_only``, set by the
-  engine's lockstep): then ``vocab_parallel_argmax`` combines each shard's (max, index) pair (two numbers per
+  full row the sampler reads, except where only greedy readers read it (``greedy_only``: set by the engine's
+  lockstep for an eager all-greedy step, and while a greedy round graph is captured, ``graphs.RoundGraphs``): then ``vocab_parallel_argmax`` combines each shard's (max, index) pair (two numbers per
   row gathered) and the row it returns is -inf but 0 at that argmax, which every greedy reader maps to the token;
 - norms, rotary tables and the KV cache's shape follow: the cache holds this rank's KV heads.
 
@@ -211,7 +211,8 @@ class VocabParallelHead(nn.Module):
             tokens = vocab_parallel_argmax(self, hidden)
             logits = torch.full((*hidden.shape[:-1], self.out_features), float("-inf"), dtype=hidden.dtype,
                                 device=hidden.device)
-            return logits.scatter_(-1, tokens.unsqueeze(-1), 0.0)
+            # out of place: a CPU tape replays an in-place write into a fresh factory tensor wrongly
+            return logits.scatter(-1, tokens.unsqueeze(-1), 0.0)
         return self.group.tp_cat(self.local_logits(hidden))[..., :self.out_features]
 
 

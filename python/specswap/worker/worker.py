@@ -236,7 +236,7 @@ class SpeculativeWorker:
         round_ = TierRound(stages, Round(stages, self.slots, self.drafter, forwards, self.verifier))
         if self.round_graphs_enabled:  # the same round with the models called directly, recorded as one tape
             round_.graph = RoundGraphs(context, stages, Round(stages, self.slots, self.drafter, eager, self.verifier),
-                                       self.slots.seq_lens)
+                                       self.slots.seq_lens, self.target)
             round_.graph.capture()
         return round_
 
