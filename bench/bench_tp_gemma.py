@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             tp = json.loads(out.read_text())
         tp["tokens_identical"] = tp.pop("token_ids") == one["token_ids"]
         runs.append({"tp_size": args.tp, "threads_per_rank": 1,
-                     "tp_draft": algorithm(None if args.algorithm == "NONE" else args.algorithm).tp_draft(placement),
+                     "tp_draft": algorithm(args.algorithm).tp_draft(placement),
                      **tp, "speedup": one["seconds"] / tp["seconds"]})
     one.pop("token_ids")
     report = {**stamp(), "model": "gemma-3-270m", "weights": args.weights, "algorithm": args.algorithm,
