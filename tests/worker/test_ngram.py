@@ -151,8 +151,10 @@ def test_the_engine_gives_ngram_the_digits_of_a_tokenizer_that_splits_numbers():
 
 
 def test_tier_zero_checks_lookups_against_the_tokens_emitted_since():
-    """At tier 0 every SHADOW_EVERY-th position's lookup for the largest tier is kept; once the emitted tokens
-    settle it (a mismatch, or all matched) what that tier would have accepted is reported, then forgotten."""
+    """Every SHADOW_EVERY-th tier-0 round (the first included) looks up the largest tier's drafts for every request;
+    once the emitted tokens settle them (a mismatch, or all matched) what that tier would have accepted is
+    reported, then forgotten. A request without a lookup beside one with a lookup counts as 0 accepted (the tier
+    would have verified its padded row); a round where no request has one is not observed (a plain decode)."""
     import torch
 
     from specswap.worker.ngram import SHADOW_EVERY, NgramDrafter
@@ -165,9 +167,10 @@ def test_tier_zero_checks_lookups_against_the_tokens_emitted_since():
     table = SlotTable(2, 2, torch.device("cpu"))
     drafter = NgramDrafter(table, None, shadow_steps=3)
     tier0 = TierBuffers(2, 3, 16, 16, torch.device("cpu")).build(0, ChainLayout(0, torch.device("cpu")))
-    table.host_tokens[0] = [1, 2, 3, 1]               # 4 tokens: looked up, drafts [2, 3, 1]
-    table.host_tokens[1] = [5, 6, 7]                  # 3 tokens: not a checked position
-    assert drafter.begin_round(tier0, [0, 1])
+    table.host_tokens[0] = [1, 2, 3, 1]               # looked up: drafts [2, 3, 1]
+    table.host_tokens[1] = [5, 6, 7]                  # no lookup, beside one: a padded row
+    assert drafter.begin_round(tier0, [0, 1])         # round 1: checked
+    assert drafter.take_shadow([0, 1], drafting=False) == Shadow([0], 3)
     table.host_tokens[0] += [2]                       # one token a round at tier 0
     assert drafter.take_shadow([0, 1], drafting=False) is None      # not settled yet
     table.host_tokens[0] += [3]
@@ -175,12 +178,22 @@ def test_tier_zero_checks_lookups_against_the_tokens_emitted_since():
     table.host_tokens[0] += [9]                       # the third draft (1) missed: two would have been accepted
     assert drafter.take_shadow([0, 1], drafting=False) == Shadow([2], 3)
     assert drafter.take_shadow([0, 1], drafting=False) is None      # reported once
-    table.host_tokens[0] = [4, 4, 4, 4]               # drafts [4, 4, 4]; all three come true
-    drafter.begin_round(tier0, [0])
+    table.host_tokens[0] = [4, 4, 4, 4]               # drafts [4, 4, 4]
+    for _ in range(SHADOW_EVERY - 1):                 # rounds 2-4: not checked
+        drafter.begin_round(tier0, [0])
+    table.host_tokens[0] += [4, 4, 4]
+    assert drafter.take_shadow([0], drafting=False) is None
+    table.host_tokens[0] = [4, 4, 4, 4]
+    drafter.begin_round(tier0, [0])                   # round 5: checked; all three come true
     table.host_tokens[0] += [4, 4, 4]
     assert drafter.take_shadow([0], drafting=False) == Shadow([3], 3)
+    table.host_tokens[0], table.host_tokens[1] = [1, 2, 3], [5, 6, 7]
+    for _ in range(SHADOW_EVERY):                     # round 9 checked: no request has a lookup
+        drafter.begin_round(tier0, [0, 1])
+    assert drafter.take_shadow([0, 1], drafting=False) is None
     table.host_tokens[0] = [4, 4, 4, 4]
-    drafter.begin_round(tier0, [0])
+    for _ in range(SHADOW_EVERY):                     # round 13 checked
+        drafter.begin_round(tier0, [0])
     assert drafter.take_shadow([0], drafting=True) is None           # a drafting round was observed itself
     table.host_tokens[0] += [4, 4, 4]
     assert drafter.take_shadow([0], drafting=False) is None
@@ -188,8 +201,8 @@ def test_tier_zero_checks_lookups_against_the_tokens_emitted_since():
 
 
 def test_tier_zero_shadows_are_what_the_largest_tier_would_have_accepted():
-    """A static tier-0 NGRAM worker (tiers 0 and 3) on a looping target reports, for every checked position p
-    with a lookup, how many of its 3 drafts the tokens emitted from p on confirm: computed here from the
+    """A static tier-0 NGRAM worker (tiers 0 and 3) on a looping target reports, for every checked round's
+    position p with a lookup (batch 1: a request alone without one is a plain decode), how many of its 3 drafts the tokens emitted from p on confirm: computed here from the
     output afterwards, in the order they settle."""
     from spec_helpers import attention_pair, run_to_completion
     from specswap.worker import SpeculativeWorker
@@ -212,8 +225,8 @@ def test_tier_zero_shadows_are_what_the_largest_tier_would_have_accepted():
     output = run_to_completion(worker, [prompt], new)[0][0]
     tokens = prompt + output
     expected = []
-    for p in range(len(prompt) + 1, len(tokens)):  # positions a tier-0 round starts from
-        drafts = propose_ngram(tokens[:p], 3) if p % SHADOW_EVERY == 0 else []
+    for p in range(len(prompt) + 1, len(tokens)):  # positions a tier-0 round starts from, every 4th checked
+        drafts = propose_ngram(tokens[:p], 3) if (p - len(prompt) - 1) % SHADOW_EVERY == 0 else []
         if not drafts:
             continue
         emitted = tokens[p:p + 3]
@@ -238,7 +251,7 @@ def test_the_engine_feeds_tier_zero_shadows_to_its_controller(monkeypatch):
 
     monkeypatch.setattr(AdaptiveController, "observe", recording)
     config = {"policy": "goodput", "candidate_steps": [0, 3], "probe_rounds": 0, "probe_interval": 10_000,
-              "warmup_batches": 10_000}
+              "warmup_batches": 10_000, "update_interval": 1_000}  # no decision, no return probe: tier 0 throughout
     engine = Engine(attention_pair()[0], None, "NGRAM", speculative_num_steps=0, speculative_adaptive=True,
                     speculative_adaptive_config=config, max_seq_len=160)
     engine.generate([[1, 5, 9, 2]], 60)

@@ -8,12 +8,16 @@ sampled rounds accept them against keyed draws (sampling.accept_keyed).
 
 At tier 0 nothing is verified, so the policy would be blind there; but a
 lookup's drafts can be checked against the tokens the request goes on to emit,
-for free: every SHADOW_EVERY-th position, the drafts of the largest tier are
-looked up and kept, and once the emitted tokens settle them (a mismatch, or
-all of them matched) what that tier would have accepted is reported as a
-shadow observation (``take_shadow``; the engine feeds it to the controller).
-Since a request's text does not depend on its tier (greedy, or keyed draws),
-this is exactly what the tier would have accepted.
+for free: every SHADOW_EVERY-th tier-0 round, the drafts of the largest tier
+are looked up for every request of the batch and kept, and once the emitted
+tokens settle them (a mismatch, or all of them matched) what that tier would
+have accepted is reported as a shadow observation (``take_shadow``; the engine
+feeds it to the controller). Since a request's text does not depend on its
+tier (greedy, or keyed draws), this is what the tier would have accepted, and
+the round is checked as that tier would have run it: where no request has a
+lookup it would have run a plain decode (nothing observed), and a request
+without one beside a request with one would have verified a padded row that
+accepts nothing (observed as 0).
 
 A tree tier (topk > 1) verifies a trie instead (``prompt_lookup.propose_ngram_tree``):
 the lookup's drafts, then what followed other occurrences of the suffix, so
@@ -39,7 +43,7 @@ from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import TierStages
 
 
-# positions apart of the lookups tier 0 checks (a lookup costs up to half a millisecond over a long history)
+# tier-0 rounds apart of the lookups checked (a lookup costs up to half a millisecond over a long history)
 SHADOW_EVERY = 4
 
 
@@ -51,6 +55,7 @@ class NgramDrafter(Drafter):
         self.shadow_steps = shadow_steps  # the tier tier-0 rounds check lookups for (0: none)
         # per slot: (position the drafts would continue from, the drafts) not yet settled
         self._pending: list[list[tuple[int, list[int]]]] = [[] for _ in slots.host_tokens]
+        self._tier0_rounds = 0  # tier-0 rounds so far: every SHADOW_EVERY-th is checked, the first included
         self._broadcast = None  # tensor parallelism: the leader's drafts to every rank (``lookup_on_leader``)
         self._follower = False
         self._packets: dict[tuple[int, int, int], torch.Tensor] = {}  # per tier shape: found, drafts, parents
@@ -141,13 +146,15 @@ class NgramDrafter(Drafter):
     def _look_up_shadow(self, slots: Sequence[int]) -> None:
         if not self.shadow_steps:
             return
-        for slot in slots:
-            tokens = self.slots.host_tokens[slot]
-            if len(tokens) % SHADOW_EVERY:
-                continue
-            proposal = propose_ngram(tokens, self.shadow_steps, numbers=self.numbers)
-            if proposal:
-                self._pending[slot].append((len(tokens), proposal))
+        self._tier0_rounds += 1
+        if (self._tier0_rounds - 1) % SHADOW_EVERY:
+            return
+        host_tokens = self.slots.host_tokens
+        proposals = [propose_ngram(host_tokens[slot], self.shadow_steps, numbers=self.numbers) for slot in slots]
+        if not any(proposals):  # the drafting tier would have run a plain decode: nothing to learn
+            return
+        for slot, proposal in zip(slots, proposals):  # no lookup: a padded row, settled at once as 0 accepted
+            self._pending[slot].append((len(host_tokens[slot]), proposal))
 
     def take_shadow(self, slots: Sequence[int], drafting: bool) -> Shadow | None:
         """What the checked lookups of these requests would have accepted, for those the emitted tokens
