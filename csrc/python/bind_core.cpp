@@ -153,9 +153,37 @@ void bind_config(py::module_& m) {
         "entry) and, for a choice, choices.");
 }
 
+// {rows: cost} (Python's table) to the C++ one: empty for an empty mapping; throws naming a bad table.
+RowCosts row_costs_from(const std::map<int, double>& table) {
+  std::vector<int> rows;
+  std::vector<double> costs;
+  for (const auto& [count, cost] : table) {
+    rows.push_back(count);
+    costs.push_back(cost);
+  }
+  return rows.empty() ? RowCosts{} : RowCosts(std::move(rows), std::move(costs));
+}
+
+py::dict row_costs_dict(const RowCosts& costs) {
+  py::dict out;
+  for (std::size_t i = 0; i < costs.rows().size(); ++i) out[py::int_(costs.rows()[i])] = costs.costs()[i];
+  return out;
+}
+
 }  // namespace
 
 void bind_core(py::module_& m) {
+  py::class_<RowCosts>(m, "RowCosts",
+      "The verify's relative cost per row count, as the goodput policy reads it (docs/policy.md).")
+      .def(py::init([](const std::map<int, double>& table) {
+             if (table.empty()) throw std::invalid_argument("row costs need at least two row counts, the first 1");
+             return row_costs_from(table);
+           }),
+           py::arg("costs"), "{rows: cost}: 1 among the rows, costs finite and > 0; ValueError naming a bad one.")
+      .def("at", &RowCosts::at, py::arg("rows"),
+           "The relative cost at rows: linear between the counts, beyond the last along the last segment (never "
+           "falling).")
+      .def_property_readonly("costs", &row_costs_dict, "{rows: cost divided by the cost at 1 row}.");
   py::class_<RuntimeState, StatePtr>(m, "SpecRuntimeState",
       "Everything one decode round needs for one tier: its stages and the round that runs them. Immutable.")
       .def(py::init([](int speculative_num_steps, int speculative_num_draft_tokens,
@@ -261,13 +289,7 @@ void bind_core(py::module_& m) {
            "nothing to look up), timed: goodput learns it as tier 0's cost beside the running tier's (sglang "
            "ignores it); never a switch.")
       .def("set_row_costs", [](AdaptiveSpeculativeParams& params, std::optional<std::map<int, double>> costs) {
-             std::vector<int> rows;
-             std::vector<double> relative;
-             for (const auto& [count, cost] : costs.value_or(std::map<int, double>{})) {
-               rows.push_back(count);
-               relative.push_back(cost);
-             }
-             params.set_row_costs(rows.empty() ? RowCosts{} : RowCosts(std::move(rows), std::move(relative)));
+             params.set_row_costs(row_costs_from(costs.value_or(std::map<int, double>{})));
            },
            py::arg("row_costs"),
            "The verify's cost per row count ({rows: cost}, 1 among the rows; divided by the cost at 1), measured "
@@ -275,10 +297,7 @@ void bind_core(py::module_& m) {
            "their row count, interpolated between the counts given (None or {}: back to 1 + cost_prior_slope * k). "
            "ValueError on a bad table.")
       .def_property_readonly("row_costs", [](const AdaptiveSpeculativeParams& params) {
-             py::dict out;
-             const RowCosts& costs = params.row_costs();
-             for (std::size_t i = 0; i < costs.rows().size(); ++i) out[py::int_(costs.rows()[i])] = costs.costs()[i];
-             return out;
+             return row_costs_dict(params.row_costs());
            },
            "The row costs set_row_costs() gave, divided by the cost at 1 row ({} if none).")
       .def("expect_shadows", &AdaptiveSpeculativeParams::expect_shadows,

@@ -116,12 +116,7 @@ class DistributedGroup:
     def _run(self, name: str, fn, *args, **kwargs):
         self.collectives += 1
         self._beat.collectives = self.collectives
-        try:
-            return fn(*args, **kwargs)
-        except RankFailure:
-            raise
-        except Exception as error:  # gloo: a closed connection, a timeout; nccl: a watchdog abort
-            raise self._diagnose(name, error) from error
+        return self.guard(name, fn, *args, **kwargs)
 
     # ---- the forwards' collectives over the tensor-parallel group (functional: graphs record them) ----------
 
@@ -145,7 +140,7 @@ class DistributedGroup:
             return fn(*args, **kwargs)
         except RankFailure:
             raise
-        except Exception as error:
+        except Exception as error:  # gloo: a closed connection, a timeout; nccl: a watchdog abort
             raise self._diagnose(name, error) from error
 
     def all_gather_into(self, out: torch.Tensor, tensor: torch.Tensor, group: str = "dp") -> torch.Tensor:

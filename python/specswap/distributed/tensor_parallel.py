@@ -256,6 +256,14 @@ def _shard_mlp(mlp: GatedMLP, tp_rank: int, tp_size: int, group) -> None:
     mlp.down_proj = _row_parallel(mlp.down_proj, rows, tp_rank, tp_size, group)
 
 
+def _shard_layers(layers, group) -> int:
+    """Every decoder layer's attention by heads and MLP by rows, in place; returns the KV heads a rank keeps."""
+    for layer in layers:
+        _shard_attention(layer.self_attn, group.tp_rank, group.tp_size, group)
+        _shard_mlp(layer.mlp, group.tp_rank, group.tp_size, group)
+    return layers[0].self_attn.num_kv_heads
+
+
 def shard_target(target: nn.Module, group) -> nn.Module:
     """Rewrite ``target`` (a ``CausalLM``) in place into rank ``group.tp_rank``'s shard; returns it."""
     tp_rank, tp_size = group.tp_rank, group.tp_size
@@ -267,11 +275,7 @@ def shard_target(target: nn.Module, group) -> nn.Module:
     if layers is None or not hasattr(target, "lm_head"):
         raise NotImplementedError(f"tensor parallelism supports the runtime's causal LMs (Llama, Qwen 2/3, Mistral, "
                                   f"Gemma 3); got {type(target).__name__}")
-    local_kv = None
-    for layer in layers:
-        _shard_attention(layer.self_attn, tp_rank, tp_size, group)
-        _shard_mlp(layer.mlp, tp_rank, tp_size, group)
-        local_kv = layer.self_attn.num_kv_heads
+    local_kv = _shard_layers(layers, group)
     embedding = target.model.embed_tokens
     vocab = embedding.num_embeddings
     shard = math.ceil(vocab / tp_size)
@@ -325,14 +329,11 @@ def shard_draft(draft: nn.Module, group) -> nn.Module:
     if layers[0] is None or not hasattr(draft, "make_cache"):
         raise NotImplementedError(f"tp_draft='shard' splits draft models and EAGLE / EAGLE-3 heads; got "
                                   f"{type(draft).__name__}")
-    for layer in layers:
-        _shard_attention(layer.self_attn, tp_rank, tp_size, group)
-        _shard_mlp(layer.mlp, tp_rank, tp_size, group)
+    local_kv, whole = _shard_layers(layers, group), draft.make_cache
     if hasattr(draft, "_draft_lm"):  # EAGLE-1: the target's LM head, the draft vocabulary's rows of it
         draft._draft_lm = VocabParallelHead(_draft_lm_rows(draft), tp_rank, tp_size, group)
     else:  # EAGLE-3: its own draft-vocabulary LM head
         draft.lm_head = VocabParallelHead(draft.lm_head, tp_rank, tp_size, group)
-    local_kv, whole = layers[0].self_attn.num_kv_heads, draft.make_cache
 
     def make_cache(max_batch_size: int, capacity: int, dtype=None, device=None) -> KVCache:
         like = whole(1, 1, dtype, device)  # the dtype and device the head's own rule picks

@@ -32,6 +32,12 @@ from specswap._core import tier_key, tier_shape  # noqa: F401  (a tier's key: re
 from specswap.sampling import RoundSampling, Verifier, accept, accept_greedy_tree, keyed_draws, logits_to_probs
 
 
+def max_tree_nodes(steps: int, topk: int) -> int:
+    """The most tokens a tree of this depth and branching can verify, the root included: every candidate its
+    expansion makes (topk at depth 1, topk * topk past it)."""
+    return 1 + topk + (steps - 1) * topk * topk
+
+
 def tree_shape(steps: int, topk: int = 1, num_draft_tokens: int | None = None) -> tuple[int, int, int]:
     """A tier's shape as SGLang names it, checked: (speculative_num_steps: the depth, speculative_eagle_topk: the
     children each expanded node keeps, speculative_num_draft_tokens: the tokens verified, the root included).
@@ -49,7 +55,7 @@ def tree_shape(steps: int, topk: int = 1, num_draft_tokens: int | None = None) -
         return steps, 1, steps + 1
     if steps < 1:
         raise ValueError(f"a draft tree (speculative_eagle_topk {topk}) needs speculative_num_steps >= 1; got {steps}")
-    most = 1 + topk + (steps - 1) * topk * topk
+    most = max_tree_nodes(steps, topk)
     nodes = min(1 + steps * topk, most) if num_draft_tokens is None else num_draft_tokens
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not steps + 1 <= nodes <= most:
         raise ValueError(f"speculative_num_draft_tokens {num_draft_tokens!r} does not fit the tree of "

@@ -29,7 +29,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from specswap._core import _C
 from specswap.capability import OVERRIDE_ENV, cpu_capability
+from specswap.worker.layout import max_tree_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,8 @@ AUTO_TREE_TOPK = 2
 @dataclasses.dataclass(frozen=True)
 class RowCosts:
     """``costs``: row count -> a forward of that many new rows over one of a single row (1 among them, at 1.0).
-    ``source``: "measured", "cache" or "given"; ``path``: the cache file (None when given)."""
+    ``source``: "measured", "cache" or "given"; ``path``: the cache file (None when given). The table is the
+    policy's own (``_core.RowCosts``): one check of it, one interpolation."""
 
     costs: dict[int, float]
     source: str
@@ -62,29 +65,14 @@ class RowCosts:
     seconds: float = 0.0   # the measurement's wall time (0 from the cache or given)
 
     def __post_init__(self):
-        rows = sorted(self.costs)
-        if len(rows) < 2 or rows[0] != 1 or not all(isinstance(r, int) and r >= 1 for r in rows):
-            raise ValueError(f"row costs need integer row counts, at least two, 1 among them; got {self.costs}")
-        if not all(isinstance(c, (int, float)) and c > 0 and c == c and c != float("inf") for c in self.costs.values()):
-            raise ValueError(f"row costs must be finite numbers > 0; got {self.costs}")
-        one = float(self.costs[1])
-        object.__setattr__(self, "costs", {r: float(self.costs[r]) / one for r in rows})
+        table = _C.RowCosts(self.costs)  # ValueError naming a bad table, TypeError for non-numbers
+        object.__setattr__(self, "_table", table)
+        object.__setattr__(self, "costs", table.costs)
 
     def at(self, rows: int) -> float:
         """The relative cost at ``rows``, as the C++ policy reads its table: linear between measured counts,
         beyond the last along the last segment (never falling)."""
-        counts = list(self.costs)
-        if rows <= counts[0]:
-            return self.costs[counts[0]]
-        hi = 1
-        while hi + 1 < len(counts) and counts[hi] < rows:
-            hi += 1
-        x0, x1 = counts[hi - 1], counts[hi]
-        y0, y1 = self.costs[x0], self.costs[x1]
-        slope = (y1 - y0) / (x1 - x0)
-        if rows > x1:
-            return y1 + max(0.0, slope) * (rows - x1)
-        return y0 + slope * (rows - x0)
+        return self._table.at(rows)
 
     def describe(self) -> str:
         """``2 rows 1.07x, 4 rows 1.18x, ...``"""
@@ -276,10 +264,6 @@ def resolve_row_costs(request: Any, model: torch.nn.Module, weights: str, *, dis
 # ---- "candidate_trees": "auto" -----------------------------------------------------------------------------------
 
 
-def _most_nodes(depth: int, topk: int) -> int:
-    return 1 + topk + (depth - 1) * topk * topk
-
-
 def auto_trees(costs: RowCosts | None, candidate_steps: Sequence[int], *, bound: float = AUTO_TREE_BOUND,
                max_nodes: int = AUTO_TREE_MAX_NODES) -> list[list[int]]:
     """The tree shapes ``"candidate_trees": "auto"`` stands for: for each chain depth d >= 2 among
@@ -288,7 +272,7 @@ def auto_trees(costs: RowCosts | None, candidate_steps: Sequence[int], *, bound:
     tree at a depth where none fits. Without costs (skipped or failed): ``[d, 2, 2d]`` where that fits."""
     trees = []
     for depth in sorted({int(d) for d in candidate_steps if int(d) >= 2}):
-        high = min(max_nodes, _most_nodes(depth, AUTO_TREE_TOPK))
+        high = min(max_nodes, max_tree_nodes(depth, AUTO_TREE_TOPK))
         fits = [n for n in range(depth + 2, high + 1)
                 if (costs.at(n) <= bound * costs.at(depth + 1) if costs is not None else n == 2 * depth)]
         if fits:
