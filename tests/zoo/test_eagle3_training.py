@@ -60,6 +60,29 @@ def test_the_unrolled_training_forward_is_the_run_time_draft_chain():
 
 
 @needs_tiny
+def test_a_warm_started_head_is_the_targets_early_exit_at_its_highest_capture_point():
+    from specswap.zoo.eagle3_training import load_target
+    target, _ = load_target("tiny", torch.float32)
+    token_map = torch.arange(0, 2048, 4)
+    torch.manual_seed(0)
+    head = make_head(target, token_map, warm_start=True)
+    with torch.no_grad():  # silence the layer's two residual branches: what is left is the warm start itself
+        head.midlayer.self_attn.o_proj.weight.zero_()
+        head.midlayer.mlp.down_proj.weight.zero_()
+    tokens = torch.randint(0, 2048, (2, 10))
+    positions = torch.arange(10).expand(2, -1)
+    highest = max(head.capture_points)
+    with torch.no_grad():
+        fused = target(tokens, positions, None, None, with_logits=False, aux_points=head.capture_points).hidden
+        exit_hidden = target(tokens, positions, None, None, with_logits=False, aux_points=(highest,)).hidden
+        expected = target.lm_head(target.model.norm(exit_hidden))[..., token_map]
+        logits = unrolled(head, tokens, fused, 1)[0]
+    torch.testing.assert_close(logits, expected[:, :-1], atol=1e-4, rtol=1e-4)
+    cold = make_head(target, token_map)
+    assert not torch.equal(cold.lm_head.weight, head.lm_head.weight)
+
+
+@needs_tiny
 def test_training_in_chunks_resumes_and_ships_a_lossless_head(tmp_path, capfd):
     work, out = tmp_path / "work", tmp_path / "out"
     corpus = small_corpus()

@@ -85,6 +85,9 @@ class Eagle3Recipe:
     # bf16 autocast for the head's matmuls: "auto" = where the CPU has native bf16 (elsewhere torch emulates it,
     # several times slower than fp32), "on", "off"
     autocast: str = "auto"
+    # the head starts as an early exit of the target: fc passes the highest capture point's residual stream
+    # through (the other points' columns start at 0), norm and lm_head are the target's final norm and its draft-vocabulary rows (False: all random)
+    warm_start: bool = True
 
 
 def default_work(target: str) -> Path:
@@ -117,8 +120,9 @@ def capture_layer_ids(num_layers: int) -> list[int]:
     return [point - 1 for point in points]
 
 
-def make_head(target, token_map: torch.Tensor) -> Eagle3Head:
-    """A head shaped like one of the target's layers (Gemma: its local rotary base), fresh init, fp32."""
+def make_head(target, token_map: torch.Tensor, warm_start: bool = False) -> Eagle3Head:
+    """A head shaped like one of the target's layers (Gemma: its local rotary base), fresh init, fp32; with
+    ``warm_start`` an early exit of the target at its highest capture point (see ``Eagle3Recipe.warm_start``)."""
     config = target.config
     rope = getattr(config, "rope_local", None) or config.rope
     head_config = Eagle3Config(
@@ -134,6 +138,15 @@ def make_head(target, token_map: torch.Tensor) -> Eagle3Head:
         for parameter in head.parameters():
             if parameter.dim() == 2:
                 torch.nn.init.normal_(parameter, std=0.02)
+        if warm_start:
+            hidden = config.hidden_size
+            order = sorted(range(len(head.capture_points)), key=lambda i: head.capture_points[i])
+            highest = order[-1]
+            head.fc.weight.zero_()
+            head.fc.weight[:, highest * hidden:(highest + 1) * hidden] = torch.eye(hidden)
+            final_norm = target.model.norm
+            head.norm.weight.copy_(final_norm.weight.float() + final_norm.weight_offset)
+            head.lm_head.weight.copy_(target.lm_head.weight.detach()[token_map].float())
     return head.float()
 
 
@@ -307,7 +320,7 @@ def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Re
     target, tokenizer = load_target(target_name)
     data = prepare_data(work, tokenizer, target.config.vocab_size, recipe, corpus)
     token_map = data["token_map"]
-    head = make_head(target, token_map)
+    head = make_head(target, token_map, recipe.warm_start)
     cache_features(target, work, data, recipe, head.capture_points)
 
     optimizer = make_optimizer(head, recipe.lr)
