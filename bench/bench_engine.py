@@ -290,12 +290,13 @@ def bench(target, drafts, tokenizer, args) -> list[dict]:
     configs = configurations(args.algorithm, args.static_steps, args.adaptive_config, args.ngram_copy)
     hf = transformers_runners(args.model, target.dtype, lambda text: encode_text(tokenizer, text)) \
         if args.hf and args.model != "random" else {}
-    runs_total = len(args.workloads) * args.repeats * sum(len(configs) + (len(hf) if b == 1 else 0)
-                                                          for b in args.batch_sizes)
+    temperatures = len(args.temperatures) if args.temperatures else 1
+    runs_total = len(args.workloads) * temperatures * args.repeats * sum(len(configs) + (len(hf) if b == 1 else 0)
+                                                                         for b in args.batch_sizes)
     bar = tqdm(total=runs_total, desc="bench", unit="run", dynamic_ncols=True)
-    for workload in args.workloads:
-        prompts, temperature = PROMPT_SETS[args.prompt_set][workload]
-        prompts = prompts[:args.num_prompts]
+    for workload, temperature in ((w, t) for w in args.workloads
+                                  for t in (args.temperatures or [PROMPT_SETS[args.prompt_set][w][1]])):
+        prompts = PROMPT_SETS[args.prompt_set][workload][0][:args.num_prompts]
         for batch_size in args.batch_sizes:
             runners = {name: EngineRunner(Engine(target, drafts.get(kwargs["speculative_algorithm"]),
                                                  tokenizer=tokenizer, max_batch_size=batch_size,
@@ -317,7 +318,7 @@ def bench(target, drafts, tokenizer, args) -> list[dict]:
             for name, runner in runners.items():
                 speed = statistics.median(speeds[name])
                 accepted, rounds = sum(r[2] for r in runs[name]), sum(r[3] for r in runs[name])
-                row = dict(workload=workload, batch_size=batch_size, config=name,
+                row = dict(workload=workload, temperature=temperature, batch_size=batch_size, config=name,
                            tokens_per_second=round(speed, 1), ratio=round(speed / base, 3))
                 if rounds:
                     row["accepted_per_verify"] = round(accepted / rounds, 2)
@@ -365,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one or more drafters, each with its static tiers and adaptive")
     parser.add_argument("--static-steps", type=int, nargs="+", default=[1, 3, 7])
     parser.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=WORKLOADS)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=None,
+                        help="run every workload at each of these temperatures (default: the workload's own: "
+                             "0 for code, repeat and list, 1 for prose)")
     parser.add_argument("--prompt-set", default=DEFAULT_PROMPT_SET, choices=list(PROMPT_SETS),
                         help="report: prompts kept apart from tuning (for published figures); tune: the prompts "
                              "NGRAM's lookup and the policy were tuned on (docs/bench.md)")
