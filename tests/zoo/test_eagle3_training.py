@@ -60,12 +60,16 @@ def test_the_unrolled_training_forward_is_the_run_time_draft_chain():
 
 
 @needs_tiny
-def test_a_warm_started_head_is_the_targets_early_exit_at_its_highest_capture_point():
+@pytest.mark.parametrize("last_layer", [False, True])
+def test_a_warm_started_head_is_the_targets_early_exit_at_its_highest_capture_point(last_layer):
     from specswap.zoo.eagle3_training import load_target
     target, _ = load_target("tiny", torch.float32)
     token_map = torch.arange(0, 2048, 4)
+    layers = target.config.num_hidden_layers
+    aux = (0, 1, layers - 1) if last_layer else None  # the last layer's output: the head starts as the target
     torch.manual_seed(0)
-    head = make_head(target, token_map, warm_start=True)
+    head = make_head(target, token_map, warm_start=True, aux_layer_ids=aux)
+    assert max(head.capture_points) == (layers if last_layer else max(2, layers // 2, layers - 3))
     with torch.no_grad():  # silence the layer's two residual branches: what is left is the warm start itself
         head.midlayer.self_attn.o_proj.weight.zero_()
         head.midlayer.mlp.down_proj.weight.zero_()
@@ -78,6 +82,10 @@ def test_a_warm_started_head_is_the_targets_early_exit_at_its_highest_capture_po
         expected = target.lm_head(target.model.norm(exit_hidden))[..., token_map]
         logits = unrolled(head, tokens, fused, 1)[0]
     torch.testing.assert_close(logits, expected[:, :-1], atol=1e-4, rtol=1e-4)
+    if last_layer:  # the stream the final norm reads: the warm head's logits are the target's own
+        with torch.no_grad():
+            own = target(tokens, positions, None, None).logits[..., token_map]
+        torch.testing.assert_close(logits, own[:, :-1], atol=1e-4, rtol=1e-4)
     cold = make_head(target, token_map)
     assert not torch.equal(cold.lm_head.weight, head.lm_head.weight)
 

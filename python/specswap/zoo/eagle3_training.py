@@ -88,6 +88,9 @@ class Eagle3Recipe:
     # the head starts as an early exit of the target: fc passes the highest capture point's residual stream
     # through (the other points' columns start at 0), norm and lm_head are the target's final norm and its draft-vocabulary rows (False: all random)
     warm_start: bool = True
+    # eagle_aux_hidden_state_layer_ids: the target layers whose outputs are fused (None: SGLang's default, the
+    # inputs of layers 2, L // 2 and L - 3); L - 1 is the last layer's output, the stream the final norm reads
+    aux_layer_ids: tuple[int, ...] | None = None
 
 
 def default_work(target: str) -> Path:
@@ -120,7 +123,8 @@ def capture_layer_ids(num_layers: int) -> list[int]:
     return [point - 1 for point in points]
 
 
-def make_head(target, token_map: torch.Tensor, warm_start: bool = False) -> Eagle3Head:
+def make_head(target, token_map: torch.Tensor, warm_start: bool = False,
+              aux_layer_ids: tuple[int, ...] | None = None) -> Eagle3Head:
     """A head shaped like one of the target's layers (Gemma: its local rotary base), fresh init, fp32; with
     ``warm_start`` an early exit of the target at its highest capture point (see ``Eagle3Recipe.warm_start``)."""
     config = target.config
@@ -131,7 +135,7 @@ def make_head(target, token_map: torch.Tensor, warm_start: bool = False) -> Eagl
         head_dim=config.head_dim, target_vocab_size=config.vocab_size, draft_vocab_size=len(token_map),
         target_hidden_size=config.hidden_size, rms_norm_eps=config.rms_norm_eps, rope=replace(rope),
         max_position_embeddings=config.max_position_embeddings,
-        aux_layer_ids=tuple(capture_layer_ids(config.num_hidden_layers)))
+        aux_layer_ids=tuple(aux_layer_ids or capture_layer_ids(config.num_hidden_layers)))
     head = Eagle3Head(head_config, target.embed_tokens, token_map,
                       head_config.capture_points(config.num_hidden_layers))
     with torch.no_grad():
@@ -320,7 +324,7 @@ def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Re
     target, tokenizer = load_target(target_name)
     data = prepare_data(work, tokenizer, target.config.vocab_size, recipe, corpus)
     token_map = data["token_map"]
-    head = make_head(target, token_map, recipe.warm_start)
+    head = make_head(target, token_map, recipe.warm_start, recipe.aux_layer_ids)
     cache_features(target, work, data, recipe, head.capture_points)
 
     optimizer = make_optimizer(head, recipe.lr)
@@ -414,10 +418,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--feature-windows", type=int,
                         help=f"windows of features cached (default {Eagle3Recipe.feature_windows})")
     parser.add_argument("--ttt-steps", type=int, help=f"unrolled steps (default {Eagle3Recipe.ttt_steps})")
+    parser.add_argument("--aux-layer-ids", type=int, nargs=3, metavar="LAYER",
+                        help="the three target layers whose outputs are fused (default SGLang's: 1, L // 2 - 1, L - 4)")
     args = parser.parse_args(argv)
     overrides = {name: value for name, value in (("planned_steps", args.planned_steps),
                                                  ("feature_windows", args.feature_windows),
-                                                 ("ttt_steps", args.ttt_steps)) if value is not None}
+                                                 ("ttt_steps", args.ttt_steps),
+                                                 ("aux_layer_ids", args.aux_layer_ids and tuple(args.aux_layer_ids)))
+                 if value is not None}
     summary = train(args.minutes, args.work or default_work(args.target), args.out or default_out(args.target),
                     replace(Eagle3Recipe(), **overrides), args.target)
     print(json.dumps(summary, indent=2))
