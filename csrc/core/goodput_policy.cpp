@@ -20,6 +20,7 @@ constexpr double kFastEmaWeight = 0.5;
 // tier before a phase change is acted on: two lucky requests in a row are not
 // a phase. A batch of 2 or more shows a phase change in every request and is
 // acted on at once: waiting there keeps each high phase longer at the old tier.
+// At tier 0 the requests counted are those whose shadow observations arrived.
 constexpr std::uint64_t kPhaseChangeRequests = 6;
 // A refresh probe goes to a neighbour tier only when its predicted goodput is
 // within this fraction of the current tier's, with its cost or the line
@@ -83,6 +84,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   const auto warmup = static_cast<std::uint64_t>(config_.warmup_batches);
   const auto interval = static_cast<std::uint64_t>(config_.update_interval);
   const std::size_t before = index_;
+  const std::uint64_t shadowed_requests = std::exchange(shadow_requests_, 0);
 
   observe(accept_lengths, round_seconds, sampled);
   ++batches_on_tier_;
@@ -138,8 +140,11 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     const std::size_t target = phase_change_target();
     if (target != phase_change_tier_) phase_change_tier_ = target, phase_change_requests_ = 0;
     if (target == index_) return index_;
-    phase_change_requests_ += accept_lengths.size();
-    if (accept_lengths.size() < 2 && phase_change_requests_ < kPhaseChangeRequests) return index_;
+    // The evidence is the requests that observed: at tier 0 the shadowed ones (a lookup checked now and
+    // then), not the batch; one lucky lookup beside unchecked requests is not a phase.
+    const std::uint64_t evidence = current_steps() == 0 ? shadowed_requests : accept_lengths.size();
+    phase_change_requests_ += evidence;
+    if (evidence < 2 && phase_change_requests_ < kPhaseChangeRequests) return index_;
     ++decisions_;
     move_to(target, /*is_decision=*/true);
   } else if (!decide(config_.min_gain)) {
@@ -200,6 +205,7 @@ void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_se
 void GoodputPolicy::shadow(std::span<const int> accept_lengths, int steps) {
   if (accept_lengths.empty() || steps <= 0 || current_steps() > 0) return;  // a drafting tier observes itself
   shadow_depth_ = std::min(steps, AdaptiveConfig::kMaxSteps);
+  shadow_requests_ += accept_lengths.size();
   observe_acceptance(accept_lengths, shadow_depth_);
   shadow_fresh_ = true;
   shadow_seen_ = true;

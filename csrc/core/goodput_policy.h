@@ -104,6 +104,7 @@ class GoodputPolicy {
   CostModel costs_;
   std::size_t phase_change_tier_;            // where the last batches pointed
   std::uint64_t phase_change_requests_ = 0;  // requests in those batches
+  std::uint64_t shadow_requests_ = 0;        // shadow observations since the last update (tier 0's evidence)
   mutable std::vector<double> scratch_;      // candidates_.size(): costs
   int last_table_ = 0;
   std::uint64_t probe_batches_;          // candidates * probe_rounds

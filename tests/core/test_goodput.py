@@ -588,3 +588,28 @@ def test_one_lucky_request_is_not_a_phase(acceptance_model):
         tiers = run(params, 0.37, lambda k: 1.0 + 0.1 * k, 800, random.Random(seed), batch=1)
         up_moves += sum(b > a for a, b in zip(tiers, tiers[1:]))
     assert up_moves <= 1  # acting on 4 requests in a row pointing up: 8 up moves in these 4000 batches
+
+
+def test_one_lucky_lookup_at_tier_zero_is_not_a_phase():
+    # batch 2 at tier 0, NGRAM-like: one request's lookup checked every 4th round (the shadows), drafts failing
+    # but for one lucky lookup that would have accepted all 7. That is one request's evidence, not a phase: the
+    # policy stays at tier 0 between decisions. Both requests' lookups accepting in one round are a phase.
+    def feed(params, rounds, lucky_at, shadow):
+        tiers = []
+        for round_index in range(rounds):
+            tiers.append(params.current_steps)
+            if params.current_steps == 0 and round_index % 4 == 0:
+                params.shadow(shadow if round_index == lucky_at else [0], 7)
+            params.update([0, 0], 1.0 + 0.03 * params.current_steps)
+        return tiers
+
+    for seed_round in (40, 80, 120):
+        params = goodput(0, candidate_steps=[0, 1, 3, 7], probe_rounds=0, warmup_batches=0, update_interval=1000,
+                         probe_interval=10_000)
+        params.expect_shadows()
+        assert set(feed(params, 200, seed_round, [7])) == {0}
+    params = goodput(0, candidate_steps=[0, 1, 3, 7], probe_rounds=0, warmup_batches=0, update_interval=1000,
+                     probe_interval=10_000)
+    params.expect_shadows()
+    tiers = feed(params, 100, 40, [7, 7])
+    assert tiers[40] == 0 and tiers[41] > 0, tiers[36:46]
