@@ -16,6 +16,10 @@ from specswap._core import AdaptiveSpeculativeParams, StatePool
 from specswap.adaptive_config import ConfigSource, load_adaptive_config
 
 
+# the most of a verify's own seconds that the lookups of the plain rounds before it may add to it
+CARRY_LIMIT = 0.25
+
+
 class AdaptiveController:
     """Owns the policy for one worker's state pool, whose active tier is the start-up tier.
 
@@ -38,6 +42,9 @@ class AdaptiveController:
         if missing:
             raise ValueError(f"candidate tiers {missing} have no state in the pool (it holds {pool.tiers()}); build "
                              f"the worker with every candidate in tiers=")
+        # the lookups of plain decodes run in the active tier's place since its last verify: charged to its next
+        # verify, so a tier's cost is what being at it costs (see observe)
+        self._carried_seconds, self._carried_tier = 0.0, None
         pool.activate(self.params.current_steps)
         if row_costs:
             self.set_row_costs(row_costs)
@@ -76,15 +83,25 @@ class AdaptiveController:
         """Feed one round's result (``worker.RoundResult``): the drafter's tier-0 checks (shadow observations),
         then the verify of the active tier (its accepted draft counts, bonus excluded, of the requests that
         speculated; the round's wall time; whether it sampled), or, for a plain decode run in the drafting tier's
-        place, that decode's cost as tier 0's. Returns the tier the pool switched to, or None when it stays;
-        the switch applies from the next round."""
+        place, that decode's cost less the drafter's lookup as tier 0's. The lookups of such plain decodes are a
+        cost of the drafting tier (tier 0 does not pay them), so they are added to its next verify's seconds:
+        its predicted goodput is then the one being at it yields, plain rounds included. Returns the tier the
+        pool switched to, or None when it stays; the switch applies from the next round."""
         if result.shadow is not None:
             self.params.shadow(result.shadow.accept_lengths, result.shadow.steps)
+        if self._carried_tier != result.tier:
+            self._carried_seconds, self._carried_tier = 0.0, result.tier
         if not result.measured_tier:
-            self.params.plain_round(len(result.accept_lengths), result.round_seconds, result.sampled)
+            self.params.plain_round(len(result.accept_lengths), result.round_seconds - result.lookup_seconds,
+                                    result.sampled)
+            self._carried_seconds += result.lookup_seconds
             return None
+        # at most a quarter of the verify's own time: well below the cost model's outlier bar (1.6x), which
+        # would drop the round (a long run of plain rounds then charges the tier less than it cost)
+        seconds = result.round_seconds + min(self._carried_seconds, CARRY_LIMIT * result.round_seconds)
+        self._carried_seconds = 0.0
         accepted = [a for a, speculated in zip(result.accept_lengths, result.speculating) if speculated]
-        if not accepted or not self.params.update(accepted, result.round_seconds, result.sampled):
+        if not accepted or not self.params.update(accepted, seconds, result.sampled):
             return None
         self.pool.activate(self.params.current_steps)
         return self.params.current_steps

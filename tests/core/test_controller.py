@@ -78,6 +78,31 @@ def test_a_plain_decode_in_the_tier_s_place_is_timed_as_tier_zero_never_a_switch
     assert controller.stats()["measured_costs"]["greedy"][2][0] == 0.5
 
 
+def test_a_plain_decode_s_lookup_is_charged_to_the_drafting_tier_not_to_tier_zero():
+    # NGRAM at tier 3: each plain round cost 0.5 s, 0.1 of it the lookup that found nothing. Tier 0 is priced
+    # without the lookup (0.4); the lookups are added to tier 3's next verify (1.0 + 0.2), at most a quarter of
+    # its own time (the third verify: 0.8 of lookups, charged 0.25)
+    pool = pool_of(tiers=(0, 1, 3), start=3)
+    controller = AdaptiveController(pool, {"policy": "goodput", "candidate_steps": [0, 1, 3], "probe_rounds": 0,
+                                           "ema_alpha": 1.0, "warmup_batches": 100})
+
+    def plain():
+        result = verified([0, 0], 3, seconds=0.5, ran=0)
+        result.lookup_seconds = 0.1
+        assert controller.observe(result) is None
+
+    plain(), plain()
+    assert controller.stats()["measured_costs"]["greedy"][2][0] == pytest.approx(0.4)
+    controller.observe(verified([1, 1], 3, seconds=1.0))
+    assert controller.stats()["measured_costs"]["greedy"][2][3] == pytest.approx(1.2)
+    controller.observe(verified([1, 1], 3, seconds=1.0))  # nothing carried: its own time
+    assert controller.stats()["measured_costs"]["greedy"][2][3] == pytest.approx(1.0)
+    for _ in range(8):
+        plain()
+    controller.observe(verified([1, 1], 3, seconds=1.0))
+    assert controller.stats()["measured_costs"]["greedy"][2][3] == pytest.approx(1.25)
+
+
 def test_shadows_reach_the_policy():
     pool = pool_of(tiers=(0, 3), start=0)
     config = {"policy": "goodput", "candidate_steps": [0, 3], "probe_rounds": 0, "probe_interval": 10_000, **FAST}

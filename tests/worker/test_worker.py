@@ -280,10 +280,12 @@ def test_ngram_round_with_nothing_to_look_up_is_a_plain_decode_the_controller_do
     controller.observe(lonely)
     assert lonely.speculative_num_steps == 0 and lonely.accept_lengths == [0] and len(lonely.new_tokens[0]) == 1
     assert lonely.tier == 3 and not lonely.measured_tier
+    assert 0.0 < lonely.lookup_seconds < lonely.round_seconds  # the lookup that found nothing, within the round
     assert controller.params.num_batches == 0  # it tested no tier: no acceptance observation
     mixed = worker.decode_round([0, 1])
     controller.observe(mixed)
     assert mixed.speculative_num_steps == 3 and controller.params.num_batches == 1  # the tier runs for both
+    assert mixed.lookup_seconds == 0.0  # a verify's lookup is in its own round time
     tokens, _, _ = run_to_completion(SpeculativeWorker(target, None, "NGRAM", 3, max_batch_size=2, max_seq_len=96,
                                                  graphs=graphs), [lonely_prompt, every_token], 12)
     reference, _, _ = run_to_completion(SpeculativeWorker(target, None, None, max_batch_size=2, max_seq_len=96),

@@ -52,6 +52,9 @@ class RoundResult:
     shadow: Shadow | None = None  # the drafter's part: its tier-0 checks settled this round (Drafter.take_shadow)
     speculative_num_draft_tokens: int | None = None  # tokens the round verified per request (None: a chain's k + 1)
     ran_tier: int | None = None   # the key of the tier that ran (_core.tier_key; None: speculative_num_steps)
+    # a plain decode run in a drafting tier's place: the seconds the drafter spent finding nothing to verify
+    # (NGRAM's lookups), a cost of being at that tier that the plain decode itself is not
+    lookup_seconds: float = 0.0
 
     @property
     def measured_tier(self) -> bool:
@@ -342,9 +345,11 @@ class SpeculativeWorker:
             return RoundResult([], [], steps, active.stages.key)
         round_start = time.perf_counter()  # the round's cost, for the goodput policy
         table = self.slots
+        lookup_seconds = 0.0
         if not self.drafter.begin_round(round_.stages, slots):
             # nothing worth verifying (NGRAM: no request's last token occurs earlier): a plain decode, tier 0
             round_ = self._plain_round
+            lookup_seconds = time.perf_counter() - round_start
         tier = round_.stages
         steps = tier.speculative_num_steps
         key_length = max(table.host_seq_lens[s] for s in slots) + tier.writes_past  # > every position written
@@ -373,4 +378,4 @@ class SpeculativeWorker:
         speculating = [True] * len(slots) if plain is None else [row not in plain.rows for row in range(len(slots))]
         return RoundResult(new_tokens, accept_list, steps, active.stages.key,
                            time.perf_counter() - round_start, not all_greedy, speculating, shadow,
-                           tier.speculative_num_draft_tokens, tier.key)
+                           tier.speculative_num_draft_tokens, tier.key, lookup_seconds)
