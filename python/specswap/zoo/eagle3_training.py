@@ -124,9 +124,12 @@ def capture_layer_ids(num_layers: int) -> list[int]:
 
 
 def make_head(target, token_map: torch.Tensor, warm_start: bool = False,
-              aux_layer_ids: tuple[int, ...] | None = None) -> Eagle3Head:
+              aux_layer_ids: tuple[int, ...] | None = None, feature_scale: float = 1.0) -> Eagle3Head:
     """A head shaped like one of the target's layers (Gemma: its local rotary base), fresh init, fp32; with
-    ``warm_start`` an early exit of the target at its highest capture point (see ``Eagle3Recipe.warm_start``)."""
+    ``warm_start`` an early exit of the target at its highest capture point (see ``Eagle3Recipe.warm_start``),
+    that feature passed through times ``feature_scale``. The norms after fc make the exit the same at any scale,
+    but the layer's residual branches start small: a hidden state of the residual stream's size (Gemma's is
+    hundreds) leaves them nothing to move, one of rms 1 lets them learn."""
     config = target.config
     rope = getattr(config, "rope_local", None) or config.rope
     head_config = Eagle3Config(
@@ -147,7 +150,7 @@ def make_head(target, token_map: torch.Tensor, warm_start: bool = False,
             order = sorted(range(len(head.capture_points)), key=lambda i: head.capture_points[i])
             highest = order[-1]
             head.fc.weight.zero_()
-            head.fc.weight[:, highest * hidden:(highest + 1) * hidden] = torch.eye(hidden)
+            head.fc.weight[:, highest * hidden:(highest + 1) * hidden] = torch.eye(hidden) * feature_scale
             final_norm = target.model.norm
             head.norm.weight.copy_(final_norm.weight.float() + final_norm.weight_offset)
             head.lm_head.weight.copy_(target.lm_head.weight.detach()[token_map].float())
@@ -326,6 +329,13 @@ def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Re
     token_map = data["token_map"]
     head = make_head(target, token_map, recipe.warm_start, recipe.aux_layer_ids)
     cache_features(target, work, data, recipe, head.capture_points)
+    heldout = torch.load(work / "heldout.pt")
+    if recipe.warm_start:  # the passed-through feature scaled to rms 1 (measured on the held-out windows)
+        highest = max(range(len(head.capture_points)), key=lambda i: head.capture_points[i])
+        size = target.config.hidden_size
+        rms = heldout["fused"][..., highest * size:(highest + 1) * size].float().pow(2).mean().sqrt().item()
+        torch.manual_seed(recipe.seed)
+        head = make_head(target, token_map, True, recipe.aux_layer_ids, feature_scale=1.0 / rms)
 
     optimizer = make_optimizer(head, recipe.lr)
     generator = torch.Generator().manual_seed(recipe.seed + 2)
@@ -340,7 +350,6 @@ def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Re
         print(f"resuming at step {state['step']} (chunk {state['chunks']})", file=sys.stderr)
     shards = [torch.load(path) for path in sorted(work.glob("features-*.pt"))]
     tokens, fused, final = (torch.cat([s[name] for s in shards]) for name in ("tokens", "fused", "final"))
-    heldout = torch.load(work / "heldout.pt")
     draft_rows = target.lm_head.weight.detach()[token_map].float()           # [Vd, H]
 
     bar = tqdm(desc=f"{target_name} eagle3", unit="step", initial=state["step"], total=recipe.planned_steps,
