@@ -68,11 +68,8 @@ def test_a_warm_started_head_is_the_targets_early_exit_at_its_highest_capture_po
     layers = target.config.num_hidden_layers
     aux = (0, 1, layers - 1) if last_layer else None  # the last layer's output: the head starts as the target
     torch.manual_seed(0)
-    head = make_head(target, token_map, warm_start=True, aux_layer_ids=aux, feature_scale=0.1 if last_layer else 1.0)
+    head = make_head(target, token_map, warm_start=True, aux_layer_ids=aux)
     assert max(head.capture_points) == (layers if last_layer else max(2, layers // 2, layers - 3))
-    with torch.no_grad():  # silence the layer's two residual branches: what is left is the warm start itself
-        head.midlayer.self_attn.o_proj.weight.zero_()
-        head.midlayer.mlp.down_proj.weight.zero_()
     tokens = torch.randint(0, 2048, (2, 10))
     positions = torch.arange(10).expand(2, -1)
     highest = max(head.capture_points)
@@ -122,6 +119,33 @@ def test_training_in_chunks_resumes_and_ships_a_lossless_head(tmp_path, capfd):
     expected = run_to_completion(SpeculativeWorker(models.target, None, None, max_seq_len=64), prompts, 12)[0]
     worker = SpeculativeWorker(models.target, head, "EAGLE3", speculative_num_steps=3, max_seq_len=64)
     assert run_to_completion(worker, prompts, 12)[0] == expected
+
+
+@needs_tiny
+def test_a_head_trained_on_scaled_features_is_written_reading_raw_ones(tmp_path):
+    from specswap.models.eagle3 import load_eagle3_head
+    from specswap.zoo.eagle3_training import feature_scale, load_target, ship
+    target, _ = load_target("tiny", torch.float32)
+    torch.manual_seed(1)
+    head = make_head(target, torch.arange(0, 2048, 4))
+    tokens = torch.randint(0, 2048, (2, 10))
+    with torch.no_grad():
+        fused = target(tokens, torch.arange(10).expand(2, -1), None, None, with_logits=False,
+                       aux_points=head.capture_points).hidden * torch.tensor([3.0, 300.0, 30.0]).repeat_interleave(256)
+    scale = feature_scale(fused, 3)
+    blocks = (fused * scale).unflatten(-1, (3, -1))
+    torch.testing.assert_close(blocks.pow(2).mean(dim=(0, 1, 3)), torch.ones(3))  # each point at rms 1
+    before = head.fc.weight.clone()
+    ship(head, scale, tmp_path, Eagle3Recipe(save_dtype="float32"), {"best": None, "evals": [], "curve": [],
+                                                                      "step": 0, "seconds": 0.0},
+         {"summary": {}}, "tiny")
+    assert torch.equal(head.fc.weight, before)  # the training head keeps its own weights
+    loaded = load_eagle3_head(tmp_path, target, torch.float32)
+    with torch.no_grad():
+        expected = unrolled(head, tokens, fused * scale, 2)
+        written = unrolled(loaded, tokens, fused, 2)
+    for a, b in zip(written, expected):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_the_zoo_command_forwards_train_eagle3(monkeypatch, tmp_path, capsys):

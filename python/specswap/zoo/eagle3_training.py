@@ -124,12 +124,10 @@ def capture_layer_ids(num_layers: int) -> list[int]:
 
 
 def make_head(target, token_map: torch.Tensor, warm_start: bool = False,
-              aux_layer_ids: tuple[int, ...] | None = None, feature_scale: float = 1.0) -> Eagle3Head:
+              aux_layer_ids: tuple[int, ...] | None = None) -> Eagle3Head:
     """A head shaped like one of the target's layers (Gemma: its local rotary base), fresh init, fp32; with
-    ``warm_start`` an early exit of the target at its highest capture point (see ``Eagle3Recipe.warm_start``),
-    that feature passed through times ``feature_scale``. The norms after fc make the exit the same at any scale,
-    but the layer's residual branches start small: a hidden state of the residual stream's size (Gemma's is
-    hundreds) leaves them nothing to move, one of rms 1 lets them learn."""
+    ``warm_start`` an early exit of the target at its highest capture point (see ``Eagle3Recipe.warm_start``):
+    that feature passed through, the layer the identity."""
     config = target.config
     rope = getattr(config, "rope_local", None) or config.rope
     head_config = Eagle3Config(
@@ -150,7 +148,11 @@ def make_head(target, token_map: torch.Tensor, warm_start: bool = False,
             order = sorted(range(len(head.capture_points)), key=lambda i: head.capture_points[i])
             highest = order[-1]
             head.fc.weight.zero_()
-            head.fc.weight[:, highest * hidden:(highest + 1) * hidden] = torch.eye(hidden) * feature_scale
+            head.fc.weight[:, highest * hidden:(highest + 1) * hidden] = torch.eye(hidden)
+            # the layer starts as the identity: its two residual branches' output projections at 0 (they get
+            # gradients at once; the rest of the branch from the next step)
+            head.midlayer.self_attn.o_proj.weight.zero_()
+            head.midlayer.mlp.down_proj.weight.zero_()
             final_norm = target.model.norm
             head.norm.weight.copy_(final_norm.weight.float() + final_norm.weight_offset)
             head.lm_head.weight.copy_(target.lm_head.weight.detach()[token_map].float())
@@ -330,12 +332,12 @@ def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Re
     head = make_head(target, token_map, recipe.warm_start, recipe.aux_layer_ids)
     cache_features(target, work, data, recipe, head.capture_points)
     heldout = torch.load(work / "heldout.pt")
-    if recipe.warm_start:  # the passed-through feature scaled to rms 1 (measured on the held-out windows)
-        highest = max(range(len(head.capture_points)), key=lambda i: head.capture_points[i])
-        size = target.config.hidden_size
-        rms = heldout["fused"][..., highest * size:(highest + 1) * size].float().pow(2).mean().sqrt().item()
-        torch.manual_seed(recipe.seed)
-        head = make_head(target, token_map, True, recipe.aux_layer_ids, feature_scale=1.0 / rms)
+    torch.manual_seed(recipe.seed)
+    head = make_head(target, token_map, recipe.warm_start, recipe.aux_layer_ids)
+    # fc trains on features scaled to rms 1 per capture point (measured on the held-out windows), folded into
+    # its weight when a head is written: raw residual streams (Gemma's are hundreds to thousands) make every
+    # optimizer step of fc move the hidden state by far more than its own size
+    scale = feature_scale(heldout["fused"], len(head.capture_points))
 
     optimizer = make_optimizer(head, recipe.lr)
     generator = torch.Generator().manual_seed(recipe.seed + 2)
@@ -365,7 +367,8 @@ def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Re
         for _ in range(min(recipe.chunk_steps, recipe.planned_steps - state["step"])):
             pick = torch.randint(0, len(tokens), (recipe.train_batch,), generator=generator)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss, parts = ttt_loss(head, target, draft_rows, tokens[pick], fused[pick], final[pick], recipe)
+                loss, parts = ttt_loss(head, target, draft_rows, tokens[pick], fused[pick].float() * scale,
+                                       final[pick], recipe)
             loss.backward()
             step_optimizer(optimizer, head, learning_rate(state["step"], recipe.planned_steps, recipe.lr,
                                                           recipe.warmup_fraction))
@@ -381,13 +384,14 @@ def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Re
         last = state["step"] >= recipe.planned_steps or time.monotonic() >= deadline or \
             (max_chunks is not None and chunks_run >= max_chunks)
         if state["chunks"] % recipe.eval_every_chunks == 0 or last:
-            top1 = heldout_top1(head, heldout["tokens"], heldout["fused"], heldout["target_next"], recipe)
+            top1 = heldout_top1(head, heldout["tokens"], heldout["fused"].float() * scale, heldout["target_next"],
+                                recipe)
             state["evals"].append({"step": state["step"], **top1})
             bar.write(f"step {state['step']}: held-out top-1 per unrolled step {top1}")
             score = sum(top1.values()) / len(top1)
             if state["best"] is None or score > state["best"]["mean"]:
                 state["best"] = {"step": state["step"], "mean": round(score, 4), **top1}
-                ship(head, out, recipe, state, data, target_name)
+                ship(head, scale, out, recipe, state, data, target_name)
         checkpoint = {"head": head.state_dict(), "optimizer": optimizer.state_dict(),
                       "generator": generator.get_state(), "state": state}
         torch.save(checkpoint, work / "checkpoint.part")
@@ -397,14 +401,31 @@ def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Re
             "train_seconds": round(state["seconds"], 1)}
 
 
-def ship(head: Eagle3Head, out: Path, recipe: Eagle3Recipe, state: dict, data: dict, target_name: str) -> None:
-    save_eagle3_head(head, out, dtype=getattr(torch, recipe.save_dtype))
+def feature_scale(fused: torch.Tensor, points: int) -> torch.Tensor:
+    """[points * H]: per capture point, 1 / the rms of its features in ``fused`` [..., points * H]."""
+    blocks = fused.float().unflatten(-1, (points, -1))
+    rms = blocks.pow(2).mean(dim=tuple(range(blocks.dim() - 2)) + (-1,)).sqrt()   # [points]
+    return (1.0 / rms).repeat_interleave(blocks.shape[-1])
+
+
+def ship(head: Eagle3Head, scale: torch.Tensor, out: Path, recipe: Eagle3Recipe, state: dict, data: dict,
+         target_name: str) -> None:
+    """Write the head with the feature scale folded into fc (it reads raw features, as SGLang's does)."""
+    trained = head.fc.weight.detach().clone()
+    with torch.no_grad():
+        head.fc.weight.mul_(scale)
+    try:
+        save_eagle3_head(head, out, dtype=getattr(torch, recipe.save_dtype))
+    finally:
+        with torch.no_grad():
+            head.fc.weight.copy_(trained)
     record = {
         "model": f"{target_name}-eagle3", "target": target_name,
         "kind": f"EAGLE-3 head for {target_name} (LlamaForCausalLMEagle3 layout; shares the target's embedding; "
                 f"{head.draft_vocab_size}-token draft vocabulary)",
         "aux_layer_ids": list(head.config.aux_layer_ids or ()),
         "parameters": sum(p.numel() for p in head.parameters()),
+        "feature_rms": [round(1.0 / float(v), 2) for v in scale.view(len(head.capture_points), -1)[:, 0]],
         "best": state["best"], "evals": state["evals"], "loss_curve": state["curve"], "steps": state["step"],
         "train_seconds": round(state["seconds"], 1), "recipe": asdict(recipe), "data": data["summary"],
         "licence": TARGETS[target_name],
