@@ -89,6 +89,10 @@ def test_modes_default_to_the_candidates_and_reject_unknown_names():
                                                                       "adaptive"]
     assert list(mode_settings(["static2", "adaptive"], "EAGLE", [1, 3], 3, None)) == ["static2", "adaptive"]
     assert list(mode_settings(None, None, [1, 3, 7], 3, None)) == ["baseline"]
+    with_trees = mode_settings(None, "EAGLE", [1, 2], 2, None, [(3, 2, 6)])  # a config's trees are static modes
+    assert list(with_trees) == ["baseline", "static1", "static2", "tree3x2x6", "adaptive"]
+    assert with_trees["tree3x2x6"] == {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
+                                       "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 6}
     with pytest.raises(ValueError, match="unknown bench mode"):
         mode_settings(["static3", "fast"], "NGRAM", [1, 3, 7], 3, None)
 
@@ -176,6 +180,10 @@ def test_the_oracle_includes_the_baseline_when_tier_0_is_a_candidate(tmp_path):
     auto = tmp_path / "auto.json"  # "candidate_trees": "auto" (the Engine fills it) reads as its chains
     auto.write_text(json.dumps({"policy": "goodput", "candidate_steps": [0, 1, 3], "candidate_trees": "auto"}))
     assert oracle_candidates(modes, str(auto)) == oracle_candidates(modes, str(with_zero))
+    from specswap.bench.cli import candidate_trees
+    trees = tmp_path / "trees.json"
+    trees.write_text(json.dumps({"policy": "goodput", "candidate_steps": [0, 1], "candidate_trees": [[3, 2, 6]]}))
+    assert candidate_trees(str(trees)) == [(3, 2, 6)] and candidate_trees(str(auto)) == [] == candidate_trees(None)
     baseline_wins_low = {
         "baseline": _mode(_phase("low", 100, 1.0), _phase("high", 100, 1.0)),
         "static1": _mode(_phase("low", 100, 2.0), _phase("high", 100, 0.5)),

@@ -28,8 +28,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="warm-up requests per mode, on a throwaway engine with the same settings (0: none)")
     parser.add_argument("--modes", nargs="+", default=None,
                         help="subset of: baseline, static<k>, tree<steps>x<topk>x<num_draft_tokens> (a static draft "
-                             "tree, e.g. tree3x2x6), adaptive (default: baseline, one static mode per candidate tier, "
-                             "adaptive)")
+                             "tree, e.g. tree3x2x6), adaptive (default: baseline, one static mode per candidate chain and "
+                             "per candidate tree of the adaptive config, adaptive)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the modes this many times, interleaved; figures pool every repeat")
     parser.add_argument("--seed", type=int, default=0, help="request i of a mode is seeded with seed + i")
@@ -50,6 +50,15 @@ def candidate_steps(config_path: str | None, with_zero: bool = False) -> list[in
     return [int(k) for k in read_adaptive_config(config_path)[0].candidate_steps if with_zero or int(k) > 0]
 
 
+def candidate_trees(config_path: str | None) -> list[tuple[int, int, int]]:
+    """The adaptive config's candidate trees (static modes too; none for "auto", which the Engine fills in from
+    the machine's row costs: name them with --modes tree<steps>x<topk>x<num_draft_tokens>)."""
+    if config_path is None:
+        return []
+    from specswap.adaptive_config import read_adaptive_config
+    return [tuple(int(v) for v in tree) for tree in read_adaptive_config(config_path)[0].candidate_trees]
+
+
 def oracle_candidates(modes: dict[str, Any], config_path: str | None) -> list[str]:
     """The modes the oracle switches among: every static chain and tree, and the baseline when tier 0 (no
     speculation) is one of adaptive's candidates: adaptive may pick it, so the oracle may too."""
@@ -60,12 +69,17 @@ def oracle_candidates(modes: dict[str, Any], config_path: str | None) -> list[st
 
 
 def mode_settings(modes: list[str] | None, algorithm: str | None, steps: list[int], initial_steps: int,
-                  adaptive_config: str | None) -> dict[str, dict[str, Any]]:
-    """Mode name -> build_engine keyword arguments."""
+                  adaptive_config: str | None, trees: list[tuple[int, int, int]] = ()) -> dict[str, dict[str, Any]]:
+    """Mode name -> build_engine keyword arguments (by default: the baseline, a static mode per candidate
+    chain ``steps`` and tree ``trees``, adaptive)."""
     available: dict[str, dict[str, Any]] = {"baseline": {"speculative_algorithm": None}}
     if algorithm is not None:
         for k in steps:
             available[f"static{k}"] = {"speculative_algorithm": algorithm, "speculative_num_steps": k}
+        for depth, topk, nodes in trees:
+            available[f"tree{depth}x{topk}x{nodes}"] = {
+                "speculative_algorithm": algorithm, "speculative_num_steps": depth, "speculative_eagle_topk": topk,
+                "speculative_num_draft_tokens": nodes}
         available["adaptive"] = {"speculative_algorithm": algorithm, "speculative_num_steps": initial_steps,
                                  "speculative_adaptive": True, "speculative_adaptive_config": adaptive_config}
     if modes is None:
@@ -185,7 +199,7 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
                              args.draft_quantization, args.weights)
         steps = candidate_steps(args.speculative_adaptive_config)
         modes = mode_settings(args.modes, models.speculative_algorithm, steps, args.speculative_num_steps,
-                              args.speculative_adaptive_config)
+                              args.speculative_adaptive_config, candidate_trees(args.speculative_adaptive_config))
         result.update(model=models.name, speculative_algorithm=models.speculative_algorithm, dtype=str(models.dtype),
                       weights=models.weights,
                       num_parameters=sum(p.numel() for p in models.target.parameters()))
