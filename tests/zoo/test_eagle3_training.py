@@ -36,16 +36,27 @@ def small_corpus() -> Corpus:
     return corpus
 
 
-@needs_tiny
-def test_the_unrolled_training_forward_is_the_run_time_draft_chain():
+TOKEN_MAP = torch.arange(0, 2048, 4)
+
+
+def tiny_head(length: int, seed: int = 0, **head_options):
+    """The tiny target, a head made for it (``make_head`` options), 2 random token windows [2, length] and the
+    target's fused features there [2, length, 3H]."""
     from specswap.zoo.eagle3_training import load_target
     target, _ = load_target("tiny", torch.float32)
-    torch.manual_seed(0)
-    head = make_head(target, torch.arange(0, 2048, 4))
-    tokens = torch.randint(0, 2048, (2, 12))
+    torch.manual_seed(seed)
+    head = make_head(target, TOKEN_MAP, **head_options)
+    tokens = torch.randint(0, 2048, (2, length))
     with torch.no_grad():
-        fused = target(tokens, torch.arange(12).expand(2, -1), None, None, with_logits=False,
+        fused = target(tokens, torch.arange(length).expand(2, -1), None, None, with_logits=False,
                        aux_points=head.capture_points).hidden
+    return target, head, tokens, fused
+
+
+@needs_tiny
+def test_the_unrolled_training_forward_is_the_run_time_draft_chain():
+    target, head, tokens, fused = tiny_head(12)
+    with torch.no_grad():
         steps = unrolled(head, tokens, fused, 3)
         for q in (0, 4, 7):  # entry q: a cache over head positions 0..q (target features), then draft steps
             cache = head.make_cache(2, 16)
@@ -62,19 +73,15 @@ def test_the_unrolled_training_forward_is_the_run_time_draft_chain():
 @needs_tiny
 @pytest.mark.parametrize("last_layer", [False, True])
 def test_a_warm_started_head_is_the_targets_early_exit_at_its_highest_capture_point(last_layer):
-    from specswap.zoo.eagle3_training import load_target
-    target, _ = load_target("tiny", torch.float32)
-    token_map = torch.arange(0, 2048, 4)
-    layers = target.config.num_hidden_layers
+    layers = 4  # the tiny target's
     aux = (0, 1, layers - 1) if last_layer else None  # the last layer's output: the head starts as the target
-    torch.manual_seed(0)
-    head = make_head(target, token_map, warm_start=True, aux_layer_ids=aux)
+    target, head, tokens, fused = tiny_head(10, warm_start=True, aux_layer_ids=aux)
+    token_map = TOKEN_MAP
+    assert target.config.num_hidden_layers == layers
     assert max(head.capture_points) == (layers if last_layer else max(2, layers // 2, layers - 3))
-    tokens = torch.randint(0, 2048, (2, 10))
     positions = torch.arange(10).expand(2, -1)
     highest = max(head.capture_points)
     with torch.no_grad():
-        fused = target(tokens, positions, None, None, with_logits=False, aux_points=head.capture_points).hidden
         exit_hidden = target(tokens, positions, None, None, with_logits=False, aux_points=(highest,)).hidden
         expected = target.lm_head(target.model.norm(exit_hidden))[..., token_map]
         logits = unrolled(head, tokens, fused, 1)[0]
@@ -124,14 +131,9 @@ def test_training_in_chunks_resumes_and_ships_a_lossless_head(tmp_path, capfd):
 @needs_tiny
 def test_a_head_trained_on_scaled_features_is_written_reading_raw_ones(tmp_path):
     from specswap.models.eagle3 import load_eagle3_head
-    from specswap.zoo.eagle3_training import feature_scale, load_target, ship
-    target, _ = load_target("tiny", torch.float32)
-    torch.manual_seed(1)
-    head = make_head(target, torch.arange(0, 2048, 4))
-    tokens = torch.randint(0, 2048, (2, 10))
-    with torch.no_grad():
-        fused = target(tokens, torch.arange(10).expand(2, -1), None, None, with_logits=False,
-                       aux_points=head.capture_points).hidden * torch.tensor([3.0, 300.0, 30.0]).repeat_interleave(256)
+    from specswap.zoo.eagle3_training import feature_scale, ship
+    target, head, tokens, fused = tiny_head(10, seed=1)
+    fused = fused * torch.tensor([3.0, 300.0, 30.0]).repeat_interleave(256)  # points of very different sizes
     scale = feature_scale(fused, 3)
     blocks = (fused * scale).unflatten(-1, (3, -1))
     torch.testing.assert_close(blocks.pow(2).mean(dim=(0, 1, 3)), torch.ones(3))  # each point at rms 1
