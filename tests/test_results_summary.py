@@ -140,3 +140,18 @@ def test_the_command_line_check(repository):
 ])
 def test_the_cpu_is_shortened_to_model_and_vector_isa(line, short):
     assert render_results.cpu_short({"cpu": line}) == short
+
+
+def test_engine_rows_at_several_temperatures_name_them_and_training_curves_are_training_records():
+    rows = [{"workload": "code", "temperature": t, "batch_size": 1, "config": c, "ratio": r}
+            for t in (0.0, 1.0) for c, r in (("no-spec", 1.0), ("eagle3 static-1", 0.8 + t / 10))]
+    data = {**PROVENANCE, "command": "bench/bench_engine.py --model gemma-3-270m", "prompt_set": "report",
+            "rows": rows}
+    assert render_results.kind(data) == "engine"
+    assert render_results.engine_rows(data)[1] == "eagle3 static-1: code T=0 0.80x, code T=1 0.90x (x no speculation)"
+    single = {**data, "rows": [row for row in rows if row["temperature"] == 0.0]}
+    assert render_results.engine_rows(single)[1] == "eagle3 static-1: code 0.80x (x no speculation)"
+    curve = {**PROVENANCE, "kind": "EAGLE-3 head", "best": {"step": 20, "step1": 0.5, "step2": 0.4},
+             "evals": [{"step": 20, "step1": 0.5, "step2": 0.4}]}
+    assert render_results.kind(curve) == "training"
+    assert render_results.training(curve)[1] == "held-out top-1 0.5 / 0.4 at draft steps 1-2 (no ratios)"

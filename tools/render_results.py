@@ -14,7 +14,7 @@ How a JSON is summarised depends on its kind, recognised by its keys: a phased `
 (``ratios``), a ``bench/bench_llamacpp.py`` run (rows with ``runtime`` and ``mode``), a
 ``bench/bench_gemma_forward.py`` run (``forward_ratio_to_one``), a ``bench/bench_qlinear.py`` run
 (``ratio_to_one_row``), a ``bench/bench_engine.py`` run (rows with ``config`` and ``ratio``), a training record
-(``best`` and ``acceptance``), an A/B of two commits (``runs`` with ``pair`` and ``commit``); any other JSON gets
+(``best`` and ``acceptance`` or ``evals``), an A/B of two commits (``runs`` with ``pair`` and ``commit``); any other JSON gets
 the ranges of its ratio-like keys (``ratio``, ``speedup``, ``vs_``, ``_over_``).
 """
 
@@ -237,10 +237,15 @@ def engine_rows(data: dict) -> tuple[str, str]:
             f"batch {'/'.join(str(b) for b in dict.fromkeys(row.get('batch_size') for row in rows))}, "
             f"{data.get('prompt_set')} prompts")
     parts = []
+    temperatures = len({row.get("temperature") for row in rows}) > 1  # --temperatures: each workload at several
+
+    def label(row: dict) -> str:
+        return f"{row['workload']} T={fixed(row['temperature'], 0)}" if temperatures else row["workload"]
+
     for config in dict.fromkeys(row["config"] for row in rows):
         if config == "no-spec":
             continue
-        cells = [f"{row['workload']} {x(row['ratio'])}" for row in rows
+        cells = [f"{label(row)} {x(row['ratio'])}" for row in rows
                  if row["config"] == config and _number(row.get("ratio"))]
         parts.append(f"{config}: {', '.join(cells)}")
     return what, "; ".join(parts) + " (x no speculation)"
@@ -367,7 +372,8 @@ def kind(data: dict) -> str:
         return "qlinear"
     if rows and all("config" in row and "workload" in row for row in rows):
         return "engine"
-    if isinstance(data.get("best"), dict) and isinstance(data.get("acceptance"), dict):
+    if isinstance(data.get("best"), dict) and (isinstance(data.get("acceptance"), dict)
+                                               or isinstance(data.get("evals"), list)):
         return "training"
     if runs and all({"pair", "commit", "tokens_per_second", "model"} <= set(row) for row in runs):
         return "ab"
