@@ -86,7 +86,8 @@ class Eagle3Recipe:
     # several times slower than fp32), "on", "off"
     autocast: str = "auto"
     # the head starts as an early exit of the target: fc passes the highest capture point's residual stream
-    # through (the other points' columns start at 0), norm and lm_head are the target's final norm and its draft-vocabulary rows (False: all random)
+    # through (the other points' columns start at 0), the layer is the identity, norm and lm_head are the
+    # target's final norm and its draft-vocabulary rows (False: all random)
     warm_start: bool = True
     # eagle_aux_hidden_state_layer_ids: the target layers whose outputs are fused (None: SGLang's default, the
     # inputs of layers 2, L // 2 and L - 3); L - 1 is the last layer's output, the stream the final norm reads
@@ -145,8 +146,7 @@ def make_head(target, token_map: torch.Tensor, warm_start: bool = False,
                 torch.nn.init.normal_(parameter, std=0.02)
         if warm_start:
             hidden = config.hidden_size
-            order = sorted(range(len(head.capture_points)), key=lambda i: head.capture_points[i])
-            highest = order[-1]
+            highest = max(range(len(head.capture_points)), key=lambda i: head.capture_points[i])
             head.fc.weight.zero_()
             head.fc.weight[:, highest * hidden:(highest + 1) * hidden] = torch.eye(hidden)
             # the layer starts as the identity: its two residual branches' output projections at 0 (they get
@@ -329,11 +329,10 @@ def train(minutes: float, work: Path, out: Path, recipe: Eagle3Recipe = Eagle3Re
     target, tokenizer = load_target(target_name)
     data = prepare_data(work, tokenizer, target.config.vocab_size, recipe, corpus)
     token_map = data["token_map"]
+    torch.manual_seed(recipe.seed)
     head = make_head(target, token_map, recipe.warm_start, recipe.aux_layer_ids)
     cache_features(target, work, data, recipe, head.capture_points)
     heldout = torch.load(work / "heldout.pt")
-    torch.manual_seed(recipe.seed)
-    head = make_head(target, token_map, recipe.warm_start, recipe.aux_layer_ids)
     # fc trains on features scaled to rms 1 per capture point (measured on the held-out windows), folded into
     # its weight when a head is written: raw residual streams (Gemma's are hundreds to thousands) make every
     # optimizer step of fc move the hidden state by far more than its own size
