@@ -240,6 +240,9 @@ class DistributedGroup:
                     time.sleep(0.01)
         except Exception:  # a peer's store already gone: nothing left to wait for
             pass
+        # release the store now (rank 0: its server and that server's thread), while the interpreter is whole;
+        # held by the module's group until interpreter exit, its destruction there can abort the process
+        self._store = None
 
 
 class _StoreGone(Exception):
