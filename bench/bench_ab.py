@@ -3,6 +3,12 @@ same report prompts, each configuration run in a child process per checkout, alt
 repeats, so a slow minute of the machine hurts both alike. Reports tokens/s per checkout and B over A.
 
     python bench/bench_ab.py --a /path/to/old --b . --repeats 3 --json results/refactor-ab.json
+    python bench/bench_ab.py --a /path/to/old --b . --configs --forward 1,2,4,6,8 --json results/forward-ab.json
+
+``--forward T,...``: Gemma 3 270M's native forward at T new tokens (bench/bench_gemma_forward.py's measurement, in
+each checkout's child, alternating as above): milliseconds, each T's time over T = 1, and B over A. A kernel change
+shows there. ``SPECSWAP_CPU_CAPS`` reaches the children (``-avx512`` measures the AVX2 kernels on a CPU with
+AVX-512).
 
 A checkout is a directory with ``python/specswap`` and its built ``_C`` beside it (``tools/build_inplace.sh``, or
 the installed extension linked in). The children import only the public Engine API.
@@ -56,14 +62,56 @@ def child(config: str, new_tokens: int) -> None:
     print(json.dumps({"tokens_per_second": tokens / (time.perf_counter() - start), "tokens": tokens}))
 
 
-def run(checkout: Path, config: str, new_tokens: int, prompts: list[str]) -> float:
+def child_forward(lengths: list[int], repeats: int) -> None:
+    """Gemma's native forward per length in this process (this checkout's specswap); prints {T: ms}."""
+    import torch
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(HERE.parent))
+    from bench_gemma_forward import measure
+    rows = measure("native", lengths, 64, repeats)
+    print(json.dumps({str(row["tokens"]): row["forward_ms"] for row in rows}))
+
+
+def _child(checkout: Path, arguments: list[str], what: str, prompts: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=str(checkout / "python"), OMP_NUM_THREADS="1",
                **{PROMPTS_VARIABLE: json.dumps(prompts)})
-    done = subprocess.run([sys.executable, str(HERE), "--child", config, "--new-tokens", str(new_tokens)],
-                          env=env, cwd=checkout, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, str(HERE), *arguments], env=env, cwd=checkout, capture_output=True,
+                          text=True, timeout=900)
     if done.returncode != 0:
-        raise SystemExit(f"{config} in {checkout} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])["tokens_per_second"]
+        raise SystemExit(f"{what} in {checkout} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(checkout: Path, config: str, new_tokens: int, prompts: list[str]) -> float:
+    return _child(checkout, ["--child", config, "--new-tokens", str(new_tokens)], config, prompts)["tokens_per_second"]
+
+
+def alternating(repeats: int, measure) -> dict[str, list]:
+    """``measure(side)`` for side a and b, ``repeats`` times each, the order alternating (A B, B A, ...)."""
+    results = {"a": [], "b": []}
+    for repeat in range(repeats):
+        for side in ("a", "b") if repeat % 2 == 0 else ("b", "a"):
+            results[side].append(measure(side))
+    return results
+
+
+def forward_rows(args, lengths: list[int]) -> list[dict]:
+    """Per length: each side's median forward over its runs (each run a median of ``--forward-repeats``), its ratio
+    to one token, and B over A."""
+    runs = alternating(args.repeats, lambda side: _child(
+        getattr(args, side).resolve(), ["--child-forward", ",".join(map(str, lengths)),
+                                        "--forward-repeats", str(args.forward_repeats)], "forward", []))
+    medians = {side: {t: statistics.median(run[str(t)] for run in runs[side]) for t in lengths} for side in runs}
+    rows = []
+    for t in lengths:
+        a, b = medians["a"][t], medians["b"][t]
+        rows.append({"tokens": t, "a_forward_ms": round(a, 3), "b_forward_ms": round(b, 3),
+                     "a_ratio_to_one": round(a / medians["a"][1], 3), "b_ratio_to_one": round(b / medians["b"][1], 3),
+                     "b_over_a": round(b / a, 3), "a_runs_ms": [run[str(t)] for run in runs["a"]],
+                     "b_runs_ms": [run[str(t)] for run in runs["b"]]})
+        print(f"forward T={t:<3d} A {a:7.2f} ms ({a / medians['a'][1]:.2f}x)  B {b:7.2f} ms "
+              f"({b / medians['b'][1]:.2f}x)  B/A {b / a:.3f}", flush=True)
+    return rows
 
 
 def main() -> None:
@@ -73,29 +121,43 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--forward", default="", help="also Gemma's native forward at these new-token counts, "
+                        "comma-separated (1 is always measured)")
+    parser.add_argument("--forward-repeats", type=int, default=20, help="timed forwards per length in one child")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
+    parser.add_argument("--child-forward", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.new_tokens)
         return
+    if args.child_forward:
+        child_forward([int(t) for t in args.child_forward.split(",")], args.forward_repeats)
+        return
     if args.a is None or args.b is None:
         parser.error("--a and --b name the two checkouts")
+    try:
+        lengths = sorted({1, *(int(t) for t in args.forward.split(",") if t.strip())}) if args.forward else []
+    except ValueError:
+        parser.error(f"--forward {args.forward!r}: comma-separated positive integers")
+    if lengths and lengths[0] < 1:
+        parser.error(f"--forward {args.forward!r}: comma-separated positive integers")
     prompts, rows = report_prompts(), []
     for config in args.configs:
-        speeds = {"a": [], "b": []}
-        for repeat in range(args.repeats):
-            for side in ("a", "b") if repeat % 2 == 0 else ("b", "a"):
-                speeds[side].append(run(getattr(args, side).resolve(), config, args.new_tokens, prompts))
+        speeds = alternating(args.repeats, lambda side: run(getattr(args, side).resolve(), config, args.new_tokens,
+                                                            prompts))
         a, b = statistics.median(speeds["a"]), statistics.median(speeds["b"])
         rows.append({"config": config, "a_tokens_per_second": a, "b_tokens_per_second": b, "b_over_a": b / a,
                      "a_runs": speeds["a"], "b_runs": speeds["b"]})
         print(f"{config:24s} A {a:7.1f} tok/s  B {b:7.1f} tok/s  B/A {b / a:.3f}", flush=True)
+    forward = forward_rows(args, lengths) if lengths else []
     if args.json:
         from specswap.bench.provenance import git_commit, stamp, write_report
         write_report(args.json, {**stamp(), "a": str(args.a), "b": str(args.b), "a_commit": git_commit(args.a),
                                  "b_commit": git_commit(args.b), "prompts": prompts,
-                                 "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": rows})
+                                 "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": rows,
+                                 **({"forward_repeats": args.forward_repeats,
+                                     "forward": forward} if lengths else {})})
 
 
 if __name__ == "__main__":
