@@ -72,9 +72,10 @@ def child_forward(lengths: list[int], repeats: int) -> None:
     print(json.dumps({str(row["tokens"]): row["forward_ms"] for row in rows}))
 
 
-def _child(checkout: Path, arguments: list[str], what: str, prompts: list[str]) -> dict:
+def _child(checkout: Path, arguments: list[str], what: str, prompts: list[str],
+           extra_env: dict[str, str] | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(checkout / "python"), OMP_NUM_THREADS="1",
-               **{PROMPTS_VARIABLE: json.dumps(prompts)})
+               **{PROMPTS_VARIABLE: json.dumps(prompts)}, **(extra_env or {}))
     done = subprocess.run([sys.executable, str(HERE), *arguments], env=env, cwd=checkout, capture_output=True,
                           text=True, timeout=900)
     if done.returncode != 0:
@@ -82,8 +83,16 @@ def _child(checkout: Path, arguments: list[str], what: str, prompts: list[str]) 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run(checkout: Path, config: str, new_tokens: int, prompts: list[str]) -> float:
-    return _child(checkout, ["--child", config, "--new-tokens", str(new_tokens)], config, prompts)["tokens_per_second"]
+def run(checkout: Path, config: str, new_tokens: int, prompts: list[str],
+        extra_env: dict[str, str] | None = None) -> float:
+    return _child(checkout, ["--child", config, "--new-tokens", str(new_tokens)], config, prompts,
+                  extra_env)["tokens_per_second"]
+
+
+def side_env(args, side: str) -> dict[str, str]:
+    """--a-env / --b-env KEY=VALUE pairs: one side's extra environment."""
+    pairs = getattr(args, f"{side}_env", None) or []
+    return dict(pair.split("=", 1) for pair in pairs)
 
 
 def alternating(repeats: int, measure) -> dict[str, list]:
@@ -100,7 +109,8 @@ def forward_rows(args, lengths: list[int]) -> list[dict]:
     to one token, and B over A."""
     runs = alternating(args.repeats, lambda side: _child(
         getattr(args, side).resolve(), ["--child-forward", ",".join(map(str, lengths)),
-                                        "--forward-repeats", str(args.forward_repeats)], "forward", []))
+                                        "--forward-repeats", str(args.forward_repeats)], "forward", [],
+        side_env(args, side)))
     medians = {side: {t: statistics.median(run[str(t)] for run in runs[side]) for t in lengths} for side in runs}
     rows = []
     for t in lengths:
@@ -124,6 +134,10 @@ def main() -> None:
     parser.add_argument("--forward", default="", help="also Gemma's native forward at these new-token counts, "
                         "comma-separated (1 is always measured)")
     parser.add_argument("--forward-repeats", type=int, default=20, help="timed forwards per length in one child")
+    for side in ("a", "b"):
+        parser.add_argument(f"--{side}-env", nargs="*", default=[], metavar="KEY=VALUE",
+                            help=f"extra environment of {side.upper()}'s children (the same checkout twice, one "
+                                 f"knob apart: --a . --b . --a-env SPECSWAP_HUGE_PAGES=off)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--child-forward", help=argparse.SUPPRESS)
@@ -136,6 +150,10 @@ def main() -> None:
         return
     if args.a is None or args.b is None:
         parser.error("--a and --b name the two checkouts")
+    for side in ("a", "b"):
+        bad = [pair for pair in getattr(args, f"{side}_env") if "=" not in pair or pair.startswith("=")]
+        if bad:
+            parser.error(f"--{side}-env {bad}: each entry is KEY=VALUE")
     try:
         lengths = sorted({1, *(int(t) for t in args.forward.split(",") if t.strip())}) if args.forward else []
     except ValueError:
@@ -145,7 +163,7 @@ def main() -> None:
     prompts, rows = report_prompts(), []
     for config in args.configs:
         speeds = alternating(args.repeats, lambda side: run(getattr(args, side).resolve(), config, args.new_tokens,
-                                                            prompts))
+                                                            prompts, side_env(args, side)))
         a, b = statistics.median(speeds["a"]), statistics.median(speeds["b"])
         rows.append({"config": config, "a_tokens_per_second": a, "b_tokens_per_second": b, "b_over_a": b / a,
                      "a_runs": speeds["a"], "b_runs": speeds["b"]})
@@ -154,7 +172,8 @@ def main() -> None:
     if args.json:
         from specswap.bench.provenance import git_commit, stamp, write_report
         write_report(args.json, {**stamp(), "a": str(args.a), "b": str(args.b), "a_commit": git_commit(args.a),
-                                 "b_commit": git_commit(args.b), "prompts": prompts,
+                                 "b_commit": git_commit(args.b), "a_env": side_env(args, "a"),
+                                 "b_env": side_env(args, "b"), "prompts": prompts,
                                  "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": rows,
                                  **({"forward_repeats": args.forward_repeats,
                                      "forward": forward} if lengths else {})})

@@ -34,11 +34,13 @@ def _csv(text: str, parse=str) -> list:
 
 def measure(weights: str, lengths: list[int], context: int, repeats: int) -> list[dict[str, Any]]:
     from specswap.models import load_model
+    from specswap.models.huge_pages import place_on_huge_pages
     from specswap.zoo.gemma import resolve
 
     dtype = torch.float32 if weights == "fp32" else torch.bfloat16
     directory = resolve("gemma-3-270m", "native" if weights == "native" else dtype)
     model = load_model(directory, torch.float32 if weights == "native" else dtype)
+    place_on_huge_pages(model)  # as the Engine places its weights (SPECSWAP_HUGE_PAGES=off: not)
     activation = model.dtype
     # resident bytes of the weights: every distinct parameter and buffer (the tied head counted once)
     tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}.values()

@@ -22,6 +22,7 @@ import torch
 
 from specswap.algorithms import algorithm
 from specswap.loading import resolve_checkpoint, resolve_dtype  # re-exported: callers import them from here
+from specswap.models.huge_pages import place_on_huge_pages
 from specswap.prompt_lookup import NumberTokens
 from specswap.sampling import SamplingParams
 from specswap.worker import SpeculativeWorker
@@ -235,6 +236,7 @@ class Engine:
         self.max_seq_len = max_seq_len
         self.max_batch_size = max_batch_size
         self.target, self.draft = target, draft
+        place_on_huge_pages(target, draft)  # CPU weights; before costs are measured and graphs captured
         self.row_costs = None  # worker.row_cost.RowCosts: the goodput policy's prior and "auto" trees
         if adaptive_config is not None and adaptive_config.policy == "goodput":
             adaptive_config = self._follow_row_costs(row_costs, adaptive_config, trees_auto)
@@ -246,6 +248,7 @@ class Engine:
             self._dist.prepare(self, tiers=tiers, start_tier=tier_key(*shape), adaptive_config=adaptive_config,
                                disable_graphs=disable_graphs, tp_draft=tp_draft)
             target, draft = self.target, self.draft
+            place_on_huge_pages(target, draft)  # the shards are new tensors
         # graphs: every stage of every tier captured once here (specswap.graphs); disable_graphs runs eagerly
         numbers = None  # NGRAM drafts extrapolate counters where the tokenizer writes digits one per token
         if spec.number_tokens and ngram_numbers and self.tokenizer is not None:

@@ -25,14 +25,16 @@ def test_forward_rows_are_medians_with_ratios(bench_ab, monkeypatch):
              "b": iter([{"1": 10.0, "4": 12.0}, {"1": 9.0, "4": 13.0}, {"1": 11.0, "4": 14.0}])}
     calls = []
 
-    def child(checkout, arguments, what, prompts):
-        calls.append(arguments)
+    def child(checkout, arguments, what, prompts, extra_env):
+        calls.append((arguments, extra_env))
         return next(times[checkout.name])
 
     monkeypatch.setattr(bench_ab, "_child", child)
-    args = SimpleNamespace(a=Path("/x/a"), b=Path("/x/b"), repeats=3, forward_repeats=7)
+    args = SimpleNamespace(a=Path("/x/a"), b=Path("/x/b"), repeats=3, forward_repeats=7,
+                           a_env=["SPECSWAP_HUGE_PAGES=off", "X=1=2"], b_env=[])
     rows = bench_ab.forward_rows(args, [1, 4])
-    assert calls[0] == ["--child-forward", "1,4", "--forward-repeats", "7"]
+    assert calls[0] == (["--child-forward", "1,4", "--forward-repeats", "7"], {"SPECSWAP_HUGE_PAGES": "off", "X": "1=2"})
+    assert calls[1][1] == {}
     one, four = rows
     assert (one["a_forward_ms"], one["b_forward_ms"], one["b_over_a"]) == (11.0, 10.0, round(10 / 11, 3))
     assert (four["a_forward_ms"], four["b_forward_ms"]) == (16.0, 13.0)
