@@ -303,9 +303,15 @@ def state_pool(data: dict) -> tuple[str, str]:
 
 def checkouts(data: dict) -> tuple[str, str]:
     rows = data["rows"]
+    sides = []
+    for side in ("a", "b"):
+        env = " ".join(f"{key}={value}" for key, value in (data.get(f"{side}_env") or {}).items())
+        sides.append(f"{side.upper()} {data.get(f'{side}_commit', data.get(side))}" + (f" with {env}" if env else ""))
     what = (f"two checkouts side by side (`bench/bench_ab.py`, B over A, medians of {data.get('repeats')} "
-            f"alternating runs): A {data.get('a_commit', data.get('a'))}, B {data.get('b_commit', data.get('b'))}")
-    return what, ", ".join(f"{row['config']} {x(row['b_over_a'])}" for row in rows)
+            f"alternating runs): {', '.join(sides)}")
+    parts = [f"{row['config']} {x(row['b_over_a'])}" for row in rows]
+    parts += [f"forward T={row['tokens']} {x(row['b_over_a'])} the time" for row in data.get("forward", [])]
+    return what, ", ".join(parts)
 
 
 def agreement(data: dict) -> tuple[str, str]:
