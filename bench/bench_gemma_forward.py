@@ -34,7 +34,7 @@ def _csv(text: str, parse=str) -> list:
 
 def measure(weights: str, lengths: list[int], context: int, repeats: int) -> list[dict[str, Any]]:
     from specswap.models import load_model
-    from specswap.models.huge_pages import place_on_huge_pages
+    from specswap.huge_pages import place_on_huge_pages
     from specswap.zoo.gemma import resolve
 
     dtype = torch.float32 if weights == "fp32" else torch.bfloat16

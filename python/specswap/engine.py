@@ -22,7 +22,7 @@ import torch
 
 from specswap.algorithms import algorithm
 from specswap.loading import resolve_checkpoint, resolve_dtype  # re-exported: callers import them from here
-from specswap.models.huge_pages import place_on_huge_pages
+from specswap.huge_pages import place_on_huge_pages
 from specswap.prompt_lookup import NumberTokens
 from specswap.sampling import SamplingParams
 from specswap.worker import SpeculativeWorker

@@ -170,3 +170,14 @@ def test_the_loader_reads_auto_trees_for_the_engine_only(tmp_path):
         read_adaptive_config({"policy": "goodput", "candidate_trees": "many"})
     with pytest.raises(TypeError):
         read_adaptive_config(["not", "a", "config"])
+
+
+def test_the_key_follows_the_weights_on_huge_pages(cache, monkeypatch):
+    from specswap import huge_pages
+    monkeypatch.setattr(huge_pages, "huge_pages_mode", lambda: "madvise")
+    monkeypatch.delenv(huge_pages.ENV, raising=False)
+    model, measure = random_target(), FakeMeasure()
+    load_row_costs(model, "fp32", measure=measure)
+    assert huge_pages.place_on_huge_pages(model, min_bytes=1) > 0  # a one-token forward is faster there
+    load_row_costs(model, "fp32", measure=measure)
+    assert measure.calls == 2

@@ -92,7 +92,7 @@ def place_on_huge_pages(*modules: torch.nn.Module | None, min_bytes: int | None 
         if not _warned:
             _warned = True
             log.warning("weights stay on 4 KiB pages: the kernel has no transparent huge pages (mode %s); "
-                        "`echo madvise > %s` enables them (specswap.models.huge_pages)", mode, MODE_FILE)
+                        "`echo madvise > %s` enables them (specswap.huge_pages)", mode, MODE_FILE)
         return 0
     moved: dict[int, torch.Tensor] = {}  # storage pointer -> its copy
     originals = []  # kept until the end, so no freed storage's address can come back under another tensor

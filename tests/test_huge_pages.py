@@ -1,4 +1,4 @@
-"""Weights on transparent huge pages (specswap.models.huge_pages): large tensors move into 2 MiB-aligned mappings
+"""Weights on transparent huge pages (specswap.huge_pages): large tensors move into 2 MiB-aligned mappings
 advised MADV_HUGEPAGE with their values, shapes and ties kept; small ones stay; nothing moves when switched off
 or where the kernel has no huge pages (one warning); an Engine's tokens do not change."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from specswap.models import huge_pages
+from specswap import huge_pages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
 
