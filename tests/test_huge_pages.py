@@ -125,3 +125,23 @@ def test_engine_places_its_weights_and_its_tokens_do_not_change(thp, monkeypatch
     assert any(huge_pages.on_huge_pages(t) for t in placed.target.state_dict().values())
     assert any(huge_pages.on_huge_pages(t) for t in placed.draft.state_dict().values())
     assert [r.token_ids for r in placed.generate(texts, 24)] == [r.token_ids for r in kept.generate(texts, 24)]
+
+
+def test_each_old_tensor_is_freed_before_the_next_is_copied(thp, monkeypatch):
+    """Peak memory is the weights plus one tensor, not twice the weights (a model near the machine's memory)."""
+    import weakref
+    module = nn.Module()
+    module.register_buffer("first", torch.ones(1 << 20, dtype=torch.uint8))
+    module.register_buffer("second", torch.ones(1 << 20, dtype=torch.uint8))
+    old_first = weakref.ref(module.first)
+    alive_at_second_copy = []
+    copy = huge_pages.huge_page_copy
+
+    def watching(tensor):
+        if len(alive_at_second_copy) == 0 and tensor.data_ptr() != module._buffers["first"].data_ptr():
+            alive_at_second_copy.append(old_first() is not None)
+        return copy(tensor)
+
+    monkeypatch.setattr(huge_pages, "huge_page_copy", watching)
+    assert huge_pages.place_on_huge_pages(module) == 2 << 20
+    assert alive_at_second_copy == [False]

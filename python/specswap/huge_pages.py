@@ -94,8 +94,10 @@ def place_on_huge_pages(*modules: torch.nn.Module | None, min_bytes: int | None 
             log.warning("weights stay on 4 KiB pages: the kernel has no transparent huge pages (mode %s); "
                         "`echo madvise > %s` enables them (specswap.huge_pages)", mode, MODE_FILE)
         return 0
-    moved: dict[int, torch.Tensor] = {}  # storage pointer -> its copy
-    originals = []  # kept until the end, so no freed storage's address can come back under another tensor
+    # storage pointer -> its copy. An old storage is freed once its last holder points at the copy; its address
+    # can come back only under a copy (skipped as placed), never under a tensor still waiting here, so the keys
+    # stay unambiguous without keeping the old storages alive (peak memory: the weights plus one tensor).
+    moved: dict[int, torch.Tensor] = {}
     total = 0
     for module in modules:
         if module is None:
@@ -106,7 +108,6 @@ def place_on_huge_pages(*modules: torch.nn.Module | None, min_bytes: int | None 
                     if not _movable(tensor, min_bytes):
                         continue
                     key = tensor.untyped_storage().data_ptr()
-                    originals.append(tensor)
                     if key not in moved:
                         moved[key] = huge_page_copy(tensor.detach())
                         total += moved[key].numel() * moved[key].element_size()
