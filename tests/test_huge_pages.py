@@ -145,3 +145,16 @@ def test_each_old_tensor_is_freed_before_the_next_is_copied(thp, monkeypatch):
     monkeypatch.setattr(huge_pages, "huge_page_copy", watching)
     assert huge_pages.place_on_huge_pages(module) == 2 << 20
     assert alive_at_second_copy == [False]
+
+
+def test_the_mapping_is_released_with_the_last_tensor_on_it(thp):
+    """An engine dropped gives its weights' memory back: nothing but the tensors holds a mapping."""
+    import gc
+    module = nn.Module()
+    module.register_buffer("w", torch.ones(1 << 20, dtype=torch.uint8))
+    huge_pages.place_on_huge_pages(module)
+    pointer = module.w.data_ptr()
+    assert huge_pages.on_huge_pages(module.w) and pointer in huge_pages._mappings
+    del module
+    gc.collect()
+    assert pointer not in huge_pages._mappings

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import weakref
 from pathlib import Path
 
 import torch
@@ -31,7 +32,10 @@ MIN_BYTES = 1 << 20  # smaller tensors stay: they fit in cache, and each mapping
 ENV = "SPECSWAP_HUGE_PAGES"
 MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
-_mappings: dict[int, mmap.mmap] = {}  # data pointer of a placed tensor -> the mapping it lives in
+# data pointer of a placed tensor -> a weak reference to the mapping it lives in. The tensor's storage holds the
+# mapping (torch.frombuffer keeps its buffer), so the mapping is unmapped with the last tensor on it and its entry
+# goes with it: an engine dropped gives its weights' memory back.
+_mappings: dict[int, weakref.ref] = {}
 _warned = False
 
 
@@ -50,12 +54,13 @@ def huge_pages_mode(mode_file: Path = MODE_FILE) -> str | None:
 
 def on_huge_pages(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is one that place_on_huge_pages made (it then leaves it be)."""
-    return tensor.data_ptr() in _mappings
+    mapping = _mappings.get(tensor.data_ptr())
+    return mapping is not None and mapping() is not None
 
 
 def huge_page_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of a contiguous CPU tensor in a 2 MiB-aligned private mapping advised MADV_HUGEPAGE. The mapping
-    lives as long as the process (weights do)."""
+    lives as long as a tensor on it does."""
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
         raise ValueError(f"huge_page_copy takes a contiguous CPU tensor, got one on {tensor.device} "
                          f"(contiguous: {tensor.is_contiguous()})")
@@ -66,8 +71,16 @@ def huge_page_copy(tensor: torch.Tensor) -> torch.Tensor:
     start = -raw.data_ptr() % HUGE_PAGE_BYTES
     copy = raw[start:start + size].view(tensor.dtype).view(tensor.shape)
     copy.copy_(tensor)
-    _mappings[copy.data_ptr()] = mapping
+    pointer = copy.data_ptr()
+    _mappings[pointer] = weakref.ref(mapping)
+    weakref.finalize(mapping, _forget, pointer, _mappings[pointer])
     return copy
+
+
+def _forget(pointer: int, entry: weakref.ref) -> None:
+    """Drop a released mapping's entry (unless a newer mapping at the same address replaced it)."""
+    if _mappings.get(pointer) is entry:
+        del _mappings[pointer]
 
 
 def _movable(tensor: torch.Tensor | None, min_bytes: int) -> bool:
