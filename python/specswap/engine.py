@@ -236,7 +236,8 @@ class Engine:
         self.max_seq_len = max_seq_len
         self.max_batch_size = max_batch_size
         self.target, self.draft = target, draft
-        place_on_huge_pages(target, draft)  # CPU weights; before costs are measured and graphs captured
+        if self._dist is None:  # CPU weights before costs are measured and graphs captured (distributed: sharded)
+            place_on_huge_pages(target, draft)
         self.row_costs = None  # worker.row_cost.RowCosts: the goodput policy's prior and "auto" trees
         if adaptive_config is not None and adaptive_config.policy == "goodput":
             adaptive_config = self._follow_row_costs(row_costs, adaptive_config, trees_auto)
@@ -248,7 +249,7 @@ class Engine:
             self._dist.prepare(self, tiers=tiers, start_tier=tier_key(*shape), adaptive_config=adaptive_config,
                                disable_graphs=disable_graphs, tp_draft=tp_draft)
             target, draft = self.target, self.draft
-            place_on_huge_pages(target, draft)  # the shards are new tensors
+            place_on_huge_pages(target, draft)  # the shards (no rank measures row costs: they are given)
         # graphs: every stage of every tier captured once here (specswap.graphs); disable_graphs runs eagerly
         numbers = None  # NGRAM drafts extrapolate counters where the tokenizer writes digits one per token
         if spec.number_tokens and ngram_numbers and self.tokenizer is not None:
