@@ -154,12 +154,12 @@ def main() -> None:
         bad = [pair for pair in getattr(args, f"{side}_env") if "=" not in pair or pair.startswith("=")]
         if bad:
             parser.error(f"--{side}-env {bad}: each entry is KEY=VALUE")
+    sys.path.insert(0, str(HERE.parent))
+    from bench_gemma_forward import parse_lengths
     try:
-        lengths = sorted({1, *(int(t) for t in args.forward.split(",") if t.strip())}) if args.forward else []
-    except ValueError:
-        parser.error(f"--forward {args.forward!r}: comma-separated positive integers")
-    if lengths and lengths[0] < 1:
-        parser.error(f"--forward {args.forward!r}: comma-separated positive integers")
+        lengths = parse_lengths(args.forward) if args.forward else []
+    except ValueError as error:
+        parser.error(f"--forward {error}")
     prompts, rows = report_prompts(), []
     for config in args.configs:
         speeds = alternating(args.repeats, lambda side: run(getattr(args, side).resolve(), config, args.new_tokens,

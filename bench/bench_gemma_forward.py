@@ -32,6 +32,18 @@ def _csv(text: str, parse=str) -> list:
     return [parse(part) for part in text.split(",") if part.strip()]
 
 
+def parse_lengths(text: str) -> list[int]:
+    """'2,4,8' -> [1, 2, 4, 8]: new-token counts, sorted and unique, 1 always among them (the ratios' base).
+    Raises ValueError unless they are comma-separated positive integers."""
+    try:
+        lengths = sorted(set([1] + _csv(text, int)))
+    except ValueError:
+        lengths = [0]
+    if lengths[0] < 1:
+        raise ValueError(f"{text!r}: comma-separated positive integers")
+    return lengths
+
+
 def measure(weights: str, lengths: list[int], context: int, repeats: int) -> list[dict[str, Any]]:
     from specswap.models import load_model
     from specswap.huge_pages import place_on_huge_pages
@@ -84,11 +96,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if unknown or not weights:
         parser.error(f"--weights {args.weights!r}: valid are {', '.join(WEIGHTS)}")
     try:
-        lengths = sorted(set([1] + _csv(args.lengths, int)))
-    except ValueError:
-        parser.error(f"--lengths {args.lengths!r}: comma-separated positive integers")
-    if lengths[0] < 1:
-        parser.error(f"--lengths {args.lengths!r}: comma-separated positive integers")
+        lengths = parse_lengths(args.lengths)
+    except ValueError as error:
+        parser.error(f"--lengths {error}")
     if args.threads:
         torch.set_num_threads(args.threads)
 

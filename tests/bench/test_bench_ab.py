@@ -40,3 +40,11 @@ def test_forward_rows_are_medians_with_ratios(bench_ab, monkeypatch):
     assert (four["a_forward_ms"], four["b_forward_ms"]) == (16.0, 13.0)
     assert (four["a_ratio_to_one"], four["b_ratio_to_one"]) == (round(16 / 11, 3), 1.3)
     assert four["a_runs_ms"] == [15.0, 18.0, 16.0]
+
+
+def test_forward_lengths_are_parsed_once_for_both_scripts():
+    parse = load_script("bench_gemma_forward").parse_lengths
+    assert parse("8,2,2") == [1, 2, 8] and parse("") == [1]
+    for bad in ("x", "0,2", "2,-4"):
+        with pytest.raises(ValueError, match="comma-separated positive integers"):
+            parse(bad)
