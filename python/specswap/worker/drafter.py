@@ -49,8 +49,9 @@ class DrafterContext:
 
 @dataclass
 class Shadow:
-    """A drafter's part of a round's result: what deterministic drafts of ``steps`` tokens would have accepted
-    per request, settled by the tokens emitted since (checked at tier 0, where nothing is verified)."""
+    """A drafter's part of a round's result: what drafts of ``steps`` tokens would have accepted per request,
+    settled by the tokens emitted since (checked at tier 0, where nothing is verified; for drafts drawn from a
+    law, a draw with the law of that acceptance: ``EagleDrafter``)."""
 
     accept_lengths: list[int]
     steps: int
@@ -127,8 +128,13 @@ class Drafter:
 
     def take_shadow(self, slots: Sequence[int], drafting: bool) -> Shadow | None:
         """After a round: what drafts of ``shadow_steps`` tokens would have accepted, for checks the emitted
-        tokens settled (deterministic drafters at tier 0: ``NgramDrafter``); None when there are none."""
+        tokens settled (at tier 0: ``NgramDrafter``, ``EagleDrafter``); None when there are none."""
         return None
+
+    def observe_plain_round(self, slot_index: torch.Tensor, logits: torch.Tensor, next_tokens: torch.Tensor,
+                            sampling: RoundSampling) -> None:
+        """A sampled tier-0 round's target logits [B, 1, V] and emitted tokens [B] (greedy rounds never call it):
+        for tier-0 checks of drafts drawn from a law (``EagleDrafter``)."""
 
     def release(self, slot: int) -> None:
         pass
@@ -184,17 +190,26 @@ class ModelDrafter(Drafter):
         self.draft_len[slot] = 0
 
     def catch_up(self, slots: Sequence[int]) -> None:
-        """Bring the draft of requests that ran tier-0 rounds back in step, one request at a time (this only
-        happens on the first round after a switch up from tier 0)."""
-        device = self.slots.device
+        """Bring the draft of requests that ran tier-0 rounds back in step: one forward per group of requests
+        missing as many positions (the first round after a switch up from tier 0, and EAGLE's tier-0 checks)."""
+        groups: dict[int, list[int]] = {}
         for slot in slots:
             start, end = self.draft_len[slot], self.slots.host_seq_lens[slot] - self.lag  # start..end-1 missing
-            if start >= end:
-                continue
-            slot_index = torch.tensor([slot], device=device)
-            positions = torch.arange(start, end, device=device).unsqueeze(0)           # [1, T]
-            self._catch_up_one(slot, slot_index, positions, start, end)
-            self.draft_len[slot] = end
+            if start < end:
+                groups.setdefault(end - start, []).append(slot)
+        for width, members in groups.items():
+            self._catch_up_rows(members, width)
+            for slot in members:
+                self.draft_len[slot] += width
+
+    def _catch_up_rows(self, slots: list[int], width: int) -> None:
+        """Run the draft over positions draft_len..draft_len+width-1 of each of ``slots`` (one request at a time
+        unless a drafter batches them)."""
+        device = self.slots.device
+        for slot in slots:
+            start = self.draft_len[slot]
+            positions = torch.arange(start, start + width, device=device).unsqueeze(0)  # [1, T]
+            self._catch_up_one(slot, torch.tensor([slot], device=device), positions, start, start + width)
 
     def _catch_up_one(self, slot: int, slot_index: torch.Tensor, positions: torch.Tensor, start: int,
                       end: int) -> None:

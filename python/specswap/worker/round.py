@@ -53,6 +53,8 @@ class Round:
             self.verifier, out, verify_ids, draft_tokens, positions, slot_index, sampling)  # [B], [B], ...
         if plain is not None:  # requests with speculation off take the target's own token after x_{m-1}: a = 0
             take_plain_tokens(plain, out.logits, accept_lengths, next_tokens)
+        if sampling is not None and not tier.speculative_num_steps:  # a sampled tier-0 round: shadow checks' law
+            self.drafter.observe_plain_round(slot_index, out.logits, next_tokens, sampling)
         self.drafter.extend(tier, forwards, slot_index, seq_lens, positions, hidden, accept_lengths,
                             next_tokens, key_length)
 

@@ -1,0 +1,127 @@
+"""EAGLE's tier-0 shadow checks: what tier 1 would have accepted, reported from tier 0 (``EagleDrafter``)."""
+
+import pytest
+import torch
+from spec_helpers import attention_pair, random_eagle_head, reference_eagle_drafts, run_to_completion
+
+from specswap.sampling import RoundSampling, SamplingParams
+from specswap.worker import SpeculativeWorker
+from specswap.worker.eagle import SHADOW_EVERY
+
+PROMPTS = [[1, 5, 9, 2], [7, 3, 3, 8, 1, 6]]
+
+
+def recording_worker(worker):
+    """worker.decode_round wrapped to collect (round's committed lengths before it, shadow) per round."""
+    shadows = []
+    decode_round = worker.decode_round
+
+    def recording(slots):
+        before = [len(worker.slots.host_tokens[s]) for s in slots]
+        result = decode_round(slots)
+        shadows.append((dict(zip(slots, before)), result.shadow))
+        return result
+
+    worker.decode_round = recording
+    return shadows
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_greedy_shadows_are_what_tier_one_would_have_accepted(graphs):
+    """A static tier-0 worker (tiers 0 and 1) reports, every SHADOW_EVERY-th round, whether tier 1's draft (the
+    head's argmax, recomputed from scratch by the alignment's definition) equals the token the round emitted."""
+    target, head = attention_pair(head_noise=0.1)
+    worker = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=0, tiers=(0, 1), max_seq_len=64,
+                               graphs=graphs)
+    assert worker.drafter.shadow_steps == 1
+    rounds = recording_worker(worker)
+    outputs = run_to_completion(worker, PROMPTS, 48)[0]
+    checked, outcomes = 0, []
+    for index, (before, shadow) in enumerate(rounds):
+        if index % SHADOW_EVERY:
+            assert shadow is None
+            continue
+        expected = []
+        for slot, length in before.items():
+            committed = (PROMPTS[slot] + outputs[slot])[:length]
+            draft = reference_eagle_drafts(target, head, committed, 1)[0]
+            expected.append(int(draft == (PROMPTS[slot] + outputs[slot])[length]))
+        assert shadow is not None and shadow.steps == 1 and shadow.accept_lengths == expected
+        checked += len(expected)
+        outcomes += expected
+    assert checked >= 10 and 0 < sum(outcomes) < len(outcomes)  # both outcomes seen: the check can fail
+
+
+def test_a_drafting_round_drops_the_checks_and_tokens_stay_lossless():
+    """Checks pending when a drafting round runs are dropped (that round observed itself); switching between
+    tier 0 (checked) and drafting tiers keeps greedy output equal to target-only."""
+    target, head = attention_pair(head_noise=0.1)
+    worker = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=0, tiers=(0, 1, 3), max_seq_len=96)
+    plain = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=0, tiers=(0,), max_seq_len=96)
+    assert plain.drafter.shadow_steps == 1  # tier 0 only still checks: a tier-0 worker
+    pattern = [0, 0, 3, 0, 0, 0, 0, 1, 0]
+    tokens = run_to_completion(worker, PROMPTS, 40, switch=lambda i: pattern[i % len(pattern)])[0]
+    assert tokens == run_to_completion(plain, PROMPTS, 40)[0]
+    pending = worker.drafter._pending
+    worker.pool.activate(0)
+    worker.drafter._tier0_rounds = 0  # the next tier-0 round checks
+    worker.drafter.begin_round(worker.pool.acquire().round.stages, [0, 1])
+    assert pending[0] is not None and pending[1] is not None
+    assert worker.drafter.take_shadow([0, 1], drafting=True) is None and pending == [None] * len(pending)
+
+
+def test_without_tier_zero_nothing_is_checked():
+    target, head = attention_pair()
+    worker = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=2, tiers=(1, 2), max_seq_len=64)
+    assert worker.drafter.shadow_steps == 0
+    rounds = recording_worker(worker)
+    run_to_completion(worker, PROMPTS, 20)
+    assert all(shadow is None for _, shadow in rounds)
+
+
+@pytest.mark.parametrize("reduced", [False, True])
+def test_sampled_checks_have_the_law_of_tier_one_acceptance(reduced):
+    """Exact law: with x drawn from p (the target's law) and one draw at min(1, q(x)/p(x)), a check accepts with
+    probability sum_x min(p(x), q(x)), tier 1's acceptance for d ~ q. 6000 checks against that value; the
+    obvious biased rule (accept when x equals a draw from q: sum p q) is far outside the tolerance. With a
+    reduced draft vocabulary (every other token) q is 0 outside it, and the draft ids map through."""
+    target, _ = attention_pair(head_noise=0.1)
+    vocab = target.config.vocab_size
+    token_map = list(range(0, vocab, 2)) if reduced else None
+    head = random_eagle_head(target, token_map=token_map)
+    worker = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=0, tiers=(0, 1), max_seq_len=64)
+    drafter = worker.drafter
+    torch.manual_seed(3)
+    target_logits = torch.randn(2, 1, vocab) * 2.0
+    agreeing = target_logits[:, 0] + torch.randn(2, vocab) * 1.5  # a head that agrees in part
+    draft_logits = agreeing if token_map is None else agreeing[:, token_map]
+    temperature = torch.tensor([0.8, 1.3])
+    p = torch.softmax(target_logits[:, 0] / temperature.unsqueeze(-1), dim=-1)
+    q_draft = torch.softmax(draft_logits / temperature.unsqueeze(-1), dim=-1)
+    q = q_draft if token_map is None else torch.zeros(2, vocab).index_copy_(1, torch.tensor(token_map), q_draft)
+    exact = torch.minimum(p, q).sum(-1)
+    biased = (p * q).sum(-1)
+    assert (exact - biased).abs().min() > 0.1
+    sampling = RoundSampling(temperature, torch.zeros(2, dtype=torch.long), torch.ones(2), False,
+                             torch.zeros(2, 0, vocab), torch.zeros(2, 0), torch.zeros(2))
+    slot_index = torch.tensor([0, 1])
+    drafter.next_draft_logits[:2] = draft_logits
+    n, accepted = 6000, torch.zeros(2)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(n):
+        next_tokens = torch.multinomial(p, 1, generator=generator).squeeze(-1)
+        for slot in (0, 1):
+            drafter._pending[slot] = (0, -1, None)
+        drafter.observe_plain_round(slot_index, target_logits, next_tokens, sampling)
+        accepted += torch.tensor([drafter._pending[0][2], drafter._pending[1][2]], dtype=torch.float)
+    torch.testing.assert_close(accepted / n, exact, atol=0.025, rtol=0)
+
+
+def test_sampled_checks_reach_the_shadow():
+    """A sampled tier-0 worker reports its checks, one step each."""
+    target, head = attention_pair(head_noise=0.1)
+    worker = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=0, tiers=(0, 1), max_seq_len=64)
+    rounds = recording_worker(worker)
+    run_to_completion(worker, PROMPTS, 48, params=SamplingParams(max_new_tokens=48, temperature=1.0, seed=5))
+    settled = [a for _, shadow in rounds if shadow is not None for a in shadow.accept_lengths]
+    assert len(settled) >= 10 and set(settled) <= {0, 1}
