@@ -28,6 +28,10 @@ constexpr std::uint64_t kPhaseChangeRequests = 6;
 // either way would need its cost that far off to win, and its probe rounds
 // would cost more.
 constexpr double kRefreshGap = 0.15;
+// A tree round teaches its recovered fraction only where its chain is predicted
+// to fall short of depth + 1 tokens by at least this much (tokens per round):
+// below it the fraction is noise over a near-zero denominator.
+constexpr double kMinShortfall = 0.05;
 
 std::vector<int> depths_of(const std::vector<int>& keys) {
   std::vector<int> out;
@@ -49,8 +53,8 @@ GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> cand
       candidates_(std::move(candidates)),
       depth_(depths_of(candidates_)),
       tree_(candidates_.size(), 0),
-      gain_(candidates_.size(), 1.0),
-      gain_seen_(candidates_.size(), 0),
+      recovered_(candidates_.size(), 0.0),
+      recovered_seen_(candidates_.size(), 0),
       index_(initial_index),
       initial_index_(initial_index),
       slow_(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false),
@@ -183,11 +187,13 @@ void GoodputPolicy::observe_tree(std::span<const int> accept_lengths) {
   const double n = static_cast<double>(accept_lengths.size());
   const double tokens = static_cast<double>(total) / n + 1.0;
   const double chain = slow_.tokens(config_.acceptance_model, observed_depth(), depth_[index_]);
-  const double ratio = tokens / chain;
+  const double shortfall = depth_[index_] + 1.0 - chain;
+  if (!(shortfall > kMinShortfall)) return;  // the chain accepts (nearly) all: nothing to tell a tree by
+  const double recovered = std::clamp((tokens - chain) / shortfall, -1.0, 1.0);
   // weighted per request as the acceptance estimates are (ema_alpha per 4 requests)
   const double weight = 1.0 - std::pow(1.0 - config_.ema_alpha, n / AcceptanceEstimate::kRequestsPerWeight);
-  gain_[index_] = gain_seen_[index_] ? (1.0 - weight) * gain_[index_] + weight * ratio : ratio;
-  gain_seen_[index_] = 1;
+  recovered_[index_] = recovered_seen_[index_] ? (1.0 - weight) * recovered_[index_] + weight * recovered : recovered;
+  recovered_seen_[index_] = 1;
 }
 
 void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_seconds, bool sampled) {

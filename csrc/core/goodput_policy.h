@@ -60,10 +60,13 @@ class GoodputPolicy {
 
  private:
   int current_steps() const noexcept { return candidates_[index_]; }
-  // Expected tokens per round at candidate j: a chain's from `estimate`, a tree's its chain's times its gain.
+  // Expected tokens per round at candidate j: a chain's from `estimate`; a tree's its chain's plus the part of
+  // the chain's shortfall (depth + 1 tokens at most, less the chain's) that the tree recovers. A shortfall
+  // fraction, not a ratio to the chain: where the chain accepts nearly all, a tree of that depth cannot add
+  // much, however much it added where acceptance was low.
   double predicted(const AcceptanceEstimate& estimate, std::size_t j) const noexcept {
     const double chain = estimate.tokens(config_.acceptance_model, observed_depth(), depth_[j]);
-    return tree_[j] ? chain * gain_[j] : chain;
+    return tree_[j] ? chain + recovered_[j] * std::max(0.0, depth_[j] + 1.0 - chain) : chain;
   }
   // The deepest draft position the estimates saw lately: the current tier's,
   // or at tier 0 that of its shadow observations.
@@ -94,8 +97,9 @@ class GoodputPolicy {
   std::vector<int> candidates_;
   std::vector<int> depth_;     // per candidate: draft depth (a chain's steps)
   std::vector<char> tree_;     // per candidate: a draft tree
-  std::vector<double> gain_;   // per tree: EMA of its tokens per round over its chain's prediction (1 before any)
-  std::vector<char> gain_seen_;
+  // per tree: EMA of the part of its chain's predicted shortfall its rounds recovered (0 before any: its chain)
+  std::vector<double> recovered_;
+  std::vector<char> recovered_seen_;
   std::size_t index_;
   std::size_t initial_index_;
   std::uint64_t num_batches_ = 0;  // batches seen (all non-empty)

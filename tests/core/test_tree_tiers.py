@@ -87,3 +87,22 @@ def test_goodput_runs_a_tree_exactly_when_it_pays(tree_pays):
     else:
         assert TREE_KEY in used[:20]  # probed at start-up
         assert last.count(TREE_KEY) < 10, last
+
+
+def test_a_tree_s_gain_at_low_acceptance_is_not_carried_to_where_its_chain_accepts_all():
+    """Low phase: chains 1 and 3 accept about 0.05 and 0.08 drafts a round and the depth-3 tree 1 (its start-up
+    probes see it deliver 1.85x its chain's tokens), too little for its cost: tiers 0 and 1 run. High phase: every
+    chain accepts all its drafts, and the tree cannot beat its chain of 3 (4 tokens at most) at its cost, so
+    chain 3 runs and the tree is not tried. Priced by its ratio to its chain, the tree was predicted 6 tokens
+    there (7.4 tokens) and tried again and again, each try an up move undone that blocked the move to chain 3."""
+    rng = random.Random(0)
+    params = AdaptiveSpeculativeParams(1, AdaptiveConfig(policy="goodput", candidate_steps=[0, 1, 3],
+                                                         candidate_trees=[list(TREE)], warmup_batches=0,
+                                                         update_interval=2, acceptance_model="positional"))
+    cost = {0: 1.0e-3, 1: 1.2e-3, 3: 1.6e-3, TREE_KEY: 2.7e-3}
+    low = {0: 0.0, 1: 0.05, 3: 0.08, TREE_KEY: 1.0}
+    used = _run(params, low.get, cost.get, 150, rng)
+    assert used[-100:].count(TREE_KEY) < 5, used[-100:]
+    high = {0: 0.0, 1: 1.0, 3: 3.0, TREE_KEY: 3.0}
+    used = _run(params, high.get, cost.get, 150, rng)
+    assert used[-120:].count(3) > 110 and used.count(TREE_KEY) < 3, used
