@@ -21,9 +21,10 @@ verification decides every token, so a wrong guess costs acceptance, never corre
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Sequence
 
-__all__ = ["NGRAM_MAX_MATCH", "NGRAM_MIN_MATCH", "NumberTokens", "propose_ngram"]
+__all__ = ["NGRAM_MAX_MATCH", "NGRAM_MIN_MATCH", "NgramIndex", "NumberTokens", "propose_ngram", "propose_ngram_tree"]
 
 NGRAM_MAX_MATCH = 4
 NGRAM_MIN_MATCH = 1
@@ -63,24 +64,60 @@ class NumberTokens:
         return f"NumberTokens({list(self.ids)})"
 
 
+class NgramIndex:
+    """Where every n-gram (n = 1..``max_size``) of one request's growing token list ends, so that a lookup finds
+    the latest occurrence of a suffix by a dict and a bisection instead of a scan back through the whole text
+    (what made a lookup cost 0.2 ms at 300 tokens). ``sync(tokens)`` indexes what was appended since the last
+    call; another list object, or a shorter one, starts the index over. Longer patterns fall back to the scan."""
+
+    def __init__(self, max_size: int = NGRAM_MAX_MATCH):
+        self.max_size = max_size
+        self._tokens: list[int] | None = None
+        self._indexed = 0
+        self._ends: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(max_size + 1)]
+
+    def sync(self, tokens: list[int]) -> None:
+        if tokens is not self._tokens or len(tokens) < self._indexed:
+            self._tokens, self._indexed = tokens, 0
+            self._ends = [{} for _ in range(self.max_size + 1)]
+        ends = self._ends
+        for end in range(self._indexed + 1, len(tokens) + 1):
+            for size in range(1, min(self.max_size, end) + 1):
+                ends[size].setdefault(tuple(tokens[end - size:end]), []).append(end)
+        self._indexed = len(tokens)
+
+    def latest_end(self, pattern: Sequence[int], last_end: int) -> int | None:
+        """``_latest_end`` over the synced tokens."""
+        size = len(pattern)
+        if size > self.max_size:
+            return _latest_end(self._tokens, list(pattern), last_end)
+        ends = self._ends[size].get(tuple(pattern))
+        if not ends:
+            return None
+        found = bisect_right(ends, last_end)
+        return ends[found - 1] if found else None
+
+
 def propose_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATCH, min_match: int = NGRAM_MIN_MATCH,
-                  numbers: NumberTokens | None = None) -> list[int]:
+                  numbers: NumberTokens | None = None, index: NgramIndex | None = None) -> list[int]:
     """Up to ``steps`` draft tokens continuing ``tokens`` (see the module docstring); [] when no suffix occurs
-    earlier (not even the last token): a guess then would only widen the verify."""
+    earlier (not even the last token): a guess then would only widen the verify. ``index``: the request's
+    ``NgramIndex`` (synced here), the same drafts found faster."""
+    find = _finder(tokens, index)
     length = len(tokens)
     for size in range(min(max_match, length - 1), min_match - 1, -1):
         lookups = [(tokens[length - size:], length - 1, 0)]  # (pattern, latest end allowed, tokens skipped after)
         if 2 <= size <= length - 2:  # the same length of context before a changed last token
             lookups.append((tokens[length - 1 - size:length - 1], length - 2, 1))
         for pattern, last_end, skip in lookups:
-            end = _latest_end(tokens, pattern, last_end)
+            end = find(pattern, last_end)
             if end is None:
                 continue
             sources = [end + skip]
             if numbers is not None:  # the occurrence before, for numbers' differences (by its last two tokens)
-                before = _latest_end(tokens, pattern, end - 1)
+                before = find(pattern, end - 1)
                 if before is None and size > 2:
-                    before = _latest_end(tokens, pattern[-2:], end - 1)
+                    before = find(pattern[-2:], end - 1)
                 if before is not None:
                     sources.append(before + skip)
             return _continue(tokens, sources, steps, numbers)
@@ -89,13 +126,14 @@ def propose_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATC
 
 def propose_ngram_tree(tokens: list[int], depth: int, topk: int, max_nodes: int, max_match: int = NGRAM_MAX_MATCH,
                        min_match: int = NGRAM_MIN_MATCH, numbers: NumberTokens | None = None,
-                       max_sources: int = 16) -> tuple[list[int], list[int]]:
+                       max_sources: int = 16, index: NgramIndex | None = None) -> tuple[list[int], list[int]]:
     """A trie of continuations: ``propose_ngram``'s drafts first, then what followed other occurrences of the
     text's suffix (the longest suffixes first, the latest occurrences first), merged so that a node keeps at
     most ``topk`` children, the trie at most ``max_nodes`` nodes and ``depth`` levels. Returns (node tokens,
     node parents), nodes numbered from 1 in insertion order (a parent comes before its children; 0 is the
     text's last token, the root); ([], []) when nothing occurs earlier."""
-    primary = propose_ngram(tokens, depth, max_match, min_match, numbers)
+    primary = propose_ngram(tokens, depth, max_match, min_match, numbers, index)
+    find = _finder(tokens, index)
     if not primary:
         return [], []
     node_tokens: list[int] = []
@@ -122,14 +160,22 @@ def propose_ngram_tree(tokens: list[int], depth: int, topk: int, max_nodes: int,
     length, sources = len(tokens), 0
     for size in range(min(max_match, length - 1), min_match - 1, -1):
         pattern = tokens[length - size:]
-        end = _latest_end(tokens, pattern, length - 1)
+        end = find(pattern, length - 1)
         while end is not None and sources < max_sources and len(node_tokens) < max_nodes:
             insert(tokens[end:end + depth])
             sources += 1
-            end = _latest_end(tokens, pattern, end - 1)
+            end = find(pattern, end - 1)
         if sources >= max_sources or len(node_tokens) >= max_nodes:
             break
     return node_tokens, parents
+
+
+def _finder(tokens: list[int], index: NgramIndex | None):
+    """``find(pattern, last_end)``: the index's lookup once synced to ``tokens``, else the scan."""
+    if index is None:
+        return lambda pattern, last_end: _latest_end(tokens, pattern, last_end)
+    index.sync(tokens)
+    return index.latest_end
 
 
 def _latest_end(tokens: list[int], pattern: list[int], last_end: int) -> int | None:

@@ -1,8 +1,10 @@
 """NGRAM drafting (specswap.prompt_lookup): prompt lookup, the wildcard for a changed token, counters extrapolated."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from specswap.prompt_lookup import NumberTokens, propose_ngram
+from specswap.prompt_lookup import NgramIndex, NumberTokens, propose_ngram, propose_ngram_tree
 
 NUMBERS = NumberTokens(range(100, 110))  # token 100 + d is the digit d; text tokens are below 100
 ID, EQ, SEMI, NL = 1, 2, 3, 4
@@ -110,8 +112,8 @@ def test_counter_drafts_leave_the_greedy_output_target_only(steps, monkeypatch):
     numbers = NumberTokens(range(10))  # tokens 0..9 taken for digits
     extrapolated = []
 
-    def spy(tokens, steps, numbers=None):
-        drafts = propose_ngram(tokens, steps, numbers=numbers)
+    def spy(tokens, steps, numbers=None, index=None):
+        drafts = propose_ngram(tokens, steps, numbers=numbers, index=index)
         extrapolated.append(drafts != propose_ngram(tokens, steps))
         return drafts
 
@@ -256,3 +258,34 @@ def test_the_engine_feeds_tier_zero_shadows_to_its_controller(monkeypatch):
                     speculative_adaptive_config=config, max_seq_len=160)
     engine.generate([[1, 5, 9, 2]], 60)
     assert fed and all(steps == 3 for _, steps in fed)
+
+
+# ---- the n-gram index: the same drafts as the scan -------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 13), min_size=1, max_size=90), st.integers(1, 7), st.booleans(),
+       st.integers(1, 6))
+def test_the_index_finds_what_the_scan_finds(text, steps, with_numbers, chunk):
+    """Over a text growing ``chunk`` tokens at a time (digits 0..9 as numbers or not), one NgramIndex synced
+    along gives the chain's and the trie's drafts the scan gives, at every length."""
+    numbers = NumberTokens(range(10)) if with_numbers else None
+    index, tokens = NgramIndex(), []
+    for start in range(0, len(text), chunk):
+        tokens.extend(text[start:start + chunk])  # the same list object, grown in place as the slot table does
+        assert propose_ngram(tokens, steps, numbers=numbers, index=index) == propose_ngram(tokens, steps,
+                                                                                              numbers=numbers)
+        assert (propose_ngram_tree(tokens, 3, 2, 6, numbers=numbers, index=index)
+                == propose_ngram_tree(tokens, 3, 2, 6, numbers=numbers))
+
+
+def test_the_index_starts_over_for_another_list_and_scans_longer_patterns():
+    index = NgramIndex(max_size=2)
+    first = [1, 2, 3, 1, 2]
+    assert propose_ngram(first, 2, index=index) == [3, 1]
+    second = [4, 5, 6, 4, 5]  # a new request in the slot: another list object
+    assert propose_ngram(second, 2, index=index) == [6, 4]
+    assert index.latest_end([6, 4, 5], 5) == 5  # longer than the index keeps: the scan
+    shorter = second[:2]
+    index.sync(shorter)
+    assert index.latest_end([4], 2) == 1

@@ -37,13 +37,13 @@ from typing import Sequence
 
 import torch
 
-from specswap.prompt_lookup import NumberTokens, propose_ngram, propose_ngram_tree
+from specswap.prompt_lookup import NgramIndex, NumberTokens, propose_ngram, propose_ngram_tree
 from specswap.worker.drafter import Drafter, Shadow
 from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import TierStages
 
 
-# tier-0 rounds apart of the lookups checked (a lookup costs up to half a millisecond over a long history)
+# tier-0 rounds apart of the lookups checked
 SHADOW_EVERY = 4
 
 
@@ -56,6 +56,7 @@ class NgramDrafter(Drafter):
         # per slot: (position the drafts would continue from, the drafts) not yet settled
         self._pending: list[list[tuple[int, list[int]]]] = [[] for _ in slots.host_tokens]
         self._tier0_rounds = 0  # tier-0 rounds so far: every SHADOW_EVERY-th is checked, the first included
+        self._indexes = [NgramIndex() for _ in slots.host_tokens]  # per slot: where its n-grams end
         self._broadcast = None  # tensor parallelism: the leader's drafts to every rank (``lookup_on_leader``)
         self._follower = False
         self._packets: dict[tuple[int, int, int], torch.Tensor] = {}  # per tier shape: found, drafts, parents
@@ -86,7 +87,8 @@ class NgramDrafter(Drafter):
 
     def _chain(self, tier: TierStages, slots: Sequence[int]) -> bool:
         steps, host_tokens = tier.speculative_num_steps, self.slots.host_tokens
-        proposals = [propose_ngram(host_tokens[slot], steps, numbers=self.numbers) for slot in slots]
+        proposals = [propose_ngram(host_tokens[slot], steps, numbers=self.numbers, index=self._indexes[slot])
+                     for slot in slots]
         if not any(proposals):
             return False
         rows = [proposal or [host_tokens[slot][-1]] * steps for proposal, slot in zip(proposals, slots)]
@@ -95,8 +97,8 @@ class NgramDrafter(Drafter):
 
     def _trie(self, tier: TierStages, slots: Sequence[int]) -> bool:
         depth, topk, nodes = tier.shape
-        tries = [propose_ngram_tree(self.slots.host_tokens[slot], depth, topk, nodes - 1, numbers=self.numbers)
-                 for slot in slots]
+        tries = [propose_ngram_tree(self.slots.host_tokens[slot], depth, topk, nodes - 1, numbers=self.numbers,
+                                    index=self._indexes[slot]) for slot in slots]
         if not any(tokens for tokens, _ in tries):
             return False
         rows, parents = [], []
@@ -150,7 +152,8 @@ class NgramDrafter(Drafter):
         if (self._tier0_rounds - 1) % SHADOW_EVERY:
             return
         host_tokens = self.slots.host_tokens
-        proposals = [propose_ngram(host_tokens[slot], self.shadow_steps, numbers=self.numbers) for slot in slots]
+        proposals = [propose_ngram(host_tokens[slot], self.shadow_steps, numbers=self.numbers,
+                                   index=self._indexes[slot]) for slot in slots]
         if not any(proposals):  # the drafting tier would have run a plain decode: nothing to learn
             return
         for slot, proposal in zip(slots, proposals):  # no lookup: a padded row, settled at once as 0 accepted
@@ -179,3 +182,4 @@ class NgramDrafter(Drafter):
 
     def release(self, slot: int) -> None:
         self._pending[slot].clear()
+        self._indexes[slot] = NgramIndex()
