@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specswap.sampling import RoundSampling, argmax, logits_to_probs, sample_from_probs
+from specswap.sampling import RoundSampling, argmax, draw_uniform_, logits_to_probs, sample_from_probs
 from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import DraftStage, EagerForward, Forwards, TierStages
 
@@ -51,7 +51,7 @@ class DrafterContext:
 class Shadow:
     """A drafter's part of a round's result: what drafts of ``steps`` tokens would have accepted per request,
     settled by the tokens emitted since (checked at tier 0, where nothing is verified; for drafts drawn from a
-    law, a draw with the law of that acceptance: ``EagleDrafter``)."""
+    law, a draw with the law of that acceptance: ``ModelDrafter``)."""
 
     accept_lengths: list[int]
     steps: int
@@ -128,7 +128,7 @@ class Drafter:
 
     def take_shadow(self, slots: Sequence[int], drafting: bool) -> Shadow | None:
         """After a round: what drafts of ``shadow_steps`` tokens would have accepted, for checks the emitted
-        tokens settled (at tier 0: ``NgramDrafter``, ``EagleDrafter``); None when there are none."""
+        tokens settled (at tier 0: ``NgramDrafter``, ``ModelDrafter``); None when there are none."""
         return None
 
     def observe_plain_round(self, slot_index: torch.Tensor, logits: torch.Tensor, next_tokens: torch.Tensor,
@@ -153,10 +153,27 @@ class Drafter:
         return Forwards(verify=None)
 
 
+# tier-0 rounds apart of a model drafter's checks: each catches the draft up over the rounds since the last (the
+# catch-up a switch to a drafting tier would run anyway) and runs it once more, so checking more often costs
+# more eager draft forwards
+SHADOW_EVERY = 8
+
+
 class ModelDrafter(Drafter):
     """A drafter with its own model and KV cache, which falls behind in tier-0 rounds and catches up.
 
     ``lag``: its cache is valid through position m - 1 - lag when in step (EAGLE 1, standalone 2).
+
+    Shadow checks at tier 0 (``enable_checks``, with tier 0 among the tiers): every SHADOW_EVERY-th tier-0
+    round catches the draft up and takes the law of d_1, what tier 1 would draft for x_m
+    (``_first_draft_logits``); once the round emits x_m, what tier 1 would have accepted is reported
+    (``take_shadow``, one step). A greedy request accepts its argmax draft if x_m equals it. A sampled request
+    would draw d ~ q and accept it with probability min(1, p(d)/q(d)), which is accepted with probability
+    sum_x min(p(x), q(x)) = E_{x~p}[min(1, q(x)/p(x))]: with x_m drawn from p, one Bernoulli draw at
+    min(1, q(x_m)/p(x_m)) (from the drafter's own generator, never a request's) has exactly the law of tier 1's
+    acceptance. p comes from the round's own target logits (``observe_plain_round``), q from the draft at the
+    request's temperature and filters. So the policy sees the drafter's acceptance at tier 0, as NGRAM's
+    lookups let it see theirs, and is not blind there.
     """
 
     keyed_sampling = False
@@ -171,11 +188,86 @@ class ModelDrafter(Drafter):
         self.draft_len = [0] * len(slots.host_seq_lens)
         self._step_graphs: dict[int, object] | None = None  # draft-step StageGraphs, shared by every tier
         self._tree_graphs: dict[tuple[int, int], object] = {}  # frontier-step StageGraphs by (topk, depth)
+        # tier-0 checks (enable_checks): per slot (position of the token checked, the greedy draft, the sampled
+        # check's outcome or None), and the law of the round's drafts [B, Vd]
+        self._tier0_rounds = 0
+        self._pending: list[tuple[int, int, int | None] | None] = [None] * len(slots.host_seq_lens)
+        self._check_logits: torch.Tensor | None = None
+        self._shadow_generator = torch.Generator().manual_seed(0)
+        self._draft_id: torch.Tensor | None = None  # target id -> draft id (-1: outside the draft vocabulary)
+
+    def enable_checks(self, target_vocab_size: int) -> None:
+        """Check one draft step every SHADOW_EVERY-th tier-0 round (the worker runs tier 0)."""
+        self.shadow_steps = 1
+        if self.token_map is not None:
+            device = self.token_map.device
+            self._draft_id = torch.full((target_vocab_size,), -1, dtype=torch.long, device=device)
+            self._draft_id[self.token_map] = torch.arange(self.token_map.numel(), device=device)
 
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         if tier.speculative_num_steps:
             self.catch_up(slots)
+        elif self.shadow_steps:
+            self._tier0_rounds += 1
+            if (self._tier0_rounds - 1) % SHADOW_EVERY == 0:
+                self._check(slots)
         return True
+
+    def _first_draft_logits(self, slots: Sequence[int]) -> torch.Tensor:
+        """The draft's logits [B, Vd] of d_1 for each request, as tier 1 would draft it now."""
+        raise NotImplementedError
+
+    def _check(self, slots: Sequence[int]) -> None:
+        self._check_logits = self._first_draft_logits(slots)
+        drafts = argmax(self._check_logits)  # [B] as drafted
+        if self.token_map is not None:
+            drafts = self.token_map[drafts]
+        for slot, draft in zip(slots, drafts.tolist()):
+            self._pending[slot] = (len(self.slots.host_tokens[slot]), draft, None)
+
+    def observe_plain_round(self, slot_index: torch.Tensor, logits: torch.Tensor, next_tokens: torch.Tensor,
+                            sampling: RoundSampling) -> None:
+        """Settle the sampled requests' checks with one draw each at min(1, q(x)/p(x)) (the class docstring)."""
+        if self._check_logits is None:
+            return
+        slots = slot_index.tolist()
+        rows = [row for row, slot in enumerate(slots)
+                if self._pending[slot] is not None and self._pending[slot][2] is None
+                and float(sampling.temperature[row]) > 0.0]
+        if not rows:
+            return
+        index = torch.tensor(rows, device=logits.device)
+        settings = (sampling.temperature[index], sampling.top_k[index], sampling.top_p[index], sampling.apply_filters)
+        tokens = next_tokens[index]                                                        # [R] x_m
+        p = logits_to_probs(logits[index, 0], *settings).gather(1, tokens.unsqueeze(-1)).squeeze(-1)  # [R]
+        q_law = logits_to_probs(self._check_logits[index], *settings)                    # [R, Vd]
+        draft_ids = tokens if self._draft_id is None else self._draft_id[tokens]
+        q = torch.where(draft_ids >= 0, q_law.gather(1, draft_ids.clamp_min(0).unsqueeze(-1)).squeeze(-1),
+                        torch.zeros_like(p))
+        ratio = (q.float() / p.float().clamp_min(torch.finfo(torch.float32).tiny)).clamp(max=1.0).cpu()
+        accepted = (draw_uniform_(torch.empty(len(rows)), self._shadow_generator) < ratio).tolist()
+        for row, outcome in zip(rows, accepted):
+            position, draft, _ = self._pending[slots[row]]
+            self._pending[slots[row]] = (position, draft, int(outcome))
+
+    def take_shadow(self, slots: Sequence[int], drafting: bool) -> Shadow | None:
+        """What tier 1 would have accepted for the requests checked this round (a drafting round observed itself:
+        its checks are dropped)."""
+        self._check_logits = None
+        settled = []
+        for slot in slots:
+            pending = self._pending[slot]
+            if pending is None:
+                continue
+            self._pending[slot] = None
+            if drafting:
+                continue
+            position, draft, outcome = pending
+            tokens = self.slots.host_tokens[slot]
+            if outcome is None:  # greedy (or a batch with none sampled): the argmax draft against x_m
+                outcome = int(len(tokens) > position and tokens[position] == draft)
+            settled.append(outcome)
+        return Shadow(settled, self.shadow_steps) if settled else None
 
     def end_round(self, tier: TierStages, slots: Sequence[int]) -> None:
         if tier.speculative_num_steps:  # the draft is in step again (tier 0 leaves it behind)
@@ -188,6 +280,7 @@ class ModelDrafter(Drafter):
 
     def release(self, slot: int) -> None:
         self.draft_len[slot] = 0
+        self._pending[slot] = None
 
     def catch_up(self, slots: Sequence[int]) -> None:
         """Bring the draft of requests that ran tier-0 rounds back in step: one forward per group of requests

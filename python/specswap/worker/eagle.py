@@ -10,20 +10,8 @@ is next round's step 1. Entries past a are stale and are overwritten before
 they can be read (attention reads positions <= query). Tier-0 rounds keep
 f_{m-1} so that the first round of a tier k >= 1 can catch the head up.
 
-Shadow checks at tier 0 (tier 0 among the tiers): every SHADOW_EVERY-th
-tier-0 round catches the head up first (work the next drafting round would
-do anyway), so its output at m-2 is the law of d_1, what tier 1 would draft
-for x_m; once the round emits x_m, what tier 1 would have accepted is
-reported (``take_shadow``, one step). A greedy request accepts its argmax
-draft if x_m equals it. A sampled request would draw d ~ q and accept it
-with probability min(1, p(d)/q(d)), which is accepted with probability
-sum_x min(p(x), q(x)) = E_{x~p}[min(1, q(x)/p(x))]: with x_m drawn from p,
-one Bernoulli draw at min(1, q(x_m)/p(x_m)) (from the drafter's own
-generator, never a request's) has exactly the law of tier 1's acceptance.
-p comes from the round's own target logits (``observe_plain_round``), q
-from the head at the request's temperature and filters. So the policy sees
-EAGLE's acceptance at tier 0, as NGRAM's lookups let it see theirs, and is
-not blind there.
+At tier 0 it checks one draft step now and then (``ModelDrafter``): the
+head's output at m-2 after a catch-up is tier 1's law of d_1.
 
 A tree tier (topk > 1) expands the top-k children of each depth's frontier
 (``drafter.expand_tree``): the frontier of depth j feeds the head at position
@@ -36,15 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from specswap.sampling import RoundSampling, argmax, draw_uniform_, logits_to_probs
-from specswap.worker.drafter import ModelDrafter, PrefillBatch, Shadow, expand_tree, sample_draft
+from specswap.worker.drafter import ModelDrafter, PrefillBatch, expand_tree, sample_draft
 from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import EagerForward, Forwards, TierStages
-
-
-# tier-0 rounds apart of the shadow checks: each catches the head up over the rounds since the last (the
-# catch-up a switch to a drafting tier would run anyway), so checking more often costs more eager head forwards
-SHADOW_EVERY = 8
 
 
 class EagleDrafter(ModelDrafter):
@@ -64,16 +46,8 @@ class EagleDrafter(ModelDrafter):
         self.tier0_features = torch.zeros(cache_rows, cache_capacity, hidden_size, dtype=dtype,
                                           device=device) if keep_tier0_features else None
         self._rows = torch.arange(len(slots.host_seq_lens), device=device)  # 0..max_batch-1
-        # tier-0 shadow checks (one step): per slot (position of the token checked, the greedy draft, the
-        # sampled check's outcome or None); the drafter's own generator draws the sampled checks
-        self.shadow_steps = 1 if keep_tier0_features else 0
-        self._tier0_rounds = 0
-        self._pending: list[tuple[int, int, int | None] | None] = [None] * len(slots.host_seq_lens)
-        self._shadow_generator = torch.Generator().manual_seed(0)
-        self._draft_id: torch.Tensor | None = None  # target id -> draft id (-1: outside the draft vocabulary)
-        if self.token_map is not None:
-            self._draft_id = torch.full((target.config.vocab_size,), -1, dtype=torch.long, device=device)
-            self._draft_id[self.token_map] = torch.arange(self.token_map.numel(), device=device)
+        if keep_tier0_features:  # tier 0 runs: check the head's drafts there
+            self.enable_checks(target.config.vocab_size)
 
     @classmethod
     def build(cls, context) -> "EagleDrafter":
@@ -94,67 +68,9 @@ class EagleDrafter(ModelDrafter):
         self.next_draft_logits[batch.slot_index] = out.logits[batch.rows, last]
         self.next_draft_hidden[batch.slot_index] = out.hidden[batch.rows, last]
 
-    # ---- tier-0 shadow checks ----
-
-    def begin_round(self, tier: TierStages, slots) -> bool:
-        if tier.speculative_num_steps or not self.shadow_steps:
-            return super().begin_round(tier, slots)
-        self._tier0_rounds += 1
-        if (self._tier0_rounds - 1) % SHADOW_EVERY:
-            return True
-        self.catch_up(slots)  # the head's output at m-2: the law of d_1, tier 1's draft for x_m
-        drafts = argmax(self.next_draft_logits[torch.tensor(slots, device=self.slots.device)])  # [B] as drafted
-        if self.token_map is not None:
-            drafts = self.token_map[drafts]
-        for slot, draft in zip(slots, drafts.tolist()):
-            self._pending[slot] = (len(self.slots.host_tokens[slot]), draft, None)
-        return True
-
-    def observe_plain_round(self, slot_index: torch.Tensor, logits: torch.Tensor, next_tokens: torch.Tensor,
-                            sampling: RoundSampling) -> None:
-        """A sampled tier-0 round's target logits [B, 1, V] and emitted tokens [B]: settle the sampled requests'
-        checks with one draw each at min(1, q(x)/p(x)) (the module docstring)."""
-        slots = slot_index.tolist()
-        rows = [row for row, slot in enumerate(slots)
-                if self._pending[slot] is not None and self._pending[slot][2] is None
-                and float(sampling.temperature[row]) > 0.0]
-        if not rows:
-            return
-        index = torch.tensor(rows, device=logits.device)
-        settings = (sampling.temperature[index], sampling.top_k[index], sampling.top_p[index], sampling.apply_filters)
-        tokens = next_tokens[index]                                                        # [R] x_m
-        p = logits_to_probs(logits[index, 0], *settings).gather(1, tokens.unsqueeze(-1)).squeeze(-1)  # [R]
-        q_law = logits_to_probs(self.next_draft_logits[slot_index[index]], *settings)    # [R, Vd]
-        draft_ids = tokens if self._draft_id is None else self._draft_id[tokens]
-        q = torch.where(draft_ids >= 0, q_law.gather(1, draft_ids.clamp_min(0).unsqueeze(-1)).squeeze(-1),
-                        torch.zeros_like(p))
-        ratio = (q.float() / p.float().clamp_min(torch.finfo(torch.float32).tiny)).clamp(max=1.0).cpu()
-        accepted = (draw_uniform_(torch.empty(len(rows)), self._shadow_generator) < ratio).tolist()
-        for row, outcome in zip(rows, accepted):
-            position, draft, _ = self._pending[slots[row]]
-            self._pending[slots[row]] = (position, draft, int(outcome))
-
-    def take_shadow(self, slots, drafting: bool) -> Shadow | None:
-        """What tier 1 would have accepted for the requests checked this round (a drafting round observed itself:
-        its checks are dropped)."""
-        settled = []
-        for slot in slots:
-            pending = self._pending[slot]
-            if pending is None:
-                continue
-            self._pending[slot] = None
-            if drafting:
-                continue
-            position, draft, outcome = pending
-            tokens = self.slots.host_tokens[slot]
-            if outcome is None:  # greedy (or a batch with none sampled): the argmax draft against x_m
-                outcome = int(len(tokens) > position and tokens[position] == draft)
-            settled.append(outcome)
-        return Shadow(settled, self.shadow_steps) if settled else None
-
-    def release(self, slot: int) -> None:
-        super().release(slot)
-        self._pending[slot] = None
+    def _first_draft_logits(self, slots) -> torch.Tensor:
+        self.catch_up(slots)  # the head's output at m-2: the law of d_1
+        return self.next_draft_logits[torch.tensor(slots, device=self.slots.device)]
 
     def draft(self, tier: TierStages, forwards: Forwards, slot_index, seq_lens, key_length, sampling) -> None:
         steps = tier.speculative_num_steps

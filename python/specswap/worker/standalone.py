@@ -10,6 +10,11 @@ A tree tier (topk > 1) expands the top-k children of each depth's frontier
 stored from m on as a region of frontier nodes. After acceptance, the KV of
 the accepted path's d_1..d_{a-1} is moved from its region places to m..m+a-2,
 where a chain would have left it.
+
+At tier 0 it checks one draft step now and then (``ModelDrafter``): after a
+catch-up, step 1's forward over [x_{m-2}, x_{m-1}] gives tier 1's law of d_1
+(its KV writes at m-2, m-1 are what step 1 would write; the cache stays
+valid through m-3 as far as the drafter counts).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ class StandaloneDrafter(ModelDrafter):
     draft_widths = (1, 2)  # step 1 feeds [x_{m-2}, x_{m-1}]
 
     def __init__(self, draft: torch.nn.Module, target: torch.nn.Module, slots: SlotTable, cache_rows: int,
-                 cache_capacity: int):
+                 cache_capacity: int, checks: bool = False):
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"standalone draft vocab_size {draft.config.vocab_size} does not match the target's "
                              f"{target.config.vocab_size}")
@@ -34,10 +39,13 @@ class StandaloneDrafter(ModelDrafter):
         self.vocab_size = target.config.vocab_size
         self._step_one_offsets = torch.arange(2, device=slots.device)  # [2]: m-2, m-1
         self._node_region: torch.Tensor | None = None  # a tree round's: each node's frontier-region index [B, T-1]
+        if checks:  # tier 0 runs: check the draft's drafts there
+            self.enable_checks(target.config.vocab_size)
 
     @classmethod
     def build(cls, context) -> "StandaloneDrafter":
-        return cls(context.draft, context.target, context.slots, context.cache_rows, context.cache_capacity)
+        return cls(context.draft, context.target, context.slots, context.cache_rows, context.cache_capacity,
+                   checks=0 in context.tiers)
 
     def prefill(self, batch: PrefillBatch) -> None:
         super().prefill(batch)
@@ -83,6 +91,17 @@ class StandaloneDrafter(ModelDrafter):
         region = self._node_region.gather(1, (path - 1).clamp_min(0)).clamp_min(0)       # [B, depth-1]
         start = seq_lens.unsqueeze(-1)                                                   # [B, 1] m
         self.cache.move(slot_index, start + region, start + torch.arange(depth - 1, device=start.device))
+
+    def _first_draft_logits(self, slots) -> torch.Tensor:
+        self.catch_up(slots)  # valid through m-3: step 1 over [x_{m-2}, x_{m-1}] at m-2, m-1
+        device = self.slots.device
+        lengths = [self.slots.host_seq_lens[slot] for slot in slots]
+        input_ids = torch.tensor([self.slots.host_tokens[slot][m - 2:m] for slot, m in zip(slots, lengths)],
+                                 device=device)                                                   # [B, 2]
+        positions = torch.tensor(lengths, device=device).unsqueeze(-1) - 2 + self._step_one_offsets  # [B, 2]
+        out = self.model(input_ids, positions, self.cache, torch.tensor(slots, device=device), key_length=max(lengths),
+                         logits_at=torch.ones(len(slots), dtype=torch.long, device=device))
+        return out.logits[:, 0]
 
     def _catch_up_one(self, slot, slot_index, positions, start, end) -> None:
         tokens = self.slots.host_tokens[slot]

@@ -1,12 +1,13 @@
-"""EAGLE's tier-0 shadow checks: what tier 1 would have accepted, reported from tier 0 (``EagleDrafter``)."""
+"""The model drafters' tier-0 shadow checks (``ModelDrafter``, EAGLE and standalone): what tier 1 would have
+accepted, reported from tier 0."""
 
 import pytest
 import torch
-from spec_helpers import attention_pair, random_eagle_head, reference_eagle_drafts, run_to_completion
+from spec_helpers import attention_pair, random_eagle_head, random_target, reference_eagle_drafts, run_to_completion
 
 from specswap.sampling import RoundSampling, SamplingParams
 from specswap.worker import SpeculativeWorker
-from specswap.worker.eagle import SHADOW_EVERY
+from specswap.worker.drafter import SHADOW_EVERY
 
 PROMPTS = [[1, 5, 9, 2], [7, 3, 3, 8, 1, 6]]
 
@@ -26,12 +27,32 @@ def recording_worker(worker):
     return shadows
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_greedy_shadows_are_what_tier_one_would_have_accepted(graphs):
+def standalone_pair():
+    """A target and a 1-layer draft of the same vocabulary that agrees with it in part."""
+    target = random_target(seed=0, logit_scale=3.0)
+    draft = random_target(num_layers=1, seed=0, logit_scale=3.0)
+    with torch.no_grad():
+        draft.model.layers[0].load_state_dict(target.model.layers[0].state_dict())
+    return target, draft
+
+
+def reference_standalone_draft(draft, committed):
+    """Tier 1's standalone draft recomputed from scratch: the draft model's argmax after the committed tokens."""
+    cache = draft.make_cache(1, len(committed))
+    out = draft(torch.tensor([committed]), torch.arange(len(committed)).unsqueeze(0), cache, torch.tensor([0]))
+    return int(out.logits[0, -1].argmax())
+
+
+PAIRS = {"EAGLE": lambda: attention_pair(head_noise=0.1), "STANDALONE": standalone_pair}
+
+
+@pytest.mark.parametrize("algorithm, graphs", [("EAGLE", False), ("EAGLE", True), ("STANDALONE", False),
+                                               ("STANDALONE", True)])
+def test_greedy_shadows_are_what_tier_one_would_have_accepted(algorithm, graphs):
     """A static tier-0 worker (tiers 0 and 1) reports, every SHADOW_EVERY-th round, whether tier 1's draft (the
-    head's argmax, recomputed from scratch by the alignment's definition) equals the token the round emitted."""
-    target, head = attention_pair(head_noise=0.1)
-    worker = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=0, tiers=(0, 1), max_seq_len=64,
+    draft's argmax, recomputed from scratch) equals the token the round emitted."""
+    target, draft = PAIRS[algorithm]()
+    worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=0, tiers=(0, 1), max_seq_len=64,
                                graphs=graphs)
     assert worker.drafter.shadow_steps == 1
     rounds = recording_worker(worker)
@@ -44,20 +65,22 @@ def test_greedy_shadows_are_what_tier_one_would_have_accepted(graphs):
         expected = []
         for slot, length in before.items():
             committed = (PROMPTS[slot] + outputs[slot])[:length]
-            draft = reference_eagle_drafts(target, head, committed, 1)[0]
-            expected.append(int(draft == (PROMPTS[slot] + outputs[slot])[length]))
+            draft_token = (reference_eagle_drafts(target, draft, committed, 1)[0] if algorithm == "EAGLE"
+                           else reference_standalone_draft(draft, committed))
+            expected.append(int(draft_token == (PROMPTS[slot] + outputs[slot])[length]))
         assert shadow is not None and shadow.steps == 1 and shadow.accept_lengths == expected
         checked += len(expected)
         outcomes += expected
     assert checked >= 10 and 0 < sum(outcomes) < len(outcomes)  # both outcomes seen: the check can fail
 
 
-def test_a_drafting_round_drops_the_checks_and_tokens_stay_lossless():
+@pytest.mark.parametrize("algorithm", list(PAIRS))
+def test_a_drafting_round_drops_the_checks_and_tokens_stay_lossless(algorithm):
     """Checks pending when a drafting round runs are dropped (that round observed itself); switching between
     tier 0 (checked) and drafting tiers keeps greedy output equal to target-only."""
-    target, head = attention_pair(head_noise=0.1)
-    worker = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=0, tiers=(0, 1, 3), max_seq_len=96)
-    plain = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=0, tiers=(0,), max_seq_len=96)
+    target, head = PAIRS[algorithm]()
+    worker = SpeculativeWorker(target, head, algorithm, speculative_num_steps=0, tiers=(0, 1, 3), max_seq_len=96)
+    plain = SpeculativeWorker(target, head, algorithm, speculative_num_steps=0, tiers=(0,), max_seq_len=96)
     assert plain.drafter.shadow_steps == 1  # tier 0 only still checks: a tier-0 worker
     pattern = [0, 0, 3, 0, 0, 0, 0, 1, 0]
     tokens = run_to_completion(worker, PROMPTS, 40, switch=lambda i: pattern[i % len(pattern)])[0]
@@ -70,9 +93,10 @@ def test_a_drafting_round_drops_the_checks_and_tokens_stay_lossless():
     assert worker.drafter.take_shadow([0, 1], drafting=True) is None and pending == [None] * len(pending)
 
 
-def test_without_tier_zero_nothing_is_checked():
-    target, head = attention_pair()
-    worker = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=2, tiers=(1, 2), max_seq_len=64)
+@pytest.mark.parametrize("algorithm", list(PAIRS))
+def test_without_tier_zero_nothing_is_checked(algorithm):
+    target, head = PAIRS[algorithm]()
+    worker = SpeculativeWorker(target, head, algorithm, speculative_num_steps=2, tiers=(1, 2), max_seq_len=64)
     assert worker.drafter.shadow_steps == 0
     rounds = recording_worker(worker)
     run_to_completion(worker, PROMPTS, 20)
@@ -105,7 +129,7 @@ def test_sampled_checks_have_the_law_of_tier_one_acceptance(reduced):
     sampling = RoundSampling(temperature, torch.zeros(2, dtype=torch.long), torch.ones(2), False,
                              torch.zeros(2, 0, vocab), torch.zeros(2, 0), torch.zeros(2))
     slot_index = torch.tensor([0, 1])
-    drafter.next_draft_logits[:2] = draft_logits
+    drafter._check_logits = draft_logits  # the round's check: the law of d_1
     n, accepted = 6000, torch.zeros(2)
     generator = torch.Generator().manual_seed(0)
     for _ in range(n):
@@ -117,10 +141,11 @@ def test_sampled_checks_have_the_law_of_tier_one_acceptance(reduced):
     torch.testing.assert_close(accepted / n, exact, atol=0.025, rtol=0)
 
 
-def test_sampled_checks_reach_the_shadow():
+@pytest.mark.parametrize("algorithm", list(PAIRS))
+def test_sampled_checks_reach_the_shadow(algorithm):
     """A sampled tier-0 worker reports its checks, one step each."""
-    target, head = attention_pair(head_noise=0.1)
-    worker = SpeculativeWorker(target, head, "EAGLE", speculative_num_steps=0, tiers=(0, 1), max_seq_len=64)
+    target, head = PAIRS[algorithm]()
+    worker = SpeculativeWorker(target, head, algorithm, speculative_num_steps=0, tiers=(0, 1), max_seq_len=64)
     rounds = recording_worker(worker)
     run_to_completion(worker, PROMPTS, 48, params=SamplingParams(max_new_tokens=48, temperature=1.0, seed=5))
     settled = [a for _, shadow in rounds if shadow is not None for a in shadow.accept_lengths]
