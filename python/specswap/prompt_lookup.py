@@ -133,9 +133,9 @@ def propose_ngram_tree(tokens: list[int], depth: int, topk: int, max_nodes: int,
     node parents), nodes numbered from 1 in insertion order (a parent comes before its children; 0 is the
     text's last token, the root); ([], []) when nothing occurs earlier."""
     primary = propose_ngram(tokens, depth, max_match, min_match, numbers, index)
-    find = _finder(tokens, index)
     if not primary:
         return [], []
+    find = _finder(tokens, index)
     node_tokens: list[int] = []
     parents: list[int] = []
     child_of: dict[tuple[int, int], int] = {}

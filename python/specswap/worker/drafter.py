@@ -134,7 +134,7 @@ class Drafter:
     def observe_plain_round(self, slot_index: torch.Tensor, logits: torch.Tensor, next_tokens: torch.Tensor,
                             sampling: RoundSampling) -> None:
         """A sampled tier-0 round's target logits [B, 1, V] and emitted tokens [B] (greedy rounds never call it):
-        for tier-0 checks of drafts drawn from a law (``EagleDrafter``)."""
+        for tier-0 checks of drafts drawn from a law (``ModelDrafter``)."""
 
     def release(self, slot: int) -> None:
         pass
@@ -284,7 +284,7 @@ class ModelDrafter(Drafter):
 
     def catch_up(self, slots: Sequence[int]) -> None:
         """Bring the draft of requests that ran tier-0 rounds back in step: one forward per group of requests
-        missing as many positions (the first round after a switch up from tier 0, and EAGLE's tier-0 checks)."""
+        missing as many positions (the first round after a switch up from tier 0, and the tier-0 checks)."""
         groups: dict[int, list[int]] = {}
         for slot in slots:
             start, end = self.draft_len[slot], self.slots.host_seq_lens[slot] - self.lag  # start..end-1 missing
@@ -296,17 +296,15 @@ class ModelDrafter(Drafter):
                 self.draft_len[slot] += width
 
     def _catch_up_rows(self, slots: list[int], width: int) -> None:
-        """Run the draft over positions draft_len..draft_len+width-1 of each of ``slots`` (one request at a time
-        unless a drafter batches them)."""
-        device = self.slots.device
-        for slot in slots:
-            start = self.draft_len[slot]
-            positions = torch.arange(start, start + width, device=device).unsqueeze(0)  # [1, T]
-            self._catch_up_one(slot, torch.tensor([slot], device=device), positions, start, start + width)
-
-    def _catch_up_one(self, slot: int, slot_index: torch.Tensor, positions: torch.Tensor, start: int,
-                      end: int) -> None:
+        """Run the draft over positions draft_len..draft_len+width-1 of each of ``slots``, in one forward."""
         raise NotImplementedError
+
+    def _catch_up_positions(self, slots: list[int], width: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """(each request's first missing position, slot index [B], positions [B, width]) for ``_catch_up_rows``."""
+        device = self.slots.device
+        starts = [self.draft_len[slot] for slot in slots]
+        positions = torch.tensor(starts, device=device).unsqueeze(-1) + torch.arange(width, device=device)
+        return starts, torch.tensor(slots, device=device), positions
 
     def eager_forwards(self) -> Forwards:
         step = EagerForward(self.model, self.cache, self.with_features)

@@ -129,10 +129,7 @@ class EagleDrafter(ModelDrafter):
     def _catch_up_rows(self, slots: list[int], width: int) -> None:
         # head position j consumes (x_{j+1}, f_j), for j = start..start+width-1 of each request, in one forward
         device = self.slots.device
-        starts = [self.draft_len[slot] for slot in slots]
-        slot_index = torch.tensor(slots, device=device)                                          # [B]
-        offsets = torch.arange(width, device=device)
-        positions = torch.tensor(starts, device=device).unsqueeze(-1) + offsets                 # [B, T]
+        starts, slot_index, positions = self._catch_up_positions(slots, width)                 # [B], [B, T]
         input_ids = torch.tensor([self.slots.host_tokens[slot][start + 1:start + width + 1]
                                   for slot, start in zip(slots, starts)], device=device)        # [B, T]
         features = self.tier0_features[slot_index.unsqueeze(-1), positions]                    # [B, T, H]

@@ -103,7 +103,9 @@ class StandaloneDrafter(ModelDrafter):
                          logits_at=torch.ones(len(slots), dtype=torch.long, device=device))
         return out.logits[:, 0]
 
-    def _catch_up_one(self, slot, slot_index, positions, start, end) -> None:
-        tokens = self.slots.host_tokens[slot]
-        input_ids = torch.tensor([tokens[start:end]], device=self.slots.device)  # [1, T]
-        self.model(input_ids, positions, self.cache, slot_index, key_length=end, with_logits=False)  # cache only
+    def _catch_up_rows(self, slots: list[int], width: int) -> None:
+        starts, slot_index, positions = self._catch_up_positions(slots, width)                 # [B], [B, T]
+        input_ids = torch.tensor([self.slots.host_tokens[slot][start:start + width]
+                                  for slot, start in zip(slots, starts)], device=self.slots.device)  # [B, T]
+        self.model(input_ids, positions, self.cache, slot_index, key_length=max(starts) + width,
+                   with_logits=False)  # cache only
