@@ -57,6 +57,13 @@ double AcceptanceEstimate::at(int position) const noexcept {
   return (position_successes[position] + alpha()) / (position_trials[position] + 1.0);
 }
 
+void AcceptanceEstimate::forget(double fraction) noexcept {
+  successes *= fraction;
+  trials *= fraction;
+  for (double& count : position_successes) count *= fraction;
+  for (double& count : position_trials) count *= fraction;
+}
+
 void AcceptanceEstimate::observe(std::size_t requests, long long batch_successes, long long batch_trials,
                                  const double* reached, const double* accepted_at, int steps) noexcept {
   // Each count enters with the weight `weight`; what was there keeps 1 -

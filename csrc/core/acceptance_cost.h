@@ -40,6 +40,8 @@ struct AcceptanceEstimate {
   double alpha() const noexcept;
   // Acceptance rate of a draft position, shrunk toward alpha().
   double at(int position) const noexcept;
+  // Keeps `fraction` of every count (what a new phase leaves of the old one's memory); ratios stay as they were.
+  void forget(double fraction) noexcept;
   // One batch: `reached` / `accepted_at` are per-position counts of the
   // deepest position each request reached / accepted (suffix-summed here).
   void observe(std::size_t requests, long long batch_successes, long long batch_trials,

@@ -32,6 +32,11 @@ constexpr double kRefreshGap = 0.15;
 // to fall short of depth + 1 tokens by at least this much (tokens per round):
 // below it the fraction is noise over a near-zero denominator.
 constexpr double kMinShortfall = 0.05;
+// What a phase change acted on leaves of the decisions' acceptance memory: the old phase's rates would
+// otherwise outweigh the new one's for tens of requests, and the next decisions would take the move back
+// (a high phase's rates holding tier 1 in a low phase where tier 0 pays, or a low phase's pulling a
+// phase-change move to 7 back down). The rounds after the move then teach the new rates within a decision.
+constexpr double kPhaseChangeMemory = 0.05;
 
 std::vector<int> depths_of(const std::vector<int>& keys) {
   std::vector<int> out;
@@ -121,9 +126,11 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     decide(config_.min_gain);
     return index_;
   }
-  if (current_steps() == 0 && batches_on_tier_ >= zero_wait_ && !shadowed()) {
-    // Tier 0 verifies no drafts, so alpha is frozen there: try the best
-    // speculative tier for probe_rounds batches (at least one).
+  if (current_steps() == 0 && !shadow_seen_ && batches_on_tier_ >= zero_wait_) {
+    // Tier 0 verifies no drafts, so alpha is frozen there for a blind drafter: try the best
+    // speculative tier for probe_rounds batches (at least one). A drafter that sends shadows is not
+    // blind there: rounds without them are rounds it had nothing to check, where a drafting tier
+    // would have gained nothing either.
     costs_.estimate(last_table_, scratch_.data());
     std::size_t best = index_;
     double best_goodput = -1.0;
@@ -151,6 +158,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     if (evidence < 2 && phase_change_requests_ < kPhaseChangeRequests) return index_;
     ++decisions_;
     move_to(target, /*is_decision=*/true);
+    slow_.forget(kPhaseChangeMemory);
   } else if (!decide(config_.min_gain)) {
     start_refresh();
   }

@@ -368,6 +368,44 @@ def test_shadow_observations_replace_tier_zero_probes():
     assert blind_tiers[:4] == [0] * 4, blind_tiers
 
 
+def test_a_drafter_with_shadows_is_never_probed_out_of_tier_zero():
+    # NGRAM at tier 0 in prose: most rounds check nothing (no lookup), now and then a check fails. A round
+    # without a check is one where a drafting tier would have run a plain decode: nothing to probe for. A blind
+    # drafter (no shadows) is probed as before
+    cost = linear_cost(1.0, 0.3)
+
+    def settle(shadows):
+        params = goodput(0, candidate_steps=[0, 1, 3, 7], probe_rounds=0, warmup_batches=0)
+        if shadows:
+            params.expect_shadows()
+        rng, tiers = random.Random(2), []
+        for round_index in range(300):
+            steps = params.current_steps
+            tiers.append(steps)
+            if steps == 0 and shadows and round_index % 16 == 0:
+                params.shadow([0, 0], 7)
+            params.update([geometric(0.05, steps, rng) for _ in range(2)], cost(steps))
+        return tiers
+
+    assert set(settle(shadows=True)) == {0}
+    assert set(settle(shadows=False)) > {0}  # the blind drafter's probes
+
+
+def test_a_phase_change_forgets_the_old_phase_s_rates():
+    # NGRAM-like: a long high phase at 7, then prose where tier 1 costs 1.2x tier 0 and nothing is accepted. The
+    # 1.5x phase change leaves 7 within a few batches; the decisions after it must not take tier 1 (or 3) back up
+    # on the high phase's memory. With that memory kept whole, tier 1 ran for 10 batches of the last 20 here
+    for seed in (2, 9, 10):
+        params = goodput(7, candidate_steps=[0, 1, 3, 7], probe_rounds=0, warmup_batches=0)
+        params.expect_shadows()
+        cost = linear_cost(1.0, 0.2)
+        rng = random.Random(seed)
+        run_shadowed(params, 0.97, cost, 300, rng, batch=2)
+        assert params.current_steps == 7
+        low = run_shadowed(params, 0.02, cost, 40, rng, batch=2)
+        assert low[-20:] == [0] * 20 and low.index(0) <= 16, (seed, low)
+
+
 def test_plain_rounds_in_a_drafting_tier_s_place_time_tier_zero_beside_it():
     # tier 0's start-up probes ran slow, so tier 1 looks best though its drafts hardly pay. A drafter with
     # nothing to look up (NGRAM) runs plain decodes at tier 1: fed as tier-0 rounds, they price tier 0 afresh
