@@ -52,7 +52,7 @@ class AdaptiveSpeculativeParams {
   // set_row_costs). Allocates; any time, usually before the first update.
   void set_row_costs(RowCosts row_costs);
   const RowCosts& row_costs() const noexcept { return row_costs_; }
-  // The drafter sends shadows at tier 0 (goodput then leaves blind_zero_margin off).
+  // The drafter sends shadows at tier 0 (goodput then leaves blind_zero_margin off and runs no tier-0 probes).
   void expect_shadows() noexcept { goodput_.expect_shadows(); }
 
   int current_steps() const noexcept { return candidates_[index_]; }

@@ -30,8 +30,9 @@ class GoodputPolicy {
   // against the tokens the requests went on to emit (deterministic drafts:
   // prompt lookup). They feed the acceptance estimates as a verify at `steps`
   // would, with no timing and no batch counted. At tier 0 they stand in for
-  // its blind spot: while they arrive, tier 0 decides as any tier does and
-  // needs no probes. No allocation.
+  // its blind spot: tier 0 decides on them as any tier does, and a drafter
+  // that sent one (or announced them: expect_shadows) is never probed out of
+  // tier 0. No allocation.
   void shadow(std::span<const int> accept_lengths, int steps);
   // A plain decode the worker ran in place of the current drafting tier
   // (NGRAM: no request had a match): a tier-0 round, so it times tier 0
@@ -44,7 +45,8 @@ class GoodputPolicy {
   // verify at their row count (a chain's steps + 1, a tree's nodes), instead
   // of 1 + cost_prior_slope per verified draft. Allocates: at start-up.
   void set_row_costs(const RowCosts& row_costs);
-  // The drafter will send shadow observations at tier 0 (it is not blind there): blind_zero_margin is off.
+  // The drafter will send shadow observations at tier 0 (it is not blind there): blind_zero_margin is off and
+  // tier 0 runs no probes.
   void expect_shadows() noexcept { shadow_seen_ = true; }
 
   std::size_t index() const noexcept { return index_; }
@@ -120,7 +122,7 @@ class GoodputPolicy {
   std::vector<double> position_scratch_;  // per-batch counts
   int shadow_depth_ = 0;                  // steps of the last shadow observations
   bool shadow_fresh_ = false;             // shadow observations since the last decision
-  bool shadow_seen_ = false;              // any shadow observation ever (the drafter is not blind at tier 0)
+  bool shadow_seen_ = false;              // shadows announced or seen: the drafter is not blind at tier 0
   // oscillation guard: an up move followed at once by a down move is a
   // bounce; each bounce in a row doubles how many decisions refuse up moves.
   std::uint64_t decisions_ = 0;

@@ -301,8 +301,8 @@ void bind_core(py::module_& m) {
            },
            "The row costs set_row_costs() gave, divided by the cost at 1 row ({} if none).")
       .def("expect_shadows", &AdaptiveSpeculativeParams::expect_shadows,
-           "The drafter sends shadow observations at tier 0 (NGRAM): it is not blind there, so goodput does "
-           "not hold tier 0 back by blind_zero_margin.")
+           "The drafter sends shadow observations at tier 0 (every built-in drafter): it is not blind there, so "
+           "goodput does not hold tier 0 back by blind_zero_margin and never probes out of tier 0.")
       .def_property_readonly("current_steps", &AdaptiveSpeculativeParams::current_steps)
       .def_property_readonly("ema", &AdaptiveSpeculativeParams::ema)
       .def_property_readonly("alpha", &AdaptiveSpeculativeParams::alpha,
