@@ -190,3 +190,76 @@ def test_the_oracle_includes_the_baseline_when_tier_0_is_a_candidate(tmp_path):
     }
     best = report.oracle(baseline_wins_low, oracle_candidates(baseline_wins_low, str(with_zero)))
     assert [p["mode"] for p in best["phases"]] == ["baseline", "static1"]
+
+
+class _FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class _FakeEngine:
+    """Each step costs ``step_seconds`` on the fake clock and emits one token per running request; requests end
+    after ``tokens`` tokens."""
+
+    speculative_algorithm = None
+
+    def __init__(self, name, clock, step_seconds, tokens, log):
+        self.name, self.clock, self.step_seconds, self.tokens, self.log = name, clock, step_seconds, tokens, log
+        self.running, self.next_id = {}, 0
+
+    def add_request(self, prompt, **kwargs):
+        self.next_id += 1
+        self.running[self.next_id] = []
+        return self.next_id
+
+    def step(self):
+        from types import SimpleNamespace
+        self.clock.now += self.step_seconds
+        self.log.append(self.name)
+        outputs = []
+        for request_id, tokens in list(self.running.items()):
+            tokens.append(7)
+            finished = len(tokens) == self.tokens
+            outputs.append(SimpleNamespace(request_id=request_id, token_ids=list(tokens), finished=finished,
+                                           num_verify_rounds=len(tokens), accept_lengths=[0] * len(tokens)))
+            if finished:
+                del self.running[request_id]
+        return SimpleNamespace(outputs=outputs, tier=0)
+
+
+def test_modes_run_interleaved_step_by_step_each_on_its_own_clock(monkeypatch):
+    """One engine step of each mode in turn (the order rotating each phase), and a mode's clock counts only its
+    own steps: a slow mode's steps between two of a fast mode's never count against the fast one."""
+    import argparse
+
+    import specswap.bench.runner as runner_module
+    import specswap.cli_flags as cli_flags
+    from specswap.bench.cli import run_in_process
+
+    clock, log = _FakeClock(), []
+    seconds = {"fast": 1.0, "slow": 3.0}
+    monkeypatch.setattr(runner_module.time, "perf_counter", clock)
+    monkeypatch.setattr(cli_flags, "build_engine",
+                        lambda models, speculative_algorithm, **kwargs: _FakeEngine(speculative_algorithm, clock,
+                                                                               seconds[speculative_algorithm], 4, log))
+    phases = build_workload("transition", 2, 1.0, "tune")[:2]
+    args = argparse.Namespace(max_batch_size=2, concurrency=2, max_new_tokens=4, seed=0, repeats=1, warmup=0,
+                              max_seq_len=None)
+    modes = {"fast": {"speculative_algorithm": "fast"}, "slow": {"speculative_algorithm": "slow"}}
+
+    class _Progress:
+        def update(self, n):
+            pass
+
+        def set_description(self, text):
+            pass
+
+    summaries = run_in_process(None, args, modes, phases, _Progress())
+    # phase 0: fast, slow, fast, slow ...; phase 1 rotates: slow first
+    assert log == ["fast", "slow"] * 4 + ["slow", "fast"] * 4
+    for name, step in seconds.items():
+        for phase in summaries[name]["phases"]:  # 2 requests of 4 tokens, 4 steps of the mode's own time
+            assert phase["throughput_tok_s"] == pytest.approx(8 / (4 * step))

@@ -104,10 +104,15 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="req", disable=not enabled, file=sys.stderr, leave=False)
 
 
+_DONE = object()  # a finished phase_steps iterator
+
+
 def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progress) -> dict[str, dict]:
     """Every mode on its own engine, all built over the same loaded weights and alive together, interleaved
-    phase by phase (the mode order rotating each phase): on a shared machine drift then hits every mode's
-    copy of a phase alike. Each engine still sees its phases in order, so adaptive carries its state across."""
+    engine step by engine step within each phase (one step of each mode in turn, the order rotating each phase):
+    on a shared machine a slow second then hits every mode's copy of a phase alike, where phase-sized turns
+    left the modes' ratios to the machine's drift over a phase (+-3-6% a phase). Each engine still sees its
+    phases in order, so adaptive carries its state across."""
     from specswap.bench.runner import EngineRunner
     from specswap.cli_flags import build_engine
 
@@ -131,9 +136,12 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
                                          on_request_done=lambda: progress.update(1))
         for phase_index, phase in enumerate(phases):
             shift = phase_index % len(names)
-            for name in names[shift:] + names[:shift]:
-                progress.set_description(f"{phase.name}/{name}")
-                runners[name].run_phase(phase_index, phase)
+            progress.set_description(phase.name)
+            steps = {name: runners[name].phase_steps(phase_index, phase) for name in names[shift:] + names[:shift]}
+            while steps:  # one engine step of each mode in turn, until every mode has run the whole phase
+                for name in list(steps):
+                    if next(steps[name], _DONE) is _DONE:
+                        del steps[name]
         for name in names:
             runs[name].append(runners[name].run)
     summaries = {}

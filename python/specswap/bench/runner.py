@@ -6,9 +6,9 @@ A run is a plain dict (JSON-ready):
                  "requests": [{"latency_s", "tokens", "verify_rounds", "accepted_draft_tokens"}]}],
      "trace": [[t_s, tier, tokens_in_step, phase_index], ...]}
 
-Times are seconds of the mode's own clock (the sum of its phases' wall times). A mode's phases run in order
-on the same engine, so the adaptive controller carries its state from one phase into the next, as it would
-in production; other modes may run between two of its phases (see bench/cli.py).
+Times are seconds of the mode's own clock (the sum of its engine steps' wall times). A mode's phases run in
+order on the same engine, so the adaptive controller carries its state from one phase into the next, as it
+would in production; other modes' steps may run between two of its steps (see bench/cli.py).
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from specswap.bench.workloads import Phase
 
 
 class EngineRunner:
-    """One mode's engine, run phase by phase. Times are the mode's own clock: the sum of its phases' wall
-    times, so that modes can be interleaved phase by phase without other modes' time counting against them."""
+    """One mode's engine, run phase by phase. Times are the mode's own clock: the sum of its engine steps' wall
+    times, so that modes can be interleaved step by step without other modes' time counting against them."""
 
     def __init__(self, engine, concurrency: int, max_new_tokens: int, seed: int = 0,
                  on_request_done: Callable[[], None] | None = None):
@@ -35,25 +35,28 @@ class EngineRunner:
         self.clock = 0.0
         self.request_index = 0
 
-    def run_phase(self, phase_index: int, phase: Phase) -> None:
-        """Keep ``concurrency`` requests of ``phase`` in flight (continuous batching via add_request/step)."""
+    def phase_steps(self, phase_index: int, phase: Phase) -> Iterator[None]:
+        """Run ``phase`` one engine step per iteration, keeping ``concurrency`` requests in flight (continuous
+        batching via add_request/step). Only the time inside an iteration (the requests added, the step) counts
+        on the mode's clock, so the caller may run other modes' steps between two iterations."""
         engine = self.engine
         speculative = engine.speculative_algorithm is not None
         pending = deque(phase.prompts)
-        started: dict[int, float] = {}
+        started: dict[int, float] = {}  # request id -> the mode's clock when it was added
         seen_tokens: dict[int, int] = {}
         records = []
-        t0 = time.perf_counter()
+        phase_start = self.clock
         while pending or started:
+            t0 = time.perf_counter()
             while pending and len(started) < self.concurrency:
                 request_id = engine.add_request(pending.popleft(), max_new_tokens=self.max_new_tokens,
                                                 temperature=phase.temperature, seed=self.seed + self.request_index)
                 self.request_index += 1
-                started[request_id] = time.perf_counter()
+                started[request_id] = self.clock + time.perf_counter() - t0
                 seen_tokens[request_id] = 0
             step = engine.step()
+            now = self.clock + time.perf_counter() - t0
             tier = step.tier if speculative else 0
-            now = time.perf_counter()
             step_tokens = 0
             for output in step.outputs:
                 step_tokens += len(output.token_ids) - seen_tokens.get(output.request_id, 0)
@@ -65,11 +68,16 @@ class EngineRunner:
                                     "accepted_draft_tokens": sum(output.accept_lengths)})
                     if self.on_request_done is not None:
                         self.on_request_done()
-            self.run["trace"].append([self.clock + now - t0, tier, step_tokens, phase_index])
-        elapsed = time.perf_counter() - t0
-        self.run["phases"].append({"name": phase.name, "temperature": phase.temperature, "start_s": self.clock,
-                                   "end_s": self.clock + elapsed, "requests": records})
-        self.clock += elapsed
+            self.run["trace"].append([now, tier, step_tokens, phase_index])
+            self.clock = now
+            yield
+        self.run["phases"].append({"name": phase.name, "temperature": phase.temperature, "start_s": phase_start,
+                                   "end_s": self.clock, "requests": records})
+
+    def run_phase(self, phase_index: int, phase: Phase) -> None:
+        """The whole of ``phase``, step after step."""
+        for _ in self.phase_steps(phase_index, phase):
+            pass
 
 
 def run_engine(engine, phases: list[Phase], concurrency: int, max_new_tokens: int, seed: int = 0,
