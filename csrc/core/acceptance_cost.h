@@ -122,6 +122,8 @@ class CostModel {
   // Replaces the prior (one value per candidate, > 0; empty: back to the
   // slope). Allocates: at start-up, not per round.
   void set_prior(std::vector<double> prior);
+  // Whether set_prior() gave a measured prior (the row costs), not the slope.
+  bool has_prior() const noexcept { return !prior_.empty(); }
   // The policy batch at which candidate `index` was last timed in `table` (0: never).
   std::uint64_t timed_at(int table, std::size_t index) const noexcept {
     return timed_at_[table * candidates_.size() + index];

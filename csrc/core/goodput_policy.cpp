@@ -67,7 +67,7 @@ GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> cand
       costs_(widths_of(candidates_), config),
       phase_change_tier_(initial_index),
       scratch_(candidates_.size(), 0.0),
-      probe_batches_(static_cast<std::uint64_t>(config.probe_rounds) * candidates_.size()),
+      probe_batches_(static_cast<std::uint64_t>(config.probe_rounds) * candidates_.size()),  // until the first batch
       zero_wait_(first_zero_wait()),
       position_scratch_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0) {
   for (std::size_t j = 0; j < candidates_.size(); ++j) tree_[j] = is_tree_key(candidates_[j]);
@@ -88,8 +88,14 @@ std::uint64_t GoodputPolicy::first_zero_wait() const noexcept {
   return static_cast<std::uint64_t>(std::min(2 * config_.update_interval, config_.probe_interval));
 }
 
+std::uint64_t GoodputPolicy::startup_probe_batches() const noexcept {
+  const bool trees = std::any_of(tree_.begin(), tree_.end(), [](char tree) { return tree != 0; });
+  const std::uint64_t tiers = shadow_seen_ && costs_.has_prior() && !trees ? 1 : candidates_.size();
+  return static_cast<std::uint64_t>(config_.probe_rounds) * tiers;
+}
+
 std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
-  ++num_batches_;
+  if (++num_batches_ == 1) probe_batches_ = startup_probe_batches();
   const auto warmup = static_cast<std::uint64_t>(config_.warmup_batches);
   const auto interval = static_cast<std::uint64_t>(config_.update_interval);
   const std::size_t before = index_;
@@ -99,7 +105,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   ++batches_on_tier_;
   if (num_batches_ <= probe_batches_) {
     // Start-up probing: the initial tier first, then the others ascending,
-    // probe_rounds batches each; decide as soon as every tier was timed.
+    // probe_rounds batches each; decide as soon as every probed tier was timed.
     if (num_batches_ < probe_batches_) {
       const std::size_t slot = static_cast<std::size_t>(num_batches_ / config_.probe_rounds);
       const std::size_t next = slot == 0 ? initial_index_ : (slot - 1 < initial_index_ ? slot - 1 : slot);

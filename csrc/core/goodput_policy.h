@@ -45,8 +45,8 @@ class GoodputPolicy {
   // verify at their row count (a chain's steps + 1, a tree's nodes), instead
   // of 1 + cost_prior_slope per verified draft. Allocates: at start-up.
   void set_row_costs(const RowCosts& row_costs);
-  // The drafter will send shadow observations at tier 0 (it is not blind there): blind_zero_margin is off and
-  // tier 0 runs no probes.
+  // The drafter will send shadow observations at tier 0 (it is not blind there): blind_zero_margin is off,
+  // tier 0 runs no probes, and with row costs set start-up probing runs the initial tier alone.
   void expect_shadows() noexcept { shadow_seen_ = true; }
 
   std::size_t index() const noexcept { return index_; }
@@ -94,6 +94,10 @@ class GoodputPolicy {
   std::size_t phase_change_target() const noexcept;
   void move_to(std::size_t index, bool is_decision) noexcept;
   std::uint64_t first_zero_wait() const noexcept;
+  // Batches of start-up probing, fixed at the first batch: probe_rounds for the initial tier alone when a
+  // measured row-cost table prices the tiers and the drafter's shadows (announced) show what they would accept
+  // (chains only: a tree's gain over its chain is learned only by running it), else for every candidate.
+  std::uint64_t startup_probe_batches() const noexcept;
 
   AdaptiveConfig config_;
   std::vector<int> candidates_;
@@ -113,7 +117,7 @@ class GoodputPolicy {
   std::uint64_t shadow_requests_ = 0;        // shadow observations since the last update (tier 0's evidence)
   mutable std::vector<double> scratch_;      // candidates_.size(): costs
   int last_table_ = 0;
-  std::uint64_t probe_batches_;          // candidates * probe_rounds
+  std::uint64_t probe_batches_;          // start-up probing: startup_probe_batches(), from the first batch
   std::uint64_t batches_on_tier_ = 0;    // since the last switch
   std::uint64_t zero_wait_;              // batches at tier 0 before a probe
   int zero_probe_left_ = 0;              // batches left in a probe out of 0

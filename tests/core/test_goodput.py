@@ -202,6 +202,32 @@ def test_start_up_probes_keep_each_tier_s_fastest_round():
     assert params.measured_costs()["greedy"][2] == {1: 1.0, 3: 1.2, 7: 1.9}
 
 
+ROW_COSTS = {1: 1.0, 2: 1.07, 4: 1.18, 8: 1.71}  # a measured table (AVX-512 VNNI)
+
+
+@pytest.mark.parametrize("shadows, row_costs, trees, probed", [
+    (True, True, False, {3, 0}),  # priced by the table, acceptance from the shadows: the initial tier, then 0
+    (False, True, False, {0, 1, 3, 7}),      # a blind drafter learns a tier's acceptance only by running it
+    (True, False, False, {0, 1, 3, 7}),      # without a table the slope would price them: time every tier
+    (True, True, True, {0, 1, 3, 7, "tree"}),  # a tree's gain over its chain is learned only by running it
+])
+def test_start_up_probes_run_only_the_initial_tier_with_shadows_and_row_costs(shadows, row_costs, trees, probed):
+    trees_config = {"candidate_trees": [[3, 2, 6]]} if trees else {}
+    params = goodput(3, candidate_steps=[0, 1, 3, 7], probe_rounds=2, warmup_batches=1000, **trees_config)
+    if shadows:
+        params.expect_shadows()
+    if row_costs:
+        params.set_row_costs(ROW_COSTS)
+    candidates = list(params.candidate_steps)
+    seen = []
+    for _ in range(2 * len(candidates)):  # the longest start-up: every candidate's probe rounds
+        steps = params.current_steps
+        seen.append(steps if steps in (0, 1, 3, 7) else "tree")
+        params.update([0, 0], 1.0 + 0.1 * (steps if steps in (0, 1, 3, 7) else 5))
+    assert set(seen) == probed, seen  # nothing accepted at 3: the decision after its probe rounds takes 0
+    assert seen[:2] == [3, 3]  # the initial tier first, either way
+
+
 def test_a_slow_spell_is_not_learned_as_a_cost():
     # every round 2.5x slower for 80 rounds (as a trace of Gemma EAGLE on a 2-core CPU showed): the tier holds and
     # the cost table comes out of the spell as it went in, so no tier is left priced at the spell's level
