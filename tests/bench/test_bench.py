@@ -263,3 +263,18 @@ def test_modes_run_interleaved_step_by_step_each_on_its_own_clock(monkeypatch):
     for name, step in seconds.items():
         for phase in summaries[name]["phases"]:  # 2 requests of 4 tokens, 4 steps of the mode's own time
             assert phase["throughput_tok_s"] == pytest.approx(8 / (4 * step))
+
+
+@pytest.mark.parametrize("step_by_step", [False, True])
+def test_the_a_a_script_times_each_engine_on_its_own_clock(monkeypatch, step_by_step):
+    """bench/bench_interleave_aa.py: under either schedule an engine twice as slow a step gives A/B 2.0."""
+    import specswap.bench.runner as runner_module
+    from scripts import load_script
+
+    aa = load_script("bench_interleave_aa")
+    clock, log = _FakeClock(), []
+    monkeypatch.setattr(runner_module.time, "perf_counter", clock)
+    engines = [_FakeEngine("a", clock, 2.0, 4, log), _FakeEngine("b", clock, 1.0, 4, log)]
+    phase = build_workload("transition", 2, 1.0, "tune")[0]
+    assert aa.one_phase(engines, 0, phase, step_by_step, 2, 4) == pytest.approx(0.5)
+    assert log == (["a", "b"] * 4 if step_by_step else ["a"] * 4 + ["b"] * 4)
