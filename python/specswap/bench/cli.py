@@ -111,8 +111,9 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
     """Every mode on its own engine, all built over the same loaded weights and alive together, interleaved
     engine step by engine step within each phase (one step of each mode in turn, the order rotating each phase):
     on a shared machine a slow second then hits every mode's copy of a phase alike, where phase-sized turns
-    left the modes' ratios to the machine's drift over a phase (+-3-6% a phase). Each engine still sees its
-    phases in order, so adaptive carries its state across."""
+    left the modes' ratios to the machine's drift over a phase (an A/A pair: 0.949-1.034 a phase against
+    0.998-1.006, results/bench-interleave-aa.json). Each engine still sees its phases in order, so adaptive
+    carries its state across."""
     from specswap.bench.runner import EngineRunner
     from specswap.cli_flags import build_engine
 
