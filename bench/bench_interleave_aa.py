@@ -14,15 +14,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+import torch
 
-import torch  # noqa: E402
-
-from specswap.bench import provenance  # noqa: E402
-from specswap.bench.runner import EngineRunner  # noqa: E402
-from specswap.bench.workloads import PROMPT_SETS, build_workload  # noqa: E402
+from specswap.bench import provenance
+from specswap.bench.runner import EngineRunner
+from specswap.bench.workloads import PROMPT_SETS, build_workload
 
 
 def throughput(runner: EngineRunner) -> float:
