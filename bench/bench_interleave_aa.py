@@ -18,7 +18,7 @@ import sys
 import torch
 
 from specswap.bench import provenance
-from specswap.bench.runner import EngineRunner
+from specswap.bench.runner import EngineRunner, run_interleaved
 from specswap.bench.workloads import PROMPT_SETS, build_workload
 
 
@@ -31,10 +31,7 @@ def one_phase(engines, phase_index, phase, step_by_step: bool, concurrency: int,
     """Throughput of engine A over engine B on one phase under one schedule."""
     runners = [EngineRunner(engine, concurrency, new_tokens) for engine in engines]
     if step_by_step:
-        steps = [runner.phase_steps(phase_index, phase) for runner in runners]
-        done = object()
-        while steps:
-            steps = [step for step in steps if next(step, done) is not done]
+        run_interleaved(runner.phase_steps(phase_index, phase) for runner in runners)
     else:
         for runner in runners:
             runner.run_phase(phase_index, phase)

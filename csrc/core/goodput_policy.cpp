@@ -67,7 +67,6 @@ GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> cand
       costs_(widths_of(candidates_), config),
       phase_change_tier_(initial_index),
       scratch_(candidates_.size(), 0.0),
-      probe_batches_(static_cast<std::uint64_t>(config.probe_rounds) * candidates_.size()),  // until the first batch
       zero_wait_(first_zero_wait()),
       position_scratch_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0) {
   for (std::size_t j = 0; j < candidates_.size(); ++j) tree_[j] = is_tree_key(candidates_[j]);

@@ -117,7 +117,7 @@ class GoodputPolicy {
   std::uint64_t shadow_requests_ = 0;        // shadow observations since the last update (tier 0's evidence)
   mutable std::vector<double> scratch_;      // candidates_.size(): costs
   int last_table_ = 0;
-  std::uint64_t probe_batches_;          // start-up probing: startup_probe_batches(), from the first batch
+  std::uint64_t probe_batches_ = 0;      // start-up probing: startup_probe_batches(), set at the first batch
   std::uint64_t batches_on_tier_ = 0;    // since the last switch
   std::uint64_t zero_wait_;              // batches at tier 0 before a probe
   int zero_probe_left_ = 0;              // batches left in a probe out of 0

@@ -104,9 +104,6 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, unit="req", disable=not enabled, file=sys.stderr, leave=False)
 
 
-_DONE = object()  # a finished phase_steps iterator
-
-
 def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progress) -> dict[str, dict]:
     """Every mode on its own engine, all built over the same loaded weights and alive together, interleaved
     engine step by engine step within each phase (one step of each mode in turn, the order rotating each phase):
@@ -114,7 +111,7 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
     left the modes' ratios to the machine's drift over a phase (an A/A pair: 0.949-1.034 a phase against
     0.998-1.006, results/bench-interleave-aa.json). Each engine still sees its phases in order, so adaptive
     carries its state across."""
-    from specswap.bench.runner import EngineRunner
+    from specswap.bench.runner import EngineRunner, run_interleaved
     from specswap.cli_flags import build_engine
 
     batch_size = min(args.max_batch_size, args.concurrency)
@@ -138,11 +135,7 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
         for phase_index, phase in enumerate(phases):
             shift = phase_index % len(names)
             progress.set_description(phase.name)
-            steps = {name: runners[name].phase_steps(phase_index, phase) for name in names[shift:] + names[:shift]}
-            while steps:  # one engine step of each mode in turn, until every mode has run the whole phase
-                for name in list(steps):
-                    if next(steps[name], _DONE) is _DONE:
-                        del steps[name]
+            run_interleaved(runners[name].phase_steps(phase_index, phase) for name in names[shift:] + names[:shift])
         for name in names:
             runs[name].append(runners[name].run)
     summaries = {}

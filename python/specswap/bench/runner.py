@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from specswap.bench.workloads import Phase
@@ -78,6 +78,17 @@ class EngineRunner:
         """The whole of ``phase``, step after step."""
         for _ in self.phase_steps(phase_index, phase):
             pass
+
+
+_DONE = object()  # what next() returns from a finished phase_steps iterator
+
+
+def run_interleaved(steps: Iterable[Iterator[None]]) -> None:
+    """Advance each iterator (``EngineRunner.phase_steps``) by one step in turn, in the order given, until every
+    one is exhausted: the modes' engine steps interleaved one by one."""
+    live = list(steps)
+    while live:
+        live = [step for step in live if next(step, _DONE) is not _DONE]
 
 
 def run_engine(engine, phases: list[Phase], concurrency: int, max_new_tokens: int, seed: int = 0,
