@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "core/sglang_policy.h"
@@ -91,6 +92,14 @@ void AdaptiveSpeculativeParams::set_row_costs(RowCosts row_costs) {
 
 void AdaptiveSpeculativeParams::shadow(std::span<const int> accept_lengths, int steps) {
   if (config_.policy == PolicyKind::kGoodput) goodput_.shadow(accept_lengths, steps);
+}
+
+void AdaptiveSpeculativeParams::tree_chain(std::span<const int> accept_lengths, std::span<const int> depths) {
+  if (accept_lengths.size() != depths.size()) {
+    throw std::invalid_argument("tree_chain: " + std::to_string(accept_lengths.size()) + " accept lengths but " +
+                                std::to_string(depths.size()) + " depths; give one of each per request");
+  }
+  if (config_.policy == PolicyKind::kGoodput) goodput_.tree_chain(accept_lengths, depths);
 }
 
 void AdaptiveSpeculativeParams::plain_round(int batch_size, double round_seconds, bool sampled) {

@@ -44,6 +44,10 @@ class AdaptiveSpeculativeParams {
   // request, measured against the tokens emitted since (GoodputPolicy::shadow;
   // taken at tier 0 only, by goodput only). Never switches by itself.
   void shadow(std::span<const int> accept_lengths, int steps);
+  // A tree tier's verify read as its chain's: per request, the drafts on the tree's first-child path accepted
+  // and that path's depth (GoodputPolicy::tree_chain; goodput only, at a tree tier only; call before update()).
+  // Throws std::invalid_argument if the two differ in length. Never switches.
+  void tree_chain(std::span<const int> accept_lengths, std::span<const int> depths);
   // A plain decode run in place of the current drafting tier, timed
   // (GoodputPolicy::plain_round; goodput only). Never switches.
   void plain_round(int batch_size, double round_seconds, bool sampled);

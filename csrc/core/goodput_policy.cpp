@@ -171,7 +171,8 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   return index_;
 }
 
-void GoodputPolicy::observe_acceptance(std::span<const int> accept_lengths, int steps) {
+void GoodputPolicy::observe_acceptance(std::span<const int> accept_lengths, int steps,
+                                       std::span<const int> drafted) {
   // Truncated geometric observations: a of k drafts accepted is a successes,
   // plus one failure when the run stopped before k. Per draft position i:
   // reached (a trial) by requests with a >= i - 1 that drafted i, accepted by
@@ -181,17 +182,23 @@ void GoodputPolicy::observe_acceptance(std::span<const int> accept_lengths, int 
   std::fill(position_scratch_.begin(), position_scratch_.begin() + 2 * (steps + 1), 0.0);
   double* reached = position_scratch_.data();
   double* accepted_at = reached + (steps + 1);
-  for (int accepted : accept_lengths) {
-    const int a = std::clamp(accepted, 0, steps);
+  for (std::size_t r = 0; r < accept_lengths.size(); ++r) {
+    const int k = drafted.empty() ? steps : std::clamp(drafted[r], 0, steps);
+    const int a = std::clamp(accept_lengths[r], 0, k);
     successes += a;
-    trials += a + (a < steps ? 1 : 0);
-    if (steps > 0) {
-      reached[std::min(a + 1, steps)] += 1.0;  // reached 1..min(a+1,k): counted as a suffix later
-      accepted_at[a] += 1.0;                   // accepted 1..a
+    trials += a + (a < k ? 1 : 0);
+    if (k > 0) {
+      reached[std::min(a + 1, k)] += 1.0;  // reached 1..min(a+1,k): counted as a suffix later
+      accepted_at[a] += 1.0;               // accepted 1..a
     }
   }
   slow_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
   fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
+}
+
+void GoodputPolicy::tree_chain(std::span<const int> accept_lengths, std::span<const int> depths) {
+  if (accept_lengths.empty() || !tree_[index_] || depths.size() != accept_lengths.size()) return;
+  observe_acceptance(accept_lengths, depth_[index_], depths);
 }
 
 void GoodputPolicy::observe_tree(std::span<const int> accept_lengths) {

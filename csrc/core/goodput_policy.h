@@ -34,6 +34,13 @@ class GoodputPolicy {
   // that sent one (or announced them: expect_shadows) is never probed out of
   // tier 0. No allocation.
   void shadow(std::span<const int> accept_lengths, int steps);
+  // A tree tier's verify, read as its chain's (the path of first children: what the chain of the tree's depth
+  // would have drafted): per request, the drafts on it accepted and its depth in the tree (drafted up to there:
+  // a request whose chain was cut there and accepted all of it reached no failure). Feeds the acceptance
+  // estimates as a verify at that chain would, with no timing and no batch counted, so that the chains (and
+  // the trees, predicted from them) follow the workload while a tree runs. Ignored off a tree tier. Call it
+  // before update() with the same round's verify. No allocation.
+  void tree_chain(std::span<const int> accept_lengths, std::span<const int> depths);
   // A plain decode the worker ran in place of the current drafting tier
   // (NGRAM: no request had a match): a tier-0 round, so it times tier 0
   // beside the running tier (no acceptance, no batch counted, the level
@@ -79,10 +86,11 @@ class GoodputPolicy {
   // blind_zero_margin from a drafting tier while the drafter is blind there.
   double credited(std::size_t j, double goodput) const noexcept;
   void observe(std::span<const int> accept_lengths, double round_seconds, bool sampled);
-  // Both acceptance estimates take a verify's (or shadow's) accepted lengths at `steps`.
-  void observe_acceptance(std::span<const int> accept_lengths, int steps);
+  // Both acceptance estimates take a verify's (or shadow's) accepted lengths at `steps`; `drafted` (empty: all
+  // `steps`) cuts a request's drafts shorter.
+  void observe_acceptance(std::span<const int> accept_lengths, int steps, std::span<const int> drafted = {});
   // A tree tier's verify: its tokens per round against its chain's prediction move its gain (the chain
-  // estimates are left as they are: a tree accepts more than its chain would).
+  // estimates learn from tree_chain(), not from this: a tree accepts more than its chain would).
   void observe_tree(std::span<const int> accept_lengths);
   bool decide(double min_gain);
   // After a decision that kept a drafting tier: the neighbour tier timed

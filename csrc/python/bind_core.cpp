@@ -283,6 +283,12 @@ void bind_core(py::module_& m) {
            py::arg("accept_lengths"), py::arg("steps"),
            "What deterministic drafts of `steps` tokens would have accepted per request, measured against "
            "the tokens emitted since; taken at tier 0 by goodput (sglang ignores it), never a switch by itself.")
+      .def("tree_chain", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths,
+                            const std::vector<int>& depths) { params.tree_chain(accept_lengths, depths); },
+           py::arg("accept_lengths"), py::arg("depths"),
+           "A tree tier's verify read as its chain's (its first-child path): per request, the drafts on it "
+           "accepted and its depth in the tree; feeds goodput's chain estimates (sglang ignores it; ignored "
+           "off a tree tier). Call before update() with the same round. Never a switch.")
       .def("plain_round", &AdaptiveSpeculativeParams::plain_round, py::arg("batch_size"),
            py::arg("round_seconds"), py::arg("sampled") = false,
            "A plain decode of batch_size requests the worker ran in place of the current drafting tier (NGRAM: "

@@ -82,7 +82,8 @@ class AdaptiveController:
     def observe(self, result) -> int | None:
         """Feed one round's result (``worker.RoundResult``): the drafter's tier-0 checks (shadow observations),
         then the verify of the active tier (its accepted draft counts, bonus excluded, of the requests that
-        speculated; the round's wall time; whether it sampled), or, for a plain decode run in the drafting tier's
+        speculated; the round's wall time; whether it sampled; at a tree tier, what its chain would have
+        accepted, ``RoundResult.chain_accept_lengths``), or, for a plain decode run in the drafting tier's
         place, that decode's cost less the drafter's lookup as tier 0's. The lookups of such plain decodes are a
         cost of the drafting tier (tier 0 does not pay them), so they are added to its next verify's seconds:
         its predicted goodput is then the one being at it yields, plain rounds included. Returns the tier the
@@ -101,6 +102,9 @@ class AdaptiveController:
         seconds = result.round_seconds + min(self._carried_seconds, CARRY_LIMIT * result.round_seconds)
         self._carried_seconds = 0.0
         accepted = [a for a, speculated in zip(result.accept_lengths, result.speculating) if speculated]
+        if result.chain_accept_lengths is not None:  # a tree round: what its chain would have accepted
+            on = [i for i, speculated in enumerate(result.speculating) if speculated]
+            self.params.tree_chain([result.chain_accept_lengths[i] for i in on], [result.chain_depths[i] for i in on])
         if not accepted or not self.params.update(accepted, seconds, result.sampled):
             return None
         self.pool.activate(self.params.current_steps)

@@ -112,6 +112,24 @@ def test_shadows_reach_the_policy():
     assert pool.active_steps == 3  # every shadow says tier 3 accepts all its drafts
 
 
+def test_a_tree_round_s_chain_reaches_the_policy_for_the_requests_that_speculated():
+    tree = 30206  # (3, 2, 6)
+    config = {"policy": "goodput", "candidate_steps": [1, 3], "candidate_trees": [[3, 2, 6]], "warmup_batches": 100}
+
+    def fed(chain=None, depths=None, speculating=(True,)):
+        pool = pool_of(tiers=(1, 3), start=3)
+        pool.register(SpecRuntimeState(3, 6, speculative_eagle_topk=2))
+        pool.activate(tree)
+        controller = AdaptiveController(pool, config)
+        result = verified([3] * len(speculating), tree, seconds=1.0, speculating=list(speculating))
+        result.chain_accept_lengths, result.chain_depths = chain, depths
+        controller.observe(result)
+        return controller.params.alpha
+
+    assert fed([0], [3]) < fed() < fed([3], [3])  # the chain's accepted drafts move the chains' estimates
+    assert fed([3, 0], [3, 3], speculating=(True, False)) == fed([3], [3])  # speculation off: not observed
+
+
 def test_config_from_path(tmp_path):
     path = tmp_path / "adaptive.json"
     path.write_text('{"candidate_steps": [2, 4]}')

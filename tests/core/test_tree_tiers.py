@@ -106,3 +106,55 @@ def test_a_tree_s_gain_at_low_acceptance_is_not_carried_to_where_its_chain_accep
     high = {0: 0.0, 1: 1.0, 3: 3.0, TREE_KEY: 3.0}
     used = _run(params, high.get, cost.get, 150, rng)
     assert used[-120:].count(3) > 110 and used.count(TREE_KEY) < 3, used
+
+
+def _run_reporting_chains(params, tokens_per_round, chain_tokens, seconds, rounds, rng, report=True):
+    """_run, with each tree round also telling what its chain of first children accepted (about
+    `chain_tokens` drafts a request, its full depth drafted) when `report`."""
+    used = []
+    for _ in range(rounds):
+        key = params.current_steps
+        used.append(key)
+        depth = tier_shape(key)[0]
+
+        def draw(mean):
+            return [min(depth, max(0, round(mean + rng.uniform(-0.5, 0.5)))) for _ in range(4)]
+
+        if key == TREE_KEY and report:
+            params.tree_chain(draw(chain_tokens), [depth] * 4)
+        params.update(draw(tokens_per_round(key)), seconds(key))
+    return used
+
+
+@pytest.mark.parametrize("report", [True, False])
+def test_a_tree_s_chain_rounds_keep_the_chains_estimates_current(report):
+    """Low phase: the depth-3 tree accepts 2 drafts a round where chain 3 accepts 0.5, and runs. High phase: every
+    chain accepts all its drafts, and so does the tree, at a higher cost. A tree round's chain of first children
+    tells the chains' estimates that chain 3 now accepts all: the policy leaves the tree for chain 3 within a
+    few decisions. Without it the chains keep the low phase's rates while the tree runs, and the tree (predicted
+    from them plus the shortfall it recovers) keeps running until a refresh probe times chain 3 again."""
+    rng = random.Random(0)
+    params = AdaptiveSpeculativeParams(1, AdaptiveConfig(policy="goodput", candidate_steps=[0, 1, 3],
+                                                         candidate_trees=[list(TREE)], warmup_batches=0,
+                                                         update_interval=2, acceptance_model="positional"))
+    cost = {0: 1.0e-3, 1: 1.2e-3, 3: 1.6e-3, TREE_KEY: 2.2e-3}
+    low = {0: 0.0, 1: 0.3, 3: 0.5, TREE_KEY: 2.0}
+    used = _run_reporting_chains(params, low.get, 0.5, cost.get, 150, rng, report)
+    assert used[-50:].count(TREE_KEY) > 45, used[-50:]
+    high = {0: 0.0, 1: 1.0, 3: 3.0, TREE_KEY: 3.0}
+    used = _run_reporting_chains(params, high.get, 3.0, cost.get, 100, rng, report)
+    on_tree = used.index(3) if 3 in used else len(used)
+    if report:
+        assert on_tree <= 10 and used[-50:].count(3) > 45, used
+    else:
+        assert on_tree > 30, used
+
+
+def test_tree_chain_needs_a_depth_per_request_and_is_ignored_off_a_tree():
+    params = AdaptiveSpeculativeParams(3, AdaptiveConfig(policy="goodput", candidate_steps=[1, 3],
+                                                         candidate_trees=[list(TREE)]))
+    with pytest.raises(ValueError, match="2 accept lengths but 1 depths"):
+        params.tree_chain([1, 2], [3])
+    alpha = params.alpha
+    params.tree_chain([3, 3, 3, 3], [3, 3, 3, 3])  # at chain 3: its own verifies are what it learns from
+    assert params.alpha == alpha

@@ -152,7 +152,7 @@ def test_merge_is_the_same_observation_for_every_rank():
     from specswap.distributed.agreement import Observation, TierDesync, merge
     from specswap.worker.drafter import Shadow
     bins = 4
-    rows = torch.zeros(3, 9 + 2 * bins, dtype=torch.float64)
+    rows = torch.zeros(3, Observation.width(bins), dtype=torch.float64)
     Observation(3, True, True, 0.02, False, 2, (3, 1), busy=True).pack(rows[0], bins)
     Observation(3, busy=False).pack(rows[1], bins)                          # no requests: still a row
     Observation(3, True, True, 0.05, True, 1, (0,), Shadow([2], 3), busy=True).pack(rows[2], bins)
@@ -163,6 +163,16 @@ def test_merge_is_the_same_observation_for_every_rank():
     assert merged.result.shadow.accept_lengths == [2] and merged.result.shadow.steps == 3
     # tensor-parallel peers repeat their group's round: only the group's first rank counts
     assert sorted(merge(rows, tp_size=3, bins=bins).result.accept_lengths) == [1, 3]
+    assert merged.result.chain_accept_lengths is None  # chain rounds: no chain of first children to tell
+    # tree rounds: what each request's chain of first children accepted, and its depth, merged as the counts are
+    tree = 30206
+    Observation(tree, True, True, 0.02, False, 2, (3, 1), busy=True, chain=((2, 3), (0, 3))).pack(rows[0], bins)
+    Observation(tree, busy=False).pack(rows[1], bins)
+    Observation(tree, True, True, 0.05, False, 1, (2,), busy=True, chain=((1, 2),)).pack(rows[2], bins)
+    merged = merge(rows, tp_size=1, bins=bins).result
+    assert sorted(zip(merged.chain_accept_lengths, merged.chain_depths)) == [(0, 3), (1, 2), (2, 3)]
+    Observation(tree, True, True, 0.05, True, 1, (2,), busy=True).pack(rows[2], bins)  # drafts from a law: none
+    assert merge(rows, tp_size=1, bins=bins).result.chain_accept_lengths is None
     Observation(1).pack(rows[1], bins)
     with pytest.raises(TierDesync, match=r"ranks \[1\] at tier 1; ranks \[0, 2\] at tier 3"):
         merge(rows, tp_size=1, bins=bins)

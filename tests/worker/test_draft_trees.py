@@ -66,6 +66,65 @@ def test_a_tree_accepts_at_least_its_depth_s_chain(name):
     assert per_round[1] > per_round[0], per_round
 
 
+def _rounds_by_position(worker, prompts, max_new_tokens, temperature=0.0):
+    """Rounds to completion: {(request, position m at the round's start): the round's RoundResult row
+    (accepted, (chain accepted, chain depth) or None)} for the rounds that verified drafts."""
+    params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)] * len(prompts)
+    generators = [torch.Generator().manual_seed(7 + i) for i in range(len(prompts))]  # keyed: the same text
+    lengths = [len(prompt) + 1 for prompt in prompts]
+    worker.prefill(range(len(prompts)), prompts, params, generators)
+    rows = {}
+    running = list(range(len(prompts)))
+    while running:
+        result = worker.decode_round(running)
+        for i, slot in enumerate(running):
+            if result.measured_tier and result.speculative_num_steps:
+                chain = None if result.chain_accept_lengths is None else \
+                    (result.chain_accept_lengths[i], result.chain_depths[i])
+                rows[slot, lengths[slot]] = (result.accept_lengths[i], chain)
+            lengths[slot] += len(result.new_tokens[i])
+        running = [s for s in running if lengths[s] - len(prompts[s]) < max_new_tokens]
+    return rows
+
+
+@pytest.mark.parametrize("name", ["eagle_partial", "standalone_copy", "ngram"])
+@pytest.mark.parametrize("shape", [(2, 2, 4), (3, 2, 6), (3, 3, 8)])
+@pytest.mark.parametrize("round_graphs", [False, True])
+def test_a_tree_round_reports_what_its_depth_s_chain_accepts(name, shape, round_graphs):
+    """Where a tree round and a round of the chain of its depth start at the same position of the same text, the
+    tree's chain count (its first-child path's accepted nodes) is the chain's accepted drafts, cut at the depth
+    the tree drafted that path to, in eager rounds and replayed round graphs. This is what the adaptive policy
+    learns the chains from while a tree runs."""
+    depth = shape[0]
+    modes = dict(graphs=round_graphs, round_graphs=round_graphs)
+    chain = _rounds_by_position(tree_worker(name, (depth, 1, depth + 1), **modes), PROMPTS, 24)
+    tree = _rounds_by_position(tree_worker(name, shape, **modes), PROMPTS, 24)
+    assert all(reported is None for _, reported in chain.values())  # a chain has no chain of its own to report
+    common = sorted(set(chain) & set(tree))
+    assert len(common) >= len(PROMPTS), common
+    for key in common:
+        chain_accepted, chain_depth = tree[key][1]
+        assert 1 <= chain_depth <= depth
+        assert chain_accepted == min(chain[key][0], chain_depth), (key, chain[key], tree[key])
+    assert any(chain_accepted for _, (chain_accepted, _) in tree.values()), tree
+    if name != "ngram":  # (these texts never branch after a lookup: the trie accepts what its chain does)
+        # the count is not the tree's own: somewhere the tree took another branch than its chain's
+        assert any(tree[key][0] != tree[key][1][0] for key in tree), tree
+
+
+def test_a_sampled_tree_reports_its_chain_only_where_the_chain_meets_the_same_draws():
+    """Keyed draws (NGRAM's deterministic drafts) are the same for the chain's tokens, so a sampled trie round
+    reports its chain as a greedy one does; drafts drawn from a law (EAGLE at T > 0) report none."""
+    chain = _rounds_by_position(tree_worker("ngram", (3, 1, 4)), PROMPTS, 24, temperature=0.8)
+    tree = _rounds_by_position(tree_worker("ngram", (3, 2, 6)), PROMPTS, 24, temperature=0.8)
+    common = sorted(set(chain) & set(tree))
+    assert len(common) >= len(PROMPTS) and any(tree[key][0] for key in common)
+    for key in common:
+        assert tree[key][1][0] == min(chain[key][0], tree[key][1][1]), (key, chain[key], tree[key])
+    eagle = _rounds_by_position(tree_worker("eagle_partial", (3, 2, 6)), PROMPTS, 12, temperature=0.8)
+    assert eagle and all(reported is None for _, reported in eagle.values())
+
+
 @pytest.mark.parametrize("name", DRAFTERS)
 @pytest.mark.parametrize("graphs", [False, True])
 def test_switching_among_chain_and_tree_tiers_every_round_is_lossless(name, graphs):

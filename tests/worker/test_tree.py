@@ -156,6 +156,37 @@ def test_tree_acceptance_follows_the_branch_the_target_chose():
     assert (last.item(), token.item()) == (1, 13)
 
 
+class _NoCache:
+    def move(self, slot_index, source, destination):
+        pass
+
+
+def test_a_tree_tells_what_its_chain_of_first_children_accepted():
+    """The path of first children from the root is the chain of the tree's depth (drafters write a node's
+    children best first): the round reports how many of its nodes the accepted path took, and how deep the tree
+    drafted it (a chain cut short was not drafted further: no failure there)."""
+    device = torch.device("cpu")
+    layout = TreeLayout(5, 2, _NoCache(), device, rows=4)
+    trees = [TWO_BRANCHES, TWO_BRANCHES, (-1, 0, 0, 1, 2), (-1, 0, 0, 2, 2)]
+    # the target's choice after each node, per row (node tokens: 10 + node index)
+    choices = [[11, 12, 0, 0, 0],    # down the first children: 1, 2
+               [13, 0, 0, 14, 0],    # down the second branch: 3, 4
+               [11, 0, 0, 5, 0],     # node 1 (the chain's), then a token no child has
+               [11, 0, 0, 0, 0]]     # node 1, the chain's whole depth in this tree (2's children are not its)
+    layout.parents.copy_(torch.tensor([[max(p, 0) for p in tree] for tree in trees]))
+    layout.prepare(4)
+    assert layout.chain_depth.tolist() == [2, 2, 2, 1]
+    assert layout.on_chain.tolist()[2] == [True, True, False, True, False]
+    vocab = 20
+    logits = torch.nn.functional.one_hot(torch.tensor(choices), vocab).float()
+    verify_ids = (10 + torch.arange(5)).expand(4, -1).clone()
+    out = type("Out", (), {"logits": logits, "hidden": torch.zeros(4, 5, 2)})()
+    accept_lengths, next_tokens, _, _ = layout.accept(None, out, verify_ids, torch.zeros(4, 4, dtype=torch.long),
+                                                      torch.zeros(4, 5, dtype=torch.long), torch.arange(4), None)
+    assert accept_lengths.tolist() == [2, 2, 1, 1]
+    assert layout.chain_accepted.tolist() == [2, 0, 1, 1]
+
+
 def test_keyed_tree_draws_are_keyed_by_depth():
     """Sibling nodes share an output position: their keyed draws use the same key, so the tree's emitted text is
     the chain's."""

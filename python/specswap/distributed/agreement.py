@@ -5,7 +5,8 @@ every rank's round, so every copy makes the same decision at the same step, with
 
 Each step, every rank (busy or not) contributes one fixed-size float64 vector (``Observation.pack``): its active
 tier, whether it ran a round, whether that round measured the active tier or ran a plain decode in its place,
-the round's seconds, whether it sampled, a histogram of its requests' accepted draft counts, its drafter's
+the round's seconds, whether it sampled, a histogram of its requests' accepted draft counts, at a tree tier
+one of what their chains accepted (``RoundResult.chain_accept_lengths``, with each chain's depth), its drafter's
 tier-0 (shadow) checks, and whether it has unfinished requests. One ``all_gather`` over all ranks hands everyone
 the same matrix; ``merge`` turns it into one round: the accepted counts of every data-parallel group (a tensor-
 parallel group's ranks report the same round: its first rank speaks for it) as one batch, costed at the slowest
@@ -49,17 +50,25 @@ class Observation:
     accepted: tuple[int, ...] = ()          # accepted drafts of each speculating request (measured rounds)
     shadow: Shadow | None = None
     busy: bool = False
+    chain: tuple[tuple[int, int], ...] = ()  # a tree round's: (chain accepted, chain depth) per speculating request
+
+    @staticmethod
+    def width(bins: int) -> int:
+        """Floats in a packed observation."""
+        return _HEAD + 2 * bins + bins * bins
 
     @classmethod
     def of(cls, tier: int, result: RoundResult | None, busy: bool) -> "Observation":
         if result is None or not result.accept_lengths:
             return cls(tier, busy=busy, shadow=None if result is None else result.shadow)
         accepted = tuple(a for a, on in zip(result.accept_lengths, result.speculating) if on)
+        chain = () if result.chain_accept_lengths is None else tuple(
+            (a, d) for a, d, on in zip(result.chain_accept_lengths, result.chain_depths, result.speculating) if on)
         return cls(tier, True, result.measured_tier, result.round_seconds, result.sampled,
-                   len(result.accept_lengths), accepted, result.shadow, busy)
+                   len(result.accept_lengths), accepted, result.shadow, busy, chain)
 
     def pack(self, out: torch.Tensor, bins: int) -> torch.Tensor:
-        """Into ``out`` [9 + 2 * bins] float64 (preallocated, reused every step; written through numpy's view)."""
+        """Into ``out`` [width(bins)] float64 (preallocated, reused every step; written through numpy's view)."""
         view = out.numpy()
         view[:] = 0.0
         shadow = self.shadow
@@ -70,6 +79,8 @@ class Observation:
         if shadow is not None:
             for value in shadow.accept_lengths:
                 view[_HEAD + bins + min(value, bins - 1)] += 1
+        for accepted, depth in self.chain:
+            view[_HEAD + 2 * bins + min(accepted, bins - 1) * bins + min(depth, bins - 1)] += 1
         return out
 
 
@@ -83,7 +94,8 @@ class Merged:
 
 
 def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
-    """``rows`` [world, 9 + 2 * bins]: every rank's packed ``Observation``, in rank order (read once, as lists)."""
+    """``rows`` [world, Observation.width(bins)]: every rank's packed ``Observation``, in rank order (read once, as
+    lists)."""
     table = rows.tolist()
     tiers = [int(row[0]) for row in table]
     if len(set(tiers)) > 1:
@@ -105,6 +117,10 @@ def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
     if measured:
         accepted = _expand([sum(row[_HEAD + b] for row in measured) for b in range(bins)])
         result = RoundResult([], accepted, tier, tier, seconds, sampled, [True] * len(accepted), shadow)
+        chain = _expand([sum(row[_HEAD + 2 * bins + c] for row in measured) for c in range(bins * bins)])
+        if len(chain) == len(accepted):  # every measured group's tree round told its chain (none: a chain tier)
+            result.chain_accept_lengths = [c // bins for c in chain]
+            result.chain_depths = [c % bins for c in chain]
     else:  # every rank that ran decoded plainly in the drafting tier's place
         n = int(sum(row[5] for row in ran))
         result = RoundResult([], [0] * n, 0, tier, seconds, sampled, [False] * n, shadow)
@@ -139,7 +155,7 @@ class AgreedController:
         self.group = group
         self.bins = max_steps + 1
         self.min_dwell_rounds = min_dwell_rounds
-        width = _HEAD + 2 * self.bins
+        width = Observation.width(self.bins)
         self._mine = torch.zeros(width, dtype=torch.float64)
         self._all = torch.zeros(group.world_size * width, dtype=torch.float64)
         self.peers_busy = True  # unknown until the first step: every rank takes part in it

@@ -19,7 +19,12 @@ tokens' positions and target hidden states in path order.
   in turn, the target law replaced by its residual after a rejection). The
   accepted path is then laid out as a chain: its tokens into the tier's
   verify and draft buffers, its keys and values moved to positions
-  m-1..m-1+a, its hidden states gathered.
+  m-1..m-1+a, its hidden states gathered. A tree also tells what its chain
+  would have accepted: every tree drafter writes a node's children best
+  first, so the path of first children from the root is the chain of the
+  tree's depth (cut where the tree stopped expanding it), and the accepted
+  path's leading nodes on it are that chain's accepted drafts (greedy, or
+  keyed draws: the chain's tokens meet the same draws).
 """
 
 from __future__ import annotations
@@ -123,9 +128,15 @@ class TreeLayout:
         self.tree_mask[:, 0, 0] = True
         self.ancestors = torch.zeros(rows, nodes, nodes, device=device)        # [S, T, T] non-root ancestor-or-self
         self.depth_rank = torch.zeros(rows, nodes, **long)                     # [S, T] orders nodes by depth
+        self.on_chain = torch.zeros(rows, nodes, dtype=torch.bool, device=device)  # [S, T] on the first-child path
+        self.chain_depth = torch.zeros(rows, **long)                           # [S] that path's depth
+        self.chain_accepted = torch.zeros(rows, **long)                        # [S] its nodes the last round accepted
         self._index = torch.arange(nodes, **long)
         self._rows = torch.arange(rows, **long)
         self._eye = torch.eye(nodes, dtype=torch.bool, device=device)
+        # [T, T] j is a draft node before i: an earlier sibling of i where they share a parent
+        self._before = torch.ones(nodes, nodes, dtype=torch.bool, device=device).tril(-1)
+        self._before[:, 0] = False
         self.chain = self._index                                               # [T] a chain's offsets
         self.extend_width = depth + 1                                          # the accepted path's room
         self.children: list[list[int]] | None = None
@@ -160,6 +171,11 @@ class TreeLayout:
         ancestors.copy_(mask)
         ancestors[:, :, 0] = 0                                                 # the root is never a miss
         self.depth_rank[:batch] = depths * self.nodes + (self.nodes - 1 - self._index)
+        # the chain's path: nodes whose every non-root ancestor-or-self is its parent's first child
+        later_child = ((parents.unsqueeze(-1) == parents.unsqueeze(1)) & self._before).any(-1)   # [B, T]
+        on_chain = self.on_chain[:batch]
+        on_chain.copy_((ancestors * later_child.unsqueeze(1)).sum(-1) == 0)
+        self.chain_depth[:batch] = torch.where(on_chain, depths, 0).amax(-1)
 
     def offsets_for(self, batch: int) -> torch.Tensor:
         return self.depths[:batch]
@@ -179,6 +195,8 @@ class TreeLayout:
         else:
             paths, next_tokens = self._accept_sampled(verifier, out.logits, verify_ids, sampling)
         accept_lengths = self.depths[:batch].gather(1, paths[:, -1:]).squeeze(-1)      # [B] depth of the last
+        accepted = (self._index >= 1) & (self._index <= accept_lengths.unsqueeze(-1))   # [B, T] path entries 1..a
+        self.chain_accepted[:batch] = (self.on_chain[:batch].gather(1, paths) & accepted).sum(-1)
         verify_ids.copy_(verify_ids.gather(1, paths))
         draft_tokens.copy_(verify_ids[:, 1:])
         root = positions[:, :1]                                                          # [B, 1] m-1

@@ -55,6 +55,11 @@ class RoundResult:
     # a plain decode run in a drafting tier's place: the seconds the drafter spent finding nothing to verify
     # (NGRAM's lookups), a cost of being at that tier that the plain decode itself is not
     lookup_seconds: float = 0.0
+    # a tree round's chain (``TreeLayout``: the path of first children, what the chain of the tree's depth would
+    # have drafted), per request: its drafts accepted, and its depth in the tree (drafted up to there); None for
+    # a chain, or a tree whose drafts were drawn from a law (the chain's draws differ)
+    chain_accept_lengths: list[int] | None = None
+    chain_depths: list[int] | None = None
 
     @property
     def measured_tier(self) -> bool:
@@ -376,6 +381,11 @@ class SpeculativeWorker:
         self.drafter.end_round(tier, slots)
         shadow = self.drafter.take_shadow(slots, drafting=steps > 0)
         speculating = [True] * len(slots) if plain is None else [row not in plain.rows for row in range(len(slots))]
+        chain_accepted = chain_depths = None
+        if tier.speculative_eagle_topk > 1 and (all_greedy or self.keyed_sampling):
+            layout = tier.verify.layout
+            chain_accepted = layout.chain_accepted[:len(slots)].tolist()
+            chain_depths = layout.chain_depth[:len(slots)].tolist()
         return RoundResult(new_tokens, accept_list, steps, active.stages.key,
                            time.perf_counter() - round_start, not all_greedy, speculating, shadow,
-                           tier.speculative_num_draft_tokens, tier.key, lookup_seconds)
+                           tier.speculative_num_draft_tokens, tier.key, lookup_seconds, chain_accepted, chain_depths)
