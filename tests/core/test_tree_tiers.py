@@ -56,18 +56,30 @@ def test_trees_sit_among_the_chains_by_verified_drafts():
     assert list(tree_start.candidate_steps) == [1, 3, TREE_KEY] and tree_start.current_steps == TREE_KEY
 
 
-def _run(params, tokens_per_round, seconds, rounds, rng):
+def _run(params, tokens_per_round, seconds, rounds, rng, chain_tokens=None):
     """Feed rounds at the policy's own tier: `tokens_per_round(key)` accepted per request on average (drawn
-    around it), `seconds(key)` per round. Returns the tiers run."""
+    around it), `seconds(key)` per round; with `chain_tokens`, each tree round also tells what its chain of first
+    children accepted (about that many drafts a request, its full depth drafted). Returns the tiers run."""
     used = []
     for _ in range(rounds):
         key = params.current_steps
         used.append(key)
         depth = tier_shape(key)[0]
-        mean = tokens_per_round(key)
-        accepted = [min(depth, max(0, round(mean + rng.uniform(-0.5, 0.5)))) for _ in range(4)]
-        params.update(accepted, seconds(key))
+
+        def draw(mean):
+            return [min(depth, max(0, round(mean + rng.uniform(-0.5, 0.5)))) for _ in range(4)]
+
+        if key == TREE_KEY and chain_tokens is not None:
+            params.tree_chain(draw(chain_tokens), [depth] * 4)
+        params.update(draw(tokens_per_round(key)), seconds(key))
     return used
+
+
+def _positional_policy():
+    """Goodput over chains 0, 1, 3 and the tree TREE, deciding every 2 batches from the first."""
+    return AdaptiveSpeculativeParams(1, AdaptiveConfig(policy="goodput", candidate_steps=[0, 1, 3],
+                                                       candidate_trees=[list(TREE)], warmup_batches=0,
+                                                       update_interval=2, acceptance_model="positional"))
 
 
 @pytest.mark.parametrize("tree_pays", [True, False])
@@ -96,9 +108,7 @@ def test_a_tree_s_gain_at_low_acceptance_is_not_carried_to_where_its_chain_accep
     chain 3 runs and the tree is not tried. Priced by its ratio to its chain, the tree was predicted 6 tokens
     there (7.4 tokens) and tried again and again, each try an up move undone that blocked the move to chain 3."""
     rng = random.Random(0)
-    params = AdaptiveSpeculativeParams(1, AdaptiveConfig(policy="goodput", candidate_steps=[0, 1, 3],
-                                                         candidate_trees=[list(TREE)], warmup_batches=0,
-                                                         update_interval=2, acceptance_model="positional"))
+    params = _positional_policy()
     cost = {0: 1.0e-3, 1: 1.2e-3, 3: 1.6e-3, TREE_KEY: 2.7e-3}
     low = {0: 0.0, 1: 0.05, 3: 0.08, TREE_KEY: 1.0}
     used = _run(params, low.get, cost.get, 150, rng)
@@ -106,24 +116,6 @@ def test_a_tree_s_gain_at_low_acceptance_is_not_carried_to_where_its_chain_accep
     high = {0: 0.0, 1: 1.0, 3: 3.0, TREE_KEY: 3.0}
     used = _run(params, high.get, cost.get, 150, rng)
     assert used[-120:].count(3) > 110 and used.count(TREE_KEY) < 3, used
-
-
-def _run_reporting_chains(params, tokens_per_round, chain_tokens, seconds, rounds, rng, report=True):
-    """_run, with each tree round also telling what its chain of first children accepted (about
-    `chain_tokens` drafts a request, its full depth drafted) when `report`."""
-    used = []
-    for _ in range(rounds):
-        key = params.current_steps
-        used.append(key)
-        depth = tier_shape(key)[0]
-
-        def draw(mean):
-            return [min(depth, max(0, round(mean + rng.uniform(-0.5, 0.5)))) for _ in range(4)]
-
-        if key == TREE_KEY and report:
-            params.tree_chain(draw(chain_tokens), [depth] * 4)
-        params.update(draw(tokens_per_round(key)), seconds(key))
-    return used
 
 
 @pytest.mark.parametrize("report", [True, False])
@@ -134,15 +126,13 @@ def test_a_tree_s_chain_rounds_keep_the_chains_estimates_current(report):
     few decisions. Without it the chains keep the low phase's rates while the tree runs, and the tree (predicted
     from them plus the shortfall it recovers) keeps running until a refresh probe times chain 3 again."""
     rng = random.Random(0)
-    params = AdaptiveSpeculativeParams(1, AdaptiveConfig(policy="goodput", candidate_steps=[0, 1, 3],
-                                                         candidate_trees=[list(TREE)], warmup_batches=0,
-                                                         update_interval=2, acceptance_model="positional"))
+    params = _positional_policy()
     cost = {0: 1.0e-3, 1: 1.2e-3, 3: 1.6e-3, TREE_KEY: 2.2e-3}
     low = {0: 0.0, 1: 0.3, 3: 0.5, TREE_KEY: 2.0}
-    used = _run_reporting_chains(params, low.get, 0.5, cost.get, 150, rng, report)
+    used = _run(params, low.get, cost.get, 150, rng, chain_tokens=0.5 if report else None)
     assert used[-50:].count(TREE_KEY) > 45, used[-50:]
     high = {0: 0.0, 1: 1.0, 3: 3.0, TREE_KEY: 3.0}
-    used = _run_reporting_chains(params, high.get, 3.0, cost.get, 100, rng, report)
+    used = _run(params, high.get, cost.get, 100, rng, chain_tokens=3.0 if report else None)
     on_tree = used.index(3) if 3 in used else len(used)
     if report:
         assert on_tree <= 10 and used[-50:].count(3) > 45, used
