@@ -37,12 +37,12 @@ def _summary(seconds: list[float]) -> dict[str, float]:
 
 def rank_main(args: argparse.Namespace) -> None:
     from specswap.distributed import init_group
-    from specswap.distributed.agreement import _HEAD, Observation, merge
+    from specswap.distributed.agreement import Observation, merge
     torch.set_num_threads(1)
     world = int(os.environ["WORLD_SIZE"])
     group = init_group(dp_size=world, timeout_s=60)
     bins = args.max_steps + 1
-    mine = torch.zeros(_HEAD + 2 * bins, dtype=torch.float64)
+    mine = torch.zeros(Observation.width(bins), dtype=torch.float64)
     everyone = torch.zeros(world * mine.numel(), dtype=torch.float64)
     generator = torch.Generator().manual_seed(group.rank)
     agreement, bare = [], []

@@ -150,6 +150,7 @@ def test_tp2_by_dp2_grid_agrees_and_stays_lossless(tmp_path):
 
 def test_merge_is_the_same_observation_for_every_rank():
     from specswap.distributed.agreement import Observation, TierDesync, merge
+    from specswap.worker import RoundResult
     from specswap.worker.drafter import Shadow
     bins = 4
     rows = torch.zeros(3, Observation.width(bins), dtype=torch.float64)
@@ -166,11 +167,14 @@ def test_merge_is_the_same_observation_for_every_rank():
     assert merged.result.chain_accept_lengths is None  # chain rounds: no chain of first children to tell
     # tree rounds: what each request's chain of first children accepted, and its depth, merged as the counts are
     tree = 30206
-    Observation(tree, True, True, 0.02, False, 2, (3, 1), busy=True, chain=((2, 3), (0, 3))).pack(rows[0], bins)
+    result = lambda chain, depths: RoundResult([[0]] * len(chain), [3] * len(chain), 3, tree, 0.02,  # noqa: E731
+                                                speculating=[True] * len(chain), ran_tier=tree,
+                                                chain_accept_lengths=chain, chain_depths=depths)
+    Observation.of(tree, result([2, 0, 2], [3, 3, 2]), True).pack(rows[0], bins)  # the third: cut at 2, whole
     Observation(tree, busy=False).pack(rows[1], bins)
-    Observation(tree, True, True, 0.05, False, 1, (2,), busy=True, chain=((1, 2),)).pack(rows[2], bins)
+    Observation.of(tree, result([1], [2]), True).pack(rows[2], bins)  # cut at 2 after 1: a failure at 2
     merged = merge(rows, tp_size=1, bins=bins).result
-    assert sorted(zip(merged.chain_accept_lengths, merged.chain_depths)) == [(0, 3), (1, 2), (2, 3)]
+    assert sorted(zip(merged.chain_accept_lengths, merged.chain_depths)) == [(0, 3), (1, 3), (2, 2), (2, 3)]
     Observation(tree, True, True, 0.05, True, 1, (2,), busy=True).pack(rows[2], bins)  # drafts from a law: none
     assert merge(rows, tp_size=1, bins=bins).result.chain_accept_lengths is None
     Observation(1).pack(rows[1], bins)

@@ -6,8 +6,9 @@ every rank's round, so every copy makes the same decision at the same step, with
 Each step, every rank (busy or not) contributes one fixed-size float64 vector (``Observation.pack``): its active
 tier, whether it ran a round, whether that round measured the active tier or ran a plain decode in its place,
 the round's seconds, whether it sampled, a histogram of its requests' accepted draft counts, at a tree tier
-one of what their chains accepted (``RoundResult.chain_accept_lengths``, with each chain's depth), its drafter's
-tier-0 (shadow) checks, and whether it has unfinished requests. One ``all_gather`` over all ranks hands everyone
+two of what their chains accepted (``RoundResult.chain_accept_lengths``: the chains drafted to the tree's depth,
+and those cut shorter and accepted whole), its drafter's tier-0 (shadow) checks, and whether it has unfinished
+requests. One ``all_gather`` over all ranks hands everyone
 the same matrix; ``merge`` turns it into one round: the accepted counts of every data-parallel group (a tensor-
 parallel group's ranks report the same round: its first rank speaks for it) as one batch, costed at the slowest
 rank's round time (the ranks' rounds end together), sampled if any sampled. A rank whose tier differs from the
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from specswap.worker.drafter import Shadow
+from specswap._core import tier_shape
 from specswap.worker.worker import RoundResult
 
 __all__ = ["AgreedController", "DEFAULT_MIN_DWELL_ROUNDS", "Observation", "TierDesync", "merge"]
@@ -50,20 +52,25 @@ class Observation:
     accepted: tuple[int, ...] = ()          # accepted drafts of each speculating request (measured rounds)
     shadow: Shadow | None = None
     busy: bool = False
-    chain: tuple[tuple[int, int], ...] = ()  # a tree round's: (chain accepted, chain depth) per speculating request
+    # a tree round's, per speculating request: (chain accepted, whether its chain was cut short and accepted whole)
+    chain: tuple[tuple[int, bool], ...] = ()
 
     @staticmethod
     def width(bins: int) -> int:
         """Floats in a packed observation."""
-        return _HEAD + 2 * bins + bins * bins
+        return _HEAD + 4 * bins
 
     @classmethod
     def of(cls, tier: int, result: RoundResult | None, busy: bool) -> "Observation":
         if result is None or not result.accept_lengths:
             return cls(tier, busy=busy, shadow=None if result is None else result.shadow)
         accepted = tuple(a for a, on in zip(result.accept_lengths, result.speculating) if on)
+        # a chain cut short at d that accepted fewer than d drafts ended on a failure, as one drafted to the full
+        # depth would: only the accepted count and whether it was cut short and accepted whole matter
+        depth = result.speculative_num_steps
         chain = () if result.chain_accept_lengths is None else tuple(
-            (a, d) for a, d, on in zip(result.chain_accept_lengths, result.chain_depths, result.speculating) if on)
+            (a, a == d < depth) for a, d, on in zip(result.chain_accept_lengths, result.chain_depths,
+                                                    result.speculating) if on)
         return cls(tier, True, result.measured_tier, result.round_seconds, result.sampled,
                    len(result.accept_lengths), accepted, result.shadow, busy, chain)
 
@@ -79,8 +86,8 @@ class Observation:
         if shadow is not None:
             for value in shadow.accept_lengths:
                 view[_HEAD + bins + min(value, bins - 1)] += 1
-        for accepted, depth in self.chain:
-            view[_HEAD + 2 * bins + min(accepted, bins - 1) * bins + min(depth, bins - 1)] += 1
+        for accepted, cut in self.chain:
+            view[_HEAD + (3 if cut else 2) * bins + min(accepted, bins - 1)] += 1
         return out
 
 
@@ -117,10 +124,11 @@ def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
     if measured:
         accepted = _expand([sum(row[_HEAD + b] for row in measured) for b in range(bins)])
         result = RoundResult([], accepted, tier, tier, seconds, sampled, [True] * len(accepted), shadow)
-        chain = _expand([sum(row[_HEAD + 2 * bins + c] for row in measured) for c in range(bins * bins)])
-        if len(chain) == len(accepted):  # every measured group's tree round told its chain (none: a chain tier)
-            result.chain_accept_lengths = [c // bins for c in chain]
-            result.chain_depths = [c % bins for c in chain]
+        whole = _expand([sum(row[_HEAD + 2 * bins + b] for row in measured) for b in range(bins)])
+        cut = _expand([sum(row[_HEAD + 3 * bins + b] for row in measured) for b in range(bins)])
+        if len(whole) + len(cut) == len(accepted):  # every measured group's tree round told its chain
+            result.chain_accept_lengths = whole + cut
+            result.chain_depths = [tier_shape(tier)[0]] * len(whole) + cut
     else:  # every rank that ran decoded plainly in the drafting tier's place
         n = int(sum(row[5] for row in ran))
         result = RoundResult([], [0] * n, 0, tier, seconds, sampled, [False] * n, shadow)
