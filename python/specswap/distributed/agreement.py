@@ -122,10 +122,10 @@ def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
     sampled = any(row[4] for row in ran)
     measured = [row for row in ran if row[2]]
     if measured:
-        accepted = _expand([sum(row[_HEAD + b] for row in measured) for b in range(bins)])
+        accepted = _values(measured, 0, bins)
         result = RoundResult([], accepted, tier, tier, seconds, sampled, [True] * len(accepted), shadow)
-        whole = _expand([sum(row[_HEAD + 2 * bins + b] for row in measured) for b in range(bins)])
-        cut = _expand([sum(row[_HEAD + 3 * bins + b] for row in measured) for b in range(bins)])
+        whole = _values(measured, 2, bins)
+        cut = _values(measured, 3, bins)
         if len(whole) + len(cut) == len(accepted):  # every measured group's tree round told its chain
             result.chain_accept_lengths = whole + cut
             result.chain_depths = [tier_shape(tier)[0]] * len(whole) + cut
@@ -135,8 +135,12 @@ def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
     return Merged(tier, busy, result)
 
 
-def _expand(histogram: list[float]) -> list[int]:
-    return [value for value, count in enumerate(histogram) for _ in range(int(round(count)))]
+def _values(rows: list[list[float]], histogram: int, bins: int) -> list[int]:
+    """The values counted by the rows' packed histogram number ``histogram`` (0: accepted drafts, 1: shadow
+    checks, 2 and 3: a tree's chains drafted whole and cut short), summed over the rows."""
+    start = _HEAD + histogram * bins
+    counts = [sum(row[start + b] for row in rows) for b in range(bins)]
+    return [value for value, count in enumerate(counts) for _ in range(int(round(count)))]
 
 
 def _shadow(speakers: list[list[float]], bins: int, rank: int) -> Shadow | None:
@@ -146,7 +150,7 @@ def _shadow(speakers: list[list[float]], bins: int, rank: int) -> Shadow | None:
     steps = {int(row[7]) for row in with_shadow}
     if len(steps) > 1:
         raise TierDesync(f"rank {rank}: ranks report tier-0 checks for different tiers {sorted(steps)}")
-    return Shadow(_expand([sum(row[_HEAD + bins + b] for row in with_shadow) for b in range(bins)]), steps.pop())
+    return Shadow(_values(with_shadow, 1, bins), steps.pop())
 
 
 class AgreedController:
