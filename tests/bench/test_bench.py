@@ -147,10 +147,16 @@ def test_bench_against_a_running_server(tmp_path):
     target, _ = random_models()
     engine = Engine(target, None, "NGRAM", speculative_num_steps=3, max_batch_size=2, max_seq_len=512,
                     tokenizer=CharTokenizer())
+    seen = []  # what each request asked of the engine: the bench's default runs every request to max_new_tokens
+    add_request = engine.add_request
+    engine.add_request = lambda prompt, params=None, **kwargs: seen.append(params.ignore_eos) or add_request(
+        prompt, params, **kwargs)
     with running_server(create_app(engine, "random", api_key="k")) as url:
         args = _args(tmp_path, "--server", f"static3={url}", "--api-key", "k", "--workload", "high")
         assert run_from_args(args) == 0
+    assert seen == [True, True]
     result = json.loads((tmp_path / "results.json").read_text())
+    assert result["settings"]["ignore_eos"] is True
     _check_schema(result, ["static3"], phases=("high",))
     assert result["modes"]["static3"]["overall"]["accept_length"] >= 1.0
     assert result["oracle"]["phases"][0]["mode"] == "static3"
@@ -206,13 +212,16 @@ class _FakeEngine:
 
     speculative_algorithm = None
 
-    def __init__(self, name, clock, step_seconds, tokens, log):
+    def __init__(self, name, clock, step_seconds, tokens, log, eos_after=None):
         self.name, self.clock, self.step_seconds, self.tokens, self.log = name, clock, step_seconds, tokens, log
-        self.running, self.next_id = {}, 0
+        self.eos_after = eos_after  # a request not ignoring EOS meets it after this many tokens
+        self.running, self.next_id, self.limits = {}, 0, {}
 
     def add_request(self, prompt, **kwargs):
         self.next_id += 1
         self.running[self.next_id] = []
+        stops_early = self.eos_after is not None and not kwargs.get("ignore_eos", False)
+        self.limits[self.next_id] = self.eos_after if stops_early else self.tokens
         return self.next_id
 
     def step(self):
@@ -222,7 +231,7 @@ class _FakeEngine:
         outputs = []
         for request_id, tokens in list(self.running.items()):
             tokens.append(7)
-            finished = len(tokens) == self.tokens
+            finished = len(tokens) == self.limits[request_id]
             outputs.append(SimpleNamespace(request_id=request_id, token_ids=list(tokens), finished=finished,
                                            num_verify_rounds=len(tokens), accept_lengths=[0] * len(tokens)))
             if finished:
@@ -247,22 +256,45 @@ def test_modes_run_interleaved_step_by_step_each_on_its_own_clock(monkeypatch):
                                                                                seconds[speculative_algorithm], 4, log))
     phases = build_workload("transition", 2, 1.0, "tune")[:2]
     args = argparse.Namespace(max_batch_size=2, concurrency=2, max_new_tokens=4, seed=0, repeats=1, warmup=0,
-                              max_seq_len=None)
+                              max_seq_len=None, ignore_eos=True)
     modes = {"fast": {"speculative_algorithm": "fast"}, "slow": {"speculative_algorithm": "slow"}}
-
-    class _Progress:
-        def update(self, n):
-            pass
-
-        def set_description(self, text):
-            pass
-
     summaries = run_in_process(None, args, modes, phases, _Progress())
     # phase 0: fast, slow, fast, slow ...; phase 1 rotates: slow first
     assert log == ["fast", "slow"] * 4 + ["slow", "fast"] * 4
     for name, step in seconds.items():
         for phase in summaries[name]["phases"]:  # 2 requests of 4 tokens, 4 steps of the mode's own time
             assert phase["throughput_tok_s"] == pytest.approx(8 / (4 * step))
+
+
+class _Progress:
+    def update(self, n):
+        pass
+
+    def set_description(self, text):
+        pass
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_ignore_eos_runs_every_request_to_max_new_tokens(monkeypatch, ignore_eos):
+    """The bench's default (SGLang's bench_serving's too): every mode does the same work, whichever of them a
+    sampled text would have ended early; --no-ignore-eos lets each request stop at its end-of-sequence token."""
+    import argparse
+
+    import specswap.bench.runner as runner_module
+    import specswap.cli_flags as cli_flags
+    from specswap.bench.cli import run_in_process
+
+    clock = _FakeClock()
+    monkeypatch.setattr(runner_module.time, "perf_counter", clock)
+    monkeypatch.setattr(cli_flags, "build_engine", lambda models, speculative_algorithm, **kwargs: _FakeEngine(
+        speculative_algorithm, clock, 1.0, 6, [], eos_after=2))
+    args = argparse.Namespace(max_batch_size=2, concurrency=2, max_new_tokens=6, seed=0, repeats=1, warmup=0,
+                              max_seq_len=None, ignore_eos=ignore_eos)
+    phases = build_workload("transition", 2, 1.0, "tune")[:2]
+    summaries = run_in_process(None, args, {"a": {"speculative_algorithm": "a"}}, phases, _Progress())
+    assert [p["tokens"] for p in summaries["a"]["phases"]] == [2 * (6 if ignore_eos else 2)] * 2
+    assert build_parser().parse_args(["bench"]).ignore_eos is True
+    assert build_parser().parse_args(["bench", "--no-ignore-eos"]).ignore_eos is False
 
 
 @pytest.mark.parametrize("step_by_step", [False, True])

@@ -24,6 +24,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=2, help="requests in flight (the batch size)")
     parser.add_argument("--max-new-tokens", type=int, default=80)
     parser.add_argument("--low-temperature", type=float, default=1.0, help="sampling temperature of low phases")
+    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                        help="run every request to --max-new-tokens (default, as SGLang's bench_serving): sampled "
+                             "texts differ between modes, and one that stops early would pay its prefill over "
+                             "fewer tokens; --no-ignore-eos stops at the end-of-sequence token")
     parser.add_argument("--warmup", type=int, default=1,
                         help="warm-up requests per mode, on a throwaway engine with the same settings (0: none)")
     parser.add_argument("--modes", nargs="+", default=None,
@@ -131,7 +135,7 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
                 del warm
             engine = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
             runners[name] = EngineRunner(engine, args.concurrency, args.max_new_tokens, args.seed,
-                                         on_request_done=lambda: progress.update(1))
+                                         on_request_done=lambda: progress.update(1), ignore_eos=args.ignore_eos)
         for phase_index, phase in enumerate(phases):
             shift = phase_index % len(names)
             progress.set_description(phase.name)
@@ -153,7 +157,7 @@ def run_servers(args, phases, progress) -> dict[str, dict]:
         name = name or ("server" if len(args.server) == 1 else f"server{index}")
         progress.set_description(name)
         run = run_server(url, phases, args.concurrency, args.max_new_tokens, args.seed, api_key=args.api_key,
-                         on_request_done=lambda: progress.update(1))
+                         on_request_done=lambda: progress.update(1), ignore_eos=args.ignore_eos)
         summaries[name] = report.summarize(run)
         summaries[name]["settings"] = {"server": url}
     return summaries
@@ -184,7 +188,8 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
         "prompt_set": args.prompt_set,
         "phases": [phase.name for phase in phases],
         "settings": {"requests_per_phase": args.requests_per_phase, "concurrency": args.concurrency,
-                     "max_new_tokens": args.max_new_tokens, "low_temperature": args.low_temperature,
+                     "max_new_tokens": args.max_new_tokens, "ignore_eos": args.ignore_eos,
+                     "low_temperature": args.low_temperature,
                      "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
                      "threads": torch.get_num_threads()},
     }

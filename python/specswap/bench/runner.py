@@ -28,8 +28,9 @@ class EngineRunner:
     times, so that modes can be interleaved step by step without other modes' time counting against them."""
 
     def __init__(self, engine, concurrency: int, max_new_tokens: int, seed: int = 0,
-                 on_request_done: Callable[[], None] | None = None):
+                 on_request_done: Callable[[], None] | None = None, ignore_eos: bool = False):
         self.engine, self.concurrency, self.max_new_tokens, self.seed = engine, concurrency, max_new_tokens, seed
+        self.ignore_eos = ignore_eos  # every request runs to max_new_tokens: the modes then do equal work
         self.on_request_done = on_request_done
         self.run: dict[str, Any] = {"phases": [], "trace": []}
         self.clock = 0.0
@@ -50,7 +51,8 @@ class EngineRunner:
             t0 = time.perf_counter()
             while pending and len(started) < self.concurrency:
                 request_id = engine.add_request(pending.popleft(), max_new_tokens=self.max_new_tokens,
-                                                temperature=phase.temperature, seed=self.seed + self.request_index)
+                                                temperature=phase.temperature, seed=self.seed + self.request_index,
+                                                ignore_eos=self.ignore_eos)
                 self.request_index += 1
                 started[request_id] = self.clock + time.perf_counter() - t0
                 seen_tokens[request_id] = 0
@@ -92,9 +94,9 @@ def run_interleaved(steps: Iterable[Iterator[None]]) -> None:
 
 
 def run_engine(engine, phases: list[Phase], concurrency: int, max_new_tokens: int, seed: int = 0,
-               on_request_done: Callable[[], None] | None = None) -> dict[str, Any]:
+               on_request_done: Callable[[], None] | None = None, ignore_eos: bool = False) -> dict[str, Any]:
     """Every phase of a workload on one engine, back to back."""
-    runner = EngineRunner(engine, concurrency, max_new_tokens, seed, on_request_done)
+    runner = EngineRunner(engine, concurrency, max_new_tokens, seed, on_request_done, ignore_eos)
     for phase_index, phase in enumerate(phases):
         runner.run_phase(phase_index, phase)
     return runner.run
@@ -109,7 +111,8 @@ def _metric_value(text: str, name: str) -> float:
 
 def run_server(url: str, phases: list[Phase], concurrency: int, max_new_tokens: int, seed: int = 0,
                api_key: str | None = None, model: str | None = None, poll_seconds: float = 0.1,
-               timeout_s: float = 600.0, on_request_done: Callable[[], None] | None = None) -> dict[str, Any]:
+               timeout_s: float = 600.0, on_request_done: Callable[[], None] | None = None,
+               ignore_eos: bool = False) -> dict[str, Any]:
     """The same workload over HTTP (``POST /v1/completions``, not streamed). The tier trace comes from polling
     ``/server_info``; accept lengths per phase from the ``spec_accept_length`` histogram in ``/metrics``."""
     import httpx
@@ -149,7 +152,7 @@ def run_server(url: str, phases: list[Phase], concurrency: int, max_new_tokens: 
         start = time.perf_counter()
         response = client.post("/v1/completions", json={
             "model": model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": temperature,
-            "seed": request_seed})
+            "seed": request_seed, "ignore_eos": ignore_eos})
         if response.status_code != 200:
             raise RuntimeError(f"{base}/v1/completions answered {response.status_code}: {response.text[:300]}")
         body = response.json()
