@@ -58,8 +58,8 @@ GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> cand
       candidates_(std::move(candidates)),
       depth_(depths_of(candidates_)),
       tree_(candidates_.size(), 0),
-      recovered_(candidates_.size(), 0.0),
-      recovered_seen_(candidates_.size(), 0),
+      recovered_(2 * candidates_.size(), 0.0),
+      recovered_seen_(2 * candidates_.size(), 0),
       index_(initial_index),
       initial_index_(initial_index),
       slow_(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false),
@@ -201,7 +201,7 @@ void GoodputPolicy::tree_chain(std::span<const int> accept_lengths, std::span<co
   observe_acceptance(accept_lengths, depth_[index_], depths);
 }
 
-void GoodputPolicy::observe_tree(std::span<const int> accept_lengths) {
+void GoodputPolicy::observe_tree(std::span<const int> accept_lengths, bool sampled) {
   long long total = 0;
   for (int accepted : accept_lengths) total += accepted;
   const double n = static_cast<double>(accept_lengths.size());
@@ -212,13 +212,15 @@ void GoodputPolicy::observe_tree(std::span<const int> accept_lengths) {
   const double recovered = std::clamp((tokens - chain) / shortfall, -1.0, 1.0);
   // weighted per request as the acceptance estimates are (ema_alpha per 4 requests)
   const double weight = 1.0 - std::pow(1.0 - config_.ema_alpha, n / AcceptanceEstimate::kRequestsPerWeight);
-  recovered_[index_] = recovered_seen_[index_] ? (1.0 - weight) * recovered_[index_] + weight * recovered : recovered;
-  recovered_seen_[index_] = 1;
+  const std::size_t slot = recovered_slot(sampled, index_);
+  recovered_[slot] = recovered_seen_[slot] ? (1.0 - weight) * recovered_[slot] + weight * recovered : recovered;
+  recovered_seen_[slot] = 1;
 }
 
 void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
+  last_sampled_ = sampled;
   if (tree_[index_]) {
-    observe_tree(accept_lengths);
+    observe_tree(accept_lengths, sampled);
   } else {
     observe_acceptance(accept_lengths, current_steps());
   }

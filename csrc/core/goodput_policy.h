@@ -70,12 +70,19 @@ class GoodputPolicy {
  private:
   int current_steps() const noexcept { return candidates_[index_]; }
   // Expected tokens per round at candidate j: a chain's from `estimate`; a tree's its chain's plus the part of
-  // the chain's shortfall (depth + 1 tokens at most, less the chain's) that the tree recovers. A shortfall
-  // fraction, not a ratio to the chain: where the chain accepts nearly all, a tree of that depth cannot add
-  // much, however much it added where acceptance was low.
+  // the chain's shortfall (depth + 1 tokens at most, less the chain's) that the tree recovers in rounds of the
+  // last round's kind. A shortfall fraction, not a ratio to the chain: where the chain accepts nearly all, a
+  // tree of that depth cannot add much, however much it added where acceptance was low.
   double predicted(const AcceptanceEstimate& estimate, std::size_t j) const noexcept {
     const double chain = estimate.tokens(config_.acceptance_model, observed_depth(), depth_[j]);
-    return tree_[j] ? chain + recovered_[j] * std::max(0.0, depth_[j] + 1.0 - chain) : chain;
+    if (!tree_[j]) return chain;
+    return chain + recovered_[recovered_slot(last_sampled_, j)] * std::max(0.0, depth_[j] + 1.0 - chain);
+  }
+  // A tree's recovered fraction is kept per kind of round: sampled rounds accept a law-drawn tree's siblings
+  // by recursive rejection, greedy rounds only an argmax child, so what a tree recovers in one kind says little
+  // of the other (a sampled phase's gain carried into a greedy one priced a tree above chains it only matched).
+  std::size_t recovered_slot(bool sampled, std::size_t j) const noexcept {
+    return (sampled ? candidates_.size() : 0) + j;
   }
   // The deepest draft position the estimates saw lately: the current tier's,
   // or at tier 0 that of its shadow observations.
@@ -91,7 +98,7 @@ class GoodputPolicy {
   void observe_acceptance(std::span<const int> accept_lengths, int steps, std::span<const int> drafted = {});
   // A tree tier's verify: its tokens per round against its chain's prediction move its gain (the chain
   // estimates learn from tree_chain(), not from this: a tree accepts more than its chain would).
-  void observe_tree(std::span<const int> accept_lengths);
+  void observe_tree(std::span<const int> accept_lengths, bool sampled);
   bool decide(double min_gain);
   // After a decision that kept a drafting tier: the neighbour tier timed
   // longest ago, if that is refresh_interval batches or more, is run for
@@ -111,9 +118,11 @@ class GoodputPolicy {
   std::vector<int> candidates_;
   std::vector<int> depth_;     // per candidate: draft depth (a chain's steps)
   std::vector<char> tree_;     // per candidate: a draft tree
-  // per tree: EMA of the part of its chain's predicted shortfall its rounds recovered (0 before any: its chain)
+  // per kind of round (recovered_slot) and tree: EMA of the part of its chain's predicted shortfall its rounds
+  // of that kind recovered (0 before any: its chain)
   std::vector<double> recovered_;
   std::vector<char> recovered_seen_;
+  bool last_sampled_ = false;  // the kind of the last round observed: what predictions are for
   std::size_t index_;
   std::size_t initial_index_;
   std::uint64_t num_batches_ = 0;  // batches seen (all non-empty)

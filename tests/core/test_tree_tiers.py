@@ -56,7 +56,7 @@ def test_trees_sit_among_the_chains_by_verified_drafts():
     assert list(tree_start.candidate_steps) == [1, 3, TREE_KEY] and tree_start.current_steps == TREE_KEY
 
 
-def _run(params, tokens_per_round, seconds, rounds, rng, chain_tokens=None):
+def _run(params, tokens_per_round, seconds, rounds, rng, chain_tokens=None, sampled=False):
     """Feed rounds at the policy's own tier: `tokens_per_round(key)` accepted per request on average (drawn
     around it), `seconds(key)` per round; with `chain_tokens`, each tree round also tells what its chain of first
     children accepted (about that many drafts a request, its full depth drafted). Returns the tiers run."""
@@ -71,7 +71,7 @@ def _run(params, tokens_per_round, seconds, rounds, rng, chain_tokens=None):
 
         if key == TREE_KEY and chain_tokens is not None:
             params.tree_chain(draw(chain_tokens), [depth] * 4)
-        params.update(draw(tokens_per_round(key)), seconds(key))
+        params.update(draw(tokens_per_round(key)), seconds(key), sampled)
     return used
 
 
@@ -138,6 +138,24 @@ def test_a_tree_s_chain_rounds_keep_the_chains_estimates_current(report):
         assert on_tree <= 10 and used[-50:].count(3) > 45, used
     else:
         assert on_tree > 30, used
+
+
+def test_what_a_tree_recovers_in_sampled_rounds_is_not_carried_into_greedy_ones():
+    """Sampled phase: chains 1 and 3 accept 1 draft a round, the depth-3 tree all 3 (sibling drafts drawn from
+    the law recover what its chain missed), and the tree runs. Greedy phase: chain 3 accepts 2, and the tree only
+    what its chain does, at a higher cost. The tree leaves within 3 decisions, while the chains' estimates catch
+    up from the sampled phase, and never comes back. With one recovered fraction for both kinds of round, the
+    sampled phase's (all of the shortfall) priced the tree at 4 tokens against chain 3's 3 and held it 5
+    decisions."""
+    rng = random.Random(0)
+    params = _positional_policy()
+    cost = {0: 1.0e-3, 1: 1.2e-3, 3: 1.6e-3, TREE_KEY: 2.0e-3}
+    sampled = {0: 0.0, 1: 1.0, 3: 1.0, TREE_KEY: 3.0}
+    used = _run(params, sampled.get, cost.get, 150, rng, sampled=True)
+    assert used[-60:].count(TREE_KEY) == 60, used[-60:]
+    greedy = {0: 0.0, 1: 1.0, 3: 2.0, TREE_KEY: 2.0}
+    used = _run(params, greedy.get, cost.get, 100, rng, chain_tokens=2.0)
+    assert used[:6] == [TREE_KEY] * 6 and used[6:] == [3] * 94, used
 
 
 def test_tree_chain_needs_a_depth_per_request_and_is_ignored_off_a_tree():
