@@ -7,7 +7,7 @@ from spec_helpers import attention_pair, random_eagle_head, random_target, refer
 
 from specswap.sampling import RoundSampling, SamplingParams
 from specswap.worker import SpeculativeWorker
-from specswap.worker.drafter import SHADOW_EVERY
+from specswap.worker.drafter import CONFIRM_ROUNDS, SHADOW_EVERY
 
 PROMPTS = [[1, 5, 9, 2], [7, 3, 3, 8, 1, 6]]
 
@@ -49,8 +49,9 @@ PAIRS = {"EAGLE": lambda: attention_pair(head_noise=0.1), "STANDALONE": standalo
 @pytest.mark.parametrize("algorithm, graphs", [("EAGLE", False), ("EAGLE", True), ("STANDALONE", False),
                                                ("STANDALONE", True)])
 def test_greedy_shadows_are_what_tier_one_would_have_accepted(algorithm, graphs):
-    """A static tier-0 worker (tiers 0 and 1) reports, every SHADOW_EVERY-th round, whether tier 1's draft (the
-    draft's argmax, recomputed from scratch) equals the token the round emitted."""
+    """A static tier-0 worker (tiers 0 and 1) reports, in each of its first CONFIRM_ROUNDS rounds and then every
+    SHADOW_EVERY-th, whether tier 1's draft (the draft's argmax, recomputed from scratch) equals the token the
+    round emitted."""
     target, draft = PAIRS[algorithm]()
     worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=0, tiers=(0, 1), max_seq_len=64,
                                graphs=graphs)
@@ -59,7 +60,7 @@ def test_greedy_shadows_are_what_tier_one_would_have_accepted(algorithm, graphs)
     outputs = run_to_completion(worker, PROMPTS, 48)[0]
     checked, outcomes = 0, []
     for index, (before, shadow) in enumerate(rounds):
-        if index % SHADOW_EVERY:
+        if index >= CONFIRM_ROUNDS and (index + 1 - CONFIRM_ROUNDS) % SHADOW_EVERY:
             assert shadow is None
             continue
         expected = []
@@ -91,6 +92,26 @@ def test_a_drafting_round_drops_the_checks_and_tokens_stay_lossless(algorithm):
     worker.drafter.begin_round(worker.pool.acquire().round.stages, [0, 1])
     assert pending[0] is not None and pending[1] is not None
     assert worker.drafter.take_shadow([0, 1], drafting=True) is None and pending == [None] * len(pending)
+
+
+@pytest.mark.parametrize("algorithm", list(PAIRS))
+def test_the_first_tier_zero_rounds_after_a_drafting_round_are_all_checked(algorithm):
+    """After each drafting round, tier-0 rounds 1..CONFIRM_ROUNDS are all checked, then every SHADOW_EVERY-th:
+    a move to tier 0 is confirmed (or undone) on fresh evidence before the checks thin out."""
+    target, head = PAIRS[algorithm]()
+    worker = SpeculativeWorker(target, head, algorithm, speculative_num_steps=0, tiers=(0, 1), max_seq_len=128)
+    rounds = recording_worker(worker)
+    pattern = [1] + [0] * 20
+    _, _, tiers = run_to_completion(worker, PROMPTS, 60, switch=lambda i: pattern[i % len(pattern)])
+    assert len(tiers) >= 2 * len(pattern)
+    checked = []
+    for index, (tier, (_, shadow)) in enumerate(zip(tiers, rounds)):
+        since = index % len(pattern)  # tier-0 rounds since the drafting round
+        assert tier == (1 if since == 0 else 0)
+        expect = since > 0 and (since <= CONFIRM_ROUNDS or (since - CONFIRM_ROUNDS) % SHADOW_EVERY == 0)
+        assert (shadow is not None) == expect, (index, since)
+        checked.append(since) if expect else None
+    assert CONFIRM_ROUNDS == 8 and SHADOW_EVERY == 8 and set(checked) == {1, 2, 3, 4, 5, 6, 7, 8, 16}
 
 
 @pytest.mark.parametrize("algorithm", list(PAIRS))

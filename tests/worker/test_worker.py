@@ -165,13 +165,18 @@ def test_tier_zero_runs_only_its_checks_and_the_self_draft_accepts_everything_af
                          tiers=(0, 3))
     params = SamplingParams(max_new_tokens=MAX_NEW)
     worker.prefill([0, 1], PROMPTS[:2], [params] * 2)
-    calls.clear()
-    from specswap.worker.drafter import SHADOW_EVERY
-    for _ in range(SHADOW_EVERY):
+    from specswap.worker.drafter import CONFIRM_ROUNDS, SHADOW_EVERY
+    per_round = []
+    for _ in range(CONFIRM_ROUNDS + SHADOW_EVERY):
+        calls.clear()
         assert worker.decode_round([0, 1]).accept_lengths == [0, 0]
-    # tier 0 drafts nothing; its one check in SHADOW_EVERY rounds runs step 1 once for the batch (nothing to catch up
-    # right after the prefill)
-    assert calls == [torch.Size([2, 2])]
+        per_round.append(list(calls))
+    # tier 0 drafts nothing: the draft runs only for its checks, each over the batch at once (its catch-up, then
+    # step 1; nothing to catch up right after the prefill): in each of the first CONFIRM_ROUNDS rounds, then once
+    # in SHADOW_EVERY rounds
+    assert per_round[0] == [torch.Size([2, 2])]
+    assert all(forwards and all(shape[0] == 2 for shape in forwards) for forwards in per_round[:CONFIRM_ROUNDS])
+    assert [bool(forwards) for forwards in per_round[CONFIRM_ROUNDS:]] == [False] * (SHADOW_EVERY - 1) + [True]
     worker.pool.activate(3)
     for _ in range(3):
         assert worker.decode_round([0, 1]).accept_lengths == [3, 3]  # caught up: the copy agrees everywhere

@@ -157,6 +157,11 @@ class Drafter:
 # catch-up a switch to a drafting tier would run anyway) and runs it once more, so checking more often costs
 # more eager draft forwards
 SHADOW_EVERY = 8
+# Tier-0 rounds after a drafting round (or the first ever) that are all checked: a move to tier 0 on a dip of the
+# acceptance estimate is then confirmed or undone within a decision or two, where checks every SHADOW_EVERY-th
+# round brought the evidence back 8 times slower than the drafting tier it left (stays of 25-120 rounds at tier 0
+# where tier 1 paid 1.2x, in EAGLE's sampled phases).
+CONFIRM_ROUNDS = 8
 
 
 class ModelDrafter(Drafter):
@@ -164,9 +169,9 @@ class ModelDrafter(Drafter):
 
     ``lag``: its cache is valid through position m - 1 - lag when in step (EAGLE 1, standalone 2).
 
-    Shadow checks at tier 0 (``enable_checks``, with tier 0 among the tiers): every SHADOW_EVERY-th tier-0
-    round catches the draft up and takes the law of d_1, what tier 1 would draft for x_m
-    (``_first_draft_logits``); once the round emits x_m, what tier 1 would have accepted is reported
+    Shadow checks at tier 0 (``enable_checks``, with tier 0 among the tiers): each of the first CONFIRM_ROUNDS
+    tier-0 rounds after a drafting round, then every SHADOW_EVERY-th, catches the draft up and takes the law of
+    d_1, what tier 1 would draft for x_m (``_first_draft_logits``); once the round emits x_m, what tier 1 would have accepted is reported
     (``take_shadow``, one step). A greedy request accepts its argmax draft if x_m equals it. A sampled request
     would draw d ~ q and accept it with probability min(1, p(d)/q(d)), which is accepted with probability
     sum_x min(p(x), q(x)) = E_{x~p}[min(1, q(x)/p(x))]: with x_m drawn from p, one Bernoulli draw at
@@ -190,14 +195,15 @@ class ModelDrafter(Drafter):
         self._tree_graphs: dict[tuple[int, int], object] = {}  # frontier-step StageGraphs by (topk, depth)
         # tier-0 checks (enable_checks): per slot (position of the token checked, the greedy draft, the sampled
         # check's outcome or None), and the law of the round's drafts [B, Vd]
-        self._tier0_rounds = 0
+        self._tier0_rounds = 0  # since the last drafting round
         self._pending: list[tuple[int, int, int | None] | None] = [None] * len(slots.host_seq_lens)
         self._check_logits: torch.Tensor | None = None
         self._shadow_generator = torch.Generator().manual_seed(0)
         self._draft_id: torch.Tensor | None = None  # target id -> draft id (-1: outside the draft vocabulary)
 
     def enable_checks(self, target_vocab_size: int) -> None:
-        """Check one draft step every SHADOW_EVERY-th tier-0 round (the worker runs tier 0)."""
+        """Check one draft step in tier-0 rounds (the worker runs tier 0): each of the first CONFIRM_ROUNDS after
+        a drafting round, then every SHADOW_EVERY-th."""
         self.shadow_steps = 1
         if self.token_map is not None:
             device = self.token_map.device
@@ -207,9 +213,10 @@ class ModelDrafter(Drafter):
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         if tier.speculative_num_steps:
             self.catch_up(slots)
+            self._tier0_rounds = 0
         elif self.shadow_steps:
             self._tier0_rounds += 1
-            if (self._tier0_rounds - 1) % SHADOW_EVERY == 0:
+            if self._tier0_rounds <= CONFIRM_ROUNDS or (self._tier0_rounds - CONFIRM_ROUNDS) % SHADOW_EVERY == 0:
                 self._check(slots)
         return True
 
