@@ -99,20 +99,15 @@ void AcceptanceEstimate::observe(std::size_t requests, long long batch_successes
   }
 }
 
-double AcceptanceEstimate::tokens(AcceptanceModel model, int depth, int steps, const double* shape) const noexcept {
+double AcceptanceEstimate::tokens(AcceptanceModel model, int depth, int steps) const noexcept {
   if (model == AcceptanceModel::kGeometric) return expected_tokens(alpha(), steps);
-  // positional: observed hazards up to the current tier (fresh), beyond it
-  // the deepest of them, moved by the shape along the draft where known; the
-  // pooled alpha where nothing was observed.
+  // positional: observed hazards up to the current tier (fresh), the deepest
+  // of them beyond it; the pooled alpha where nothing was observed.
   double tokens = 1.0;
   double survive = 1.0;
   double hazard = alpha();
   for (int i = 1; i <= steps; ++i) {
-    if (i <= depth && position_trials[i] > 0.0) {
-      hazard = at(i);
-    } else if (i > depth && depth > 0 && shape != nullptr && shape[i] > 0.0) {
-      hazard = std::min(1.0, hazard * shape[i]);
-    }
+    if (i <= depth && position_trials[i] > 0.0) hazard = at(i);
     survive *= hazard;
     tokens += survive;
   }

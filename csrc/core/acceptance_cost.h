@@ -49,10 +49,7 @@ struct AcceptanceEstimate {
   // Expected tokens per round at `steps` under `model`; the positional model
   // uses the observed rates of positions up to `depth` (the tier the
   // observations came from), the deepest of them beyond it.
-  // `shape` (positional only; null: none): per position i, its rate over position i - 1's when i was last
-  // observed (0: never); beyond `depth` each rate is then the one before it times that ratio (at most 1),
-  // where without it the deepest observed rate stands in.
-  double tokens(AcceptanceModel model, int depth, int steps, const double* shape = nullptr) const noexcept;
+  double tokens(AcceptanceModel model, int depth, int steps) const noexcept;
 };
 
 // The verify's relative cost per row count (docs/policy.md): a forward of n

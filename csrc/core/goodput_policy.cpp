@@ -68,8 +68,7 @@ GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> cand
       phase_change_tier_(initial_index),
       scratch_(candidates_.size(), 0.0),
       zero_wait_(first_zero_wait()),
-      position_scratch_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0),
-      shape_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0) {
+      position_scratch_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0) {
   for (std::size_t j = 0; j < candidates_.size(); ++j) tree_[j] = is_tree_key(candidates_[j]);
 }
 
@@ -224,8 +223,6 @@ void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_se
     observe_tree(accept_lengths, sampled);
   } else {
     observe_acceptance(accept_lengths, current_steps());
-    double* shape = shape_.data() + shape_slot(sampled);
-    for (int i = 2; i <= current_steps(); ++i) shape[i] = slow_.at(i) / std::max(slow_.at(i - 1), 1e-6);
   }
   last_table_ = CostModel::table_of(static_cast<int>(accept_lengths.size()), sampled);
   if (std::isfinite(round_seconds) && round_seconds > 0.0) {

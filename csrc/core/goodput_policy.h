@@ -74,7 +74,7 @@ class GoodputPolicy {
   // last round's kind. A shortfall fraction, not a ratio to the chain: where the chain accepts nearly all, a
   // tree of that depth cannot add much, however much it added where acceptance was low.
   double predicted(const AcceptanceEstimate& estimate, std::size_t j) const noexcept {
-    const double chain = estimate.tokens(config_.acceptance_model, observed_depth(), depth_[j], shape());
+    const double chain = estimate.tokens(config_.acceptance_model, observed_depth(), depth_[j]);
     if (!tree_[j]) return chain;
     return chain + recovered_[recovered_slot(last_sampled_, j)] * std::max(0.0, depth_[j] + 1.0 - chain);
   }
@@ -84,12 +84,6 @@ class GoodputPolicy {
   std::size_t recovered_slot(bool sampled, std::size_t j) const noexcept {
     return (sampled ? candidates_.size() : 0) + j;
   }
-  // The shape of acceptance along the draft in rounds of the last round's kind (shape_slot): per position i, its
-  // rate over position i - 1's when a chain last verified both (0: never). A lower tier then prices a deeper
-  // one by its own fresh rates moved by that shape, not by its deepest rate alone: acceptance that rises along
-  // the draft (a greedy run on track) no longer holds the policy at the tier a dip sent it to.
-  const double* shape() const noexcept { return shape_.data() + shape_slot(last_sampled_); }
-  static std::size_t shape_slot(bool sampled) noexcept { return sampled ? AdaptiveConfig::kMaxSteps + 1 : 0; }
   // The deepest draft position the estimates saw lately: the current tier's,
   // or at tier 0 that of its shadow observations.
   int observed_depth() const noexcept { return current_steps() > 0 ? depth_[index_] : shadow_depth_; }
@@ -147,7 +141,6 @@ class GoodputPolicy {
   int refresh_left_ = 0;                 // batches left in a refresh probe of a neighbour tier
   std::size_t refresh_from_ = 0;         // the tier a refresh probe left
   std::vector<double> position_scratch_;  // per-batch counts
-  std::vector<double> shape_;  // [greedy, sampled] x (kMaxSteps + 1): shape()
   int shadow_depth_ = 0;                  // steps of the last shadow observations
   bool shadow_fresh_ = false;             // shadow observations since the last decision
   bool shadow_seen_ = false;              // shadows announced or seen: the drafter is not blind at tier 0

@@ -677,25 +677,3 @@ def test_one_lucky_lookup_at_tier_zero_is_not_a_phase():
     params.expect_shadows()
     tiers = feed(params, 100, 40, [7, 7])
     assert tiers[40] == 0 and tiers[41] > 0, tiers[36:46]
-
-
-def test_a_lower_tier_prices_a_deeper_one_by_the_shape_of_acceptance_along_the_draft():
-    """Chains 1 and 3, greedy; a request accepts all 3 drafts or none (position 1 at 0.75, then 1 and 1). Chain 3
-    pays 3.25 tokens for 1.7 cost against chain 1's 1.75 for 1. In a dip (position 1 at 0.25) chain 1 pays, and
-    when the dip ends, chain 3 is back within a few decisions. Priced from tier 1 by tier 1's rate alone (0.75 at
-    every position: 2.73 tokens), chain 3 never won there, not even after the start-up probes."""
-    params = goodput(3, candidate_steps=[1, 3], warmup_batches=0, update_interval=2, probe_rounds=1,
-                     acceptance_model="positional")
-    cost = {1: 1.0e-3, 3: 1.7e-3}
-
-    def run(rounds, first_accepted):
-        used = []
-        for _ in range(rounds):
-            k = params.current_steps
-            used.append(k)
-            params.update([k] * first_accepted + [0] * (4 - first_accepted), cost[k])
-        return used
-
-    assert run(40, 3)[-30:] == [3] * 30
-    assert run(30, 1)[-20:] == [1] * 20
-    assert run(40, 3)[-30:] == [3] * 30
