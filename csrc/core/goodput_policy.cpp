@@ -218,7 +218,6 @@ void GoodputPolicy::observe_tree(std::span<const int> accept_lengths, bool sampl
 }
 
 void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
-  last_sampled_ = sampled;
   if (tree_[index_]) {
     observe_tree(accept_lengths, sampled);
   } else {

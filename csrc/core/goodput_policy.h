@@ -76,7 +76,8 @@ class GoodputPolicy {
   double predicted(const AcceptanceEstimate& estimate, std::size_t j) const noexcept {
     const double chain = estimate.tokens(config_.acceptance_model, observed_depth(), depth_[j]);
     if (!tree_[j]) return chain;
-    return chain + recovered_[recovered_slot(last_sampled_, j)] * std::max(0.0, depth_[j] + 1.0 - chain);
+    const bool sampled = last_table_ >= CostModel::kNumBuckets;  // the last round's kind
+    return chain + recovered_[recovered_slot(sampled, j)] * std::max(0.0, depth_[j] + 1.0 - chain);
   }
   // A tree's recovered fraction is kept per kind of round: sampled rounds accept a law-drawn tree's siblings
   // by recursive rejection, greedy rounds only an argmax child, so what a tree recovers in one kind says little
@@ -122,7 +123,6 @@ class GoodputPolicy {
   // of that kind recovered (0 before any: its chain)
   std::vector<double> recovered_;
   std::vector<char> recovered_seen_;
-  bool last_sampled_ = false;  // the kind of the last round observed: what predictions are for
   std::size_t index_;
   std::size_t initial_index_;
   std::uint64_t num_batches_ = 0;  // batches seen (all non-empty)
