@@ -93,15 +93,6 @@ def run_interleaved(steps: Iterable[Iterator[None]]) -> None:
         live = [step for step in live if next(step, _DONE) is not _DONE]
 
 
-def run_engine(engine, phases: list[Phase], concurrency: int, max_new_tokens: int, seed: int = 0,
-               on_request_done: Callable[[], None] | None = None, ignore_eos: bool = False) -> dict[str, Any]:
-    """Every phase of a workload on one engine, back to back."""
-    runner = EngineRunner(engine, concurrency, max_new_tokens, seed, on_request_done, ignore_eos)
-    for phase_index, phase in enumerate(phases):
-        runner.run_phase(phase_index, phase)
-    return runner.run
-
-
 def _metric_value(text: str, name: str) -> float:
     for line in text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{}"):
