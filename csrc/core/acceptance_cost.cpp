@@ -99,6 +99,14 @@ void AcceptanceEstimate::observe(std::size_t requests, long long batch_successes
   }
 }
 
+void AcceptanceEstimate::observe_position(int position, std::size_t requests, std::size_t accepted) noexcept {
+  if (requests == 0 || position < 1 || position > AdaptiveConfig::kMaxSteps) return;
+  const double keep = per_request ? std::pow(1.0 - weight, static_cast<double>(requests) / kRequestsPerWeight)
+                                  : 1.0 - weight;
+  position_successes[position] = keep * position_successes[position] + weight * static_cast<double>(accepted);
+  position_trials[position] = keep * position_trials[position] + weight * static_cast<double>(requests);
+}
+
 double AcceptanceEstimate::tokens(AcceptanceModel model, int depth, int steps) const noexcept {
   if (model == AcceptanceModel::kGeometric) return expected_tokens(alpha(), steps);
   // positional: observed hazards up to the current tier (fresh), the deepest

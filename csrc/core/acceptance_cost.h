@@ -46,6 +46,10 @@ struct AcceptanceEstimate {
   // deepest position each request reached / accepted (suffix-summed here).
   void observe(std::size_t requests, long long batch_successes, long long batch_trials,
                const double* reached, const double* accepted_at, int steps) noexcept;
+  // One position's trials alone (a check one draft past a chain, of requests that accepted all before it):
+  // `requests` reached `position`, `accepted` of them accepted it. Only that position's EMAs move, with the
+  // weight of those requests; the pooled counts and the other positions stay as they were.
+  void observe_position(int position, std::size_t requests, std::size_t accepted) noexcept;
   // Expected tokens per round at `steps` under `model`; the positional model
   // uses the observed rates of positions up to `depth` (the tier the
   // observations came from), the deepest of them beyond it.

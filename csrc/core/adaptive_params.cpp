@@ -102,6 +102,10 @@ void AdaptiveSpeculativeParams::tree_chain(std::span<const int> accept_lengths, 
   if (config_.policy == PolicyKind::kGoodput) goodput_.tree_chain(accept_lengths, depths);
 }
 
+void AdaptiveSpeculativeParams::deep_checks(std::span<const int> outcomes) {
+  if (config_.policy == PolicyKind::kGoodput) goodput_.deep_checks(outcomes);
+}
+
 void AdaptiveSpeculativeParams::plain_round(int batch_size, double round_seconds, bool sampled) {
   if (config_.policy == PolicyKind::kGoodput) goodput_.plain_round(batch_size, round_seconds, sampled);
 }

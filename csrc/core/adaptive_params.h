@@ -48,6 +48,9 @@ class AdaptiveSpeculativeParams {
   // and that path's depth (GoodputPolicy::tree_chain; goodput only, at a tree tier only; call before update()).
   // Throws std::invalid_argument if the two differ in length. Never switches.
   void tree_chain(std::span<const int> accept_lengths, std::span<const int> depths);
+  // A chain tier's checks one draft past it, per request: 1 / 0 accepted / rejected, -1 not checked
+  // (GoodputPolicy::deep_checks; goodput only; call before update()). Never switches.
+  void deep_checks(std::span<const int> outcomes);
   // A plain decode run in place of the current drafting tier, timed
   // (GoodputPolicy::plain_round; goodput only). Never switches.
   void plain_round(int batch_size, double round_seconds, bool sampled);

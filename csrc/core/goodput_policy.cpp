@@ -201,6 +201,22 @@ void GoodputPolicy::tree_chain(std::span<const int> accept_lengths, std::span<co
   observe_acceptance(accept_lengths, depth_[index_], depths);
 }
 
+void GoodputPolicy::deep_checks(std::span<const int> outcomes) {
+  if (tree_[index_] || current_steps() == 0) return;
+  const int position = depth_[index_] + 1;
+  if (position > AdaptiveConfig::kMaxSteps) return;
+  std::size_t checked = 0, accepted = 0;
+  for (int outcome : outcomes) {
+    if (outcome < 0) continue;
+    ++checked;
+    if (outcome > 0) ++accepted;
+  }
+  if (checked == 0) return;
+  slow_.observe_position(position, checked, accepted);
+  fast_.observe_position(position, checked, accepted);
+  checked_past_ = true;
+}
+
 void GoodputPolicy::observe_tree(std::span<const int> accept_lengths, bool sampled) {
   long long total = 0;
   for (int accepted : accept_lengths) total += accepted;
@@ -335,6 +351,7 @@ void GoodputPolicy::move_to(std::size_t index, bool is_decision) noexcept {
   }
   index_ = index;
   batches_on_tier_ = 0;
+  checked_past_ = false;
   phase_change_tier_ = index;
   phase_change_requests_ = 0;
 }

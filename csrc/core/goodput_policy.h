@@ -41,6 +41,14 @@ class GoodputPolicy {
   // the trees, predicted from them) follow the workload while a tree runs. Ignored off a tree tier. Call it
   // before update() with the same round's verify. No allocation.
   void tree_chain(std::span<const int> accept_lengths, std::span<const int> depths);
+  // A chain tier's check one draft past it, per request of the round: 1 or 0 for a request that accepted
+  // every draft and whose next draft (what the chain one step deeper would have drafted) the emitted bonus
+  // token accepted or rejected, -1 for one not checked. Feeds that position's rates alone
+  // (AcceptanceEstimate::observe_position); once checks came at the current tier, its decisions price the
+  // deeper tiers with that position's own rate, not the deepest verified one standing in for it (greedy
+  // acceptance rises along a draft: 0.69 / 0.71 / 0.93 at positions 1-3 on EAGLE's greedy tuning
+  // workload). Ignored at tier 0 and at tree tiers. Call before update() with the same round. No allocation.
+  void deep_checks(std::span<const int> outcomes);
   // A plain decode the worker ran in place of the current drafting tier
   // (NGRAM: no request had a match): a tier-0 round, so it times tier 0
   // beside the running tier (no acceptance, no batch counted, the level
@@ -85,9 +93,11 @@ class GoodputPolicy {
   std::size_t recovered_slot(bool sampled, std::size_t j) const noexcept {
     return (sampled ? candidates_.size() : 0) + j;
   }
-  // The deepest draft position the estimates saw lately: the current tier's,
-  // or at tier 0 that of its shadow observations.
-  int observed_depth() const noexcept { return current_steps() > 0 ? depth_[index_] : shadow_depth_; }
+  // The deepest draft position the estimates saw lately: the current tier's (one more once checks past a
+  // chain came there), or at tier 0 that of its shadow observations.
+  int observed_depth() const noexcept {
+    return current_steps() > 0 ? depth_[index_] + (checked_past_ ? 1 : 0) : shadow_depth_;
+  }
   // Whether tier 0 saw shadow observations since the last decision.
   bool shadowed() const noexcept { return current_steps() == 0 && shadow_fresh_; }
   // The goodput a decision from the current tier credits candidate j with: tier 0's discounted by
@@ -144,6 +154,7 @@ class GoodputPolicy {
   int shadow_depth_ = 0;                  // steps of the last shadow observations
   bool shadow_fresh_ = false;             // shadow observations since the last decision
   bool shadow_seen_ = false;              // shadows announced or seen: the drafter is not blind at tier 0
+  bool checked_past_ = false;             // deep_checks() observed since the move to the current tier
   // oscillation guard: an up move followed at once by a down move is a
   // bounce; each bounce in a row doubles how many decisions refuse up moves.
   std::uint64_t decisions_ = 0;

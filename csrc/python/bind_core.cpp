@@ -289,6 +289,14 @@ void bind_core(py::module_& m) {
            "A tree tier's verify read as its chain's (its first-child path): per request, the drafts on it "
            "accepted and its depth in the tree; feeds goodput's chain estimates (sglang ignores it; ignored "
            "off a tree tier). Call before update() with the same round. Never a switch.")
+      .def("deep_checks", [](AdaptiveSpeculativeParams& params, const std::vector<int>& outcomes) {
+             params.deep_checks(outcomes);
+           },
+           py::arg("outcomes"),
+           "A chain tier's checks one draft past it, per request: 1 / 0 when the emitted bonus token accepted / "
+           "rejected the next draft of a request that accepted every draft, -1 when not checked; feeds goodput's "
+           "rate of that position (sglang ignores it; ignored at tier 0 and tree tiers). Call before update() "
+           "with the same round. Never a switch.")
       .def("plain_round", &AdaptiveSpeculativeParams::plain_round, py::arg("batch_size"),
            py::arg("round_seconds"), py::arg("sampled") = false,
            "A plain decode of batch_size requests the worker ran in place of the current drafting tier (NGRAM: "

@@ -83,7 +83,8 @@ class AdaptiveController:
         """Feed one round's result (``worker.RoundResult``): the drafter's tier-0 checks (shadow observations),
         then the verify of the active tier (its accepted draft counts, bonus excluded, of the requests that
         speculated; the round's wall time; whether it sampled; at a tree tier, what its chain would have
-        accepted, ``RoundResult.chain_accept_lengths``), or, for a plain decode run in the drafting tier's
+        accepted, ``RoundResult.chain_accept_lengths``; at a chain tier, its checks one draft past the chain,
+        ``RoundResult.deep_checks``), or, for a plain decode run in the drafting tier's
         place, that decode's cost less the drafter's lookup as tier 0's. The lookups of such plain decodes are a
         cost of the drafting tier (tier 0 does not pay them), so they are added to its next verify's seconds:
         its predicted goodput is then the one being at it yields, plain rounds included. Returns the tier the
@@ -105,6 +106,8 @@ class AdaptiveController:
         if result.chain_accept_lengths is not None:  # a tree round: what its chain would have accepted
             on = [i for i, speculated in enumerate(result.speculating) if speculated]
             self.params.tree_chain([result.chain_accept_lengths[i] for i in on], [result.chain_depths[i] for i in on])
+        if result.deep_checks is not None:  # a chain round's checks one draft past it
+            self.params.deep_checks([c for c, speculated in zip(result.deep_checks, result.speculating) if speculated])
         if not accepted or not self.params.update(accepted, seconds, result.sampled):
             return None
         self.pool.activate(self.params.current_steps)

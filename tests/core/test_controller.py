@@ -130,6 +130,23 @@ def test_a_tree_round_s_chain_reaches_the_policy_for_the_requests_that_speculate
     assert fed([3, 0], [3, 3], speculating=(True, False)) == fed([3], [3])  # speculation off: not observed
 
 
+def test_a_chain_round_s_checks_past_it_reach_the_policy_for_the_requests_that_speculated():
+    config = {"policy": "goodput", "acceptance_model": "positional", "candidate_steps": [1, 2, 3],
+              "warmup_batches": 100, "ema_alpha": 1.0}
+
+    def position_three(checks=None, speculating=(True, True)):
+        controller = AdaptiveController(pool_of(tiers=(1, 2, 3), start=2), config)
+        result = verified([2] * len(speculating), 2, seconds=1.0, speculating=list(speculating))
+        result.deep_checks = checks
+        controller.observe(result)
+        return controller.params.position_acceptance(3)
+
+    alpha = 1.0  # every verified draft accepted
+    assert position_three() == pytest.approx(alpha)  # never checked: the pooled alpha
+    assert position_three([0, 0]) == pytest.approx(alpha / 3)  # two rejections, one pseudo-trial at alpha
+    assert position_three([0, 1], speculating=(False, True)) == pytest.approx((1 + alpha) / 2)  # off: not fed
+
+
 def test_config_from_path(tmp_path):
     path = tmp_path / "adaptive.json"
     path.write_text('{"candidate_steps": [2, 4]}')

@@ -612,6 +612,70 @@ def test_positional_model_sees_through_bursty_acceptance():
     assert tiers_of("geometric") == [3] * 30
 
 
+def test_a_check_past_the_chain_moves_that_position_alone():
+    params = goodput(2, **quiet(ema_alpha=1.0, acceptance_model="positional", candidate_steps=[1, 2, 3]))
+    params.update([2, 1, 2])  # pooled alpha 5 / 6
+    alpha = 5 / 6
+    before = [params.position_acceptance(i) for i in (1, 2)]
+    # the requests that accepted both drafts: one's next draft accepted, one's rejected; -1: not checked
+    params.deep_checks([1, -1, 0])
+    assert params.position_acceptance(3) == pytest.approx((1 + alpha) / (2 + 1))
+    assert [params.position_acceptance(i) for i in (1, 2)] == before
+    assert params.alpha == pytest.approx(alpha)
+    params.deep_checks([-1, -1, -1])  # nothing checked: nothing moves
+    assert params.position_acceptance(3) == pytest.approx((1 + alpha) / (2 + 1))
+
+
+def test_checks_are_ignored_at_tier_zero_and_at_trees():
+    for initial, candidates, trees in ((0, [0, 1, 2], []), (20204, [1, 2], [[2, 2, 4]])):
+        params = goodput(initial, **quiet(ema_alpha=1.0, acceptance_model="positional", candidate_steps=candidates,
+                                          candidate_trees=trees))
+        params.deep_checks([1, 1])
+        assert [params.position_acceptance(i) for i in (1, 2, 3)] == [0.5] * 3
+
+
+def _rising_greedy_trace(checks, seed=5):
+    """EAGLE's greedy high phase at batch 2 after a phase where tier 2 paid and position 3 rarely accepted: in
+    the second, positions 1-3 accepted at 0.69 / 0.71 / 0.93 given the earlier ones (the tuning workload's
+    static-3 verifies), rounds costing what tiers 1-3 cost there (ms; tier 3 a little cheaper: in the second
+    phase it pays 4.6% over tier 2, but priced with position 2's rate standing in for position 3's, 0.6%, under
+    min_gain). Returns the tier of each round of the second phase."""
+    cost = {1: 16.8, 2: 20.8, 3: 24.0}
+    params = goodput(2, candidate_steps=[1, 2, 3], warmup_batches=0, acceptance_model="positional")
+    rng = random.Random(seed)
+    tiers = []
+    for round_index in range(400):
+        rates = (0.65, 0.75, 0.2) if round_index < 100 else (0.69, 0.71, 0.93)
+        steps = params.current_steps
+        tiers.append(steps)
+        accepted, outcomes = [], []
+        for _ in range(2):
+            a = 0
+            while a < steps and rng.random() < rates[a]:
+                a += 1
+            accepted.append(a)
+            outcomes.append(int(rng.random() < rates[steps]) if a == steps < 3 else -1)
+        if checks:
+            params.deep_checks(outcomes)
+        params.update(accepted, cost[steps] * 1e-3)
+    return tiers[50:100], tiers[100:]
+
+
+def test_checks_past_the_chain_let_a_deeper_chain_be_priced_by_its_own_rate():
+    # without checks, tier 2 prices tier 3 with position 2's rate, and reaches it only when noise lifts that
+    # rate; with them it sees position 3's own rate: in the first phase (0.2) it stays at tier 2 more, in the
+    # second (0.93) it spends more of it at tier 3 and never long at tier 2
+    def summary(checks):
+        first, second = zip(*(_rising_greedy_trace(checks, seed) for seed in range(20)))
+        return [part.count(2) for part in first], [part[:130].count(3) for part in second]
+
+    first_without, second_without = summary(checks=False)
+    first_with, second_with = summary(checks=True)
+    assert sum(first_with) >= sum(first_without) + 100, (first_with, first_without)
+    assert sum(second_with) >= sum(second_without) + 100, (second_with, second_without)
+    assert min(second_with) >= 20, second_with
+
+
 @pytest.mark.parametrize("acceptance_model", ["geometric", "positional"])
 def test_a_phase_change_is_acted_on_between_decisions(acceptance_model):
     # decisions only every 25 batches, yet a jump from prose-like to full acceptance moves up within a few

@@ -180,6 +180,16 @@ def test_merge_is_the_same_observation_for_every_rank():
     Observation(1).pack(rows[1], bins)
     with pytest.raises(TierDesync, match=r"ranks \[1\] at tier 1; ranks \[0, 2\] at tier 3"):
         merge(rows, tp_size=1, bins=bins)
+    # chain rounds' checks one draft past the chain: counted over the groups, requests off speculation left out
+    checked = lambda checks, on: RoundResult([[0]] * len(on), [2] * len(on), 2, 2, 0.02,  # noqa: E731
+                                             speculating=on, deep_checks=checks)
+    Observation.of(2, checked([1, -1, 0], [True, True, True]), True).pack(rows[0], bins)
+    Observation.of(2, checked([1, 1], [True, False]), True).pack(rows[1], bins)
+    Observation.of(2, None, False).pack(rows[2], bins)
+    assert sorted(merge(rows, tp_size=1, bins=bins).result.deep_checks) == [0, 1, 1]
+    Observation.of(2, checked(None, [True]), True).pack(rows[1], bins)
+    Observation.of(2, checked([-1], [True]), True).pack(rows[0], bins)
+    assert merge(rows, tp_size=1, bins=bins).result.deep_checks is None
 
 
 # ---- failures -------------------------------------------------------------------------------------------------------

@@ -1,13 +1,15 @@
-"""The model drafters' tier-0 shadow checks (``ModelDrafter``, EAGLE and standalone): what tier 1 would have
-accepted, reported from tier 0."""
+"""The model drafters' checks (``ModelDrafter``, EAGLE and standalone): at tier 0 what tier 1 would have accepted
+(shadows), at a chain tier what the chain one step deeper would have accepted one draft past it."""
 
 import pytest
 import torch
-from spec_helpers import attention_pair, random_eagle_head, random_target, reference_eagle_drafts, run_to_completion
+from spec_helpers import (attention_pair, random_eagle_head, random_target, reference_eagle_drafts, reference_greedy,
+                          run_to_completion)
 
 from specswap.sampling import RoundSampling, SamplingParams
 from specswap.worker import SpeculativeWorker
-from specswap.worker.drafter import CONFIRM_ROUNDS, SHADOW_EVERY
+from specswap.worker import drafter as drafter_module
+from specswap.worker.drafter import CONFIRM_ROUNDS, DEEP_CHECK_EVERY, SHADOW_EVERY
 
 PROMPTS = [[1, 5, 9, 2], [7, 3, 3, 8, 1, 6]]
 
@@ -171,3 +173,96 @@ def test_sampled_checks_reach_the_shadow(algorithm):
     run_to_completion(worker, PROMPTS, 48, params=SamplingParams(max_new_tokens=48, temperature=1.0, seed=5))
     settled = [a for _, shadow in rounds if shadow is not None for a in shadow.accept_lengths]
     assert len(settled) >= 10 and set(settled) <= {0, 1}
+
+
+# ---- checks one draft past the chain ---------------------------------------------------------------------------
+
+
+def recording_rounds(worker):
+    """worker.decode_round wrapped to collect (each request's committed length before the round, its result)."""
+    rounds = []
+    decode_round = worker.decode_round
+
+    def recording(slots):
+        before = [len(worker.slots.host_tokens[s]) for s in slots]
+        result = decode_round(slots)
+        rounds.append((list(slots), before, result))
+        return result
+
+    worker.decode_round = recording
+    return rounds
+
+
+def noisy_standalone_pair(noise=0.1):
+    """A target and a draft that is the target with noise on its second layer: its chains accept in part (with
+    the 1-layer draft of ``standalone_pair`` no request accepts two drafts)."""
+    target = random_target(seed=0, logit_scale=3.0)
+    draft = random_target(seed=0, logit_scale=3.0)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in draft.model.layers[1].parameters():
+            parameter.add_(noise * torch.randn(parameter.shape, generator=generator))
+    return target, draft
+
+
+@pytest.mark.parametrize("algorithm, graphs", [("EAGLE", False), ("EAGLE", True), ("STANDALONE", False),
+                                               ("STANDALONE", True)])
+def test_greedy_checks_past_the_chain_are_what_the_next_chain_would_have_accepted(algorithm, graphs, monkeypatch):
+    """A chain-k worker with chain k + 1 among its tiers, checking every round (graphs: in place of the
+    whole-round graph; EAGLE at k = 1, standalone at k = 2, where these pairs' checks see both outcomes): a
+    request that accepted all k drafts reports whether chain k + 1's last draft (recomputed from scratch) equals
+    the bonus token it emitted; the others report -1. Tokens stay target-only's."""
+    monkeypatch.setattr(drafter_module, "DEEP_CHECK_EVERY", 1)
+    steps = 1 if algorithm == "EAGLE" else 2
+    target, draft = attention_pair(head_noise=0.1) if algorithm == "EAGLE" else noisy_standalone_pair()
+    worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=steps, tiers=(1, 2, 3),
+                               max_seq_len=96, graphs=graphs)
+    rounds = recording_rounds(worker)
+    outputs = run_to_completion(worker, PROMPTS, 48)[0]
+    assert outputs == [reference_greedy(target, prompt, 48) for prompt in PROMPTS]
+    outcomes = []
+    for slots, before, result in rounds:
+        expected = []
+        for slot, length, accepted, new in zip(slots, before, result.accept_lengths, result.new_tokens):
+            if accepted < steps:
+                expected.append(-1)
+                continue
+            committed = (PROMPTS[slot] + outputs[slot])[:length]  # d_1..d_k, then the bonus: new
+            deeper = (reference_eagle_drafts(target, draft, committed, steps + 1)[steps] if algorithm == "EAGLE"
+                      else reference_standalone_draft(draft, committed + new[:steps]))
+            expected.append(int(deeper == new[steps]))
+        assert result.deep_checks == expected
+        outcomes += [outcome for outcome in expected if outcome >= 0]
+    assert len(outcomes) >= 5 and 0 < sum(outcomes) < len(outcomes)  # both outcomes seen: the check can fail
+
+
+@pytest.mark.parametrize("algorithm", list(PAIRS))
+def test_chain_rounds_check_past_the_chain_every_few_rounds_and_only_greedy(algorithm):
+    target, draft = PAIRS[algorithm]()
+    worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=2, tiers=(1, 2, 3), max_seq_len=96)
+    rounds = recording_rounds(worker)
+    run_to_completion(worker, PROMPTS, 48)
+    assert len(rounds) >= 3 * DEEP_CHECK_EVERY
+    assert [result.deep_checks is not None for _, _, result in rounds] == [
+        (index + 1) % DEEP_CHECK_EVERY == 0 for index in range(len(rounds))]
+    rounds.clear()
+    run_to_completion(worker, PROMPTS, 48, params=SamplingParams(temperature=1.0, max_new_tokens=48))
+    assert len(rounds) >= DEEP_CHECK_EVERY and all(result.deep_checks is None for _, _, result in rounds)
+
+
+@pytest.mark.parametrize("algorithm", list(PAIRS))
+def test_checks_past_the_chain_in_every_round_keep_switching_tiers_lossless(algorithm, monkeypatch):
+    """Checked every round, with the tier switched among chains 1-3 every round, greedy output is target-only's;
+    the top chain (no chain one deeper) and sampled rounds check nothing."""
+    monkeypatch.setattr(drafter_module, "DEEP_CHECK_EVERY", 1)
+    target, draft = PAIRS[algorithm]()
+    worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=1, tiers=(1, 2, 3), max_seq_len=128)
+    rounds = recording_rounds(worker)
+    pattern = [1, 2, 3, 2]
+    outputs = run_to_completion(worker, PROMPTS, 48, switch=lambda i: pattern[i % len(pattern)])[0]
+    assert outputs == [reference_greedy(target, prompt, 48) for prompt in PROMPTS]
+    assert all((result.deep_checks is None) == (result.speculative_num_steps == 3) for _, _, result in rounds)
+    rounds.clear()
+    run_to_completion(worker, PROMPTS, 24, params=SamplingParams(temperature=1.0, max_new_tokens=24),
+                      switch=lambda i: pattern[i % len(pattern)])
+    assert rounds and all(result.deep_checks is None for _, _, result in rounds)

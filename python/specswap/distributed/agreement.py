@@ -7,8 +7,8 @@ Each step, every rank (busy or not) contributes one fixed-size float64 vector (`
 tier, whether it ran a round, whether that round measured the active tier or ran a plain decode in its place,
 the round's seconds, whether it sampled, a histogram of its requests' accepted draft counts, at a tree tier
 two of what their chains accepted (``RoundResult.chain_accept_lengths``: the chains drafted to the tree's depth,
-and those cut shorter and accepted whole), its drafter's tier-0 (shadow) checks, and whether it has unfinished
-requests. One ``all_gather`` over all ranks hands everyone
+and those cut shorter and accepted whole), its drafter's tier-0 (shadow) checks, at a chain tier its checks one
+draft past the chain (how many, how many accepted), and whether it has unfinished requests. One ``all_gather`` over all ranks hands everyone
 the same matrix; ``merge`` turns it into one round: the accepted counts of every data-parallel group (a tensor-
 parallel group's ranks report the same round: its first rank speaks for it) as one batch, costed at the slowest
 rank's round time (the ranks' rounds end together), sampled if any sampled. A rank whose tier differs from the
@@ -32,7 +32,8 @@ from specswap.worker.worker import RoundResult
 __all__ = ["AgreedController", "DEFAULT_MIN_DWELL_ROUNDS", "Observation", "TierDesync", "merge"]
 
 DEFAULT_MIN_DWELL_ROUNDS = 8
-_HEAD = 9  # tier, ran, measured, seconds, sampled, plain requests, has shadow, shadow steps, busy
+_HEAD = 11  # tier, ran, measured, seconds, sampled, plain requests, has shadow, shadow steps, busy, checks past
+#             the chain, of them accepted
 
 
 class TierDesync(RuntimeError):
@@ -54,6 +55,7 @@ class Observation:
     busy: bool = False
     # a tree round's, per speculating request: (chain accepted, whether its chain was cut short and accepted whole)
     chain: tuple[tuple[int, bool], ...] = ()
+    deep: tuple[int, int] = (0, 0)  # a chain round's checks one draft past it: (checked requests, accepted)
 
     @staticmethod
     def width(bins: int) -> int:
@@ -71,8 +73,10 @@ class Observation:
         chain = () if result.chain_accept_lengths is None else tuple(
             (a, a == d < depth) for a, d, on in zip(result.chain_accept_lengths, result.chain_depths,
                                                     result.speculating) if on)
+        checks = [] if result.deep_checks is None else [c for c, on in zip(result.deep_checks, result.speculating)
+                                                          if on and c >= 0]
         return cls(tier, True, result.measured_tier, result.round_seconds, result.sampled,
-                   len(result.accept_lengths), accepted, result.shadow, busy, chain)
+                   len(result.accept_lengths), accepted, result.shadow, busy, chain, (len(checks), sum(checks)))
 
     def pack(self, out: torch.Tensor, bins: int) -> torch.Tensor:
         """Into ``out`` [width(bins)] float64 (preallocated, reused every step; written through numpy's view)."""
@@ -80,7 +84,7 @@ class Observation:
         view[:] = 0.0
         shadow = self.shadow
         view[:_HEAD] = (self.tier, self.ran, self.measured, self.seconds, self.sampled, self.plain_requests,
-                        shadow is not None, shadow.steps if shadow else 0, self.busy)
+                        shadow is not None, shadow.steps if shadow else 0, self.busy, *self.deep)
         for value in self.accepted:
             view[_HEAD + min(value, bins - 1)] += 1
         if shadow is not None:
@@ -129,6 +133,9 @@ def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
         if len(whole) + len(cut) == len(accepted):  # every measured group's tree round told its chain
             result.chain_accept_lengths = whole + cut
             result.chain_depths = [tier_shape(tier)[0]] * len(whole) + cut
+        checked, hits = (int(sum(row[column] for row in measured)) for column in (9, 10))
+        if checked:  # chain rounds' checks one draft past the chain, as counts (which request does not matter)
+            result.deep_checks = [1] * hits + [0] * (checked - hits)
     else:  # every rank that ran decoded plainly in the drafting tier's place
         n = int(sum(row[5] for row in ran))
         result = RoundResult([], [0] * n, 0, tier, seconds, sampled, [False] * n, shadow)

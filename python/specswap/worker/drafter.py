@@ -136,6 +136,22 @@ class Drafter:
         """A sampled tier-0 round's target logits [B, 1, V] and emitted tokens [B] (greedy rounds never call it):
         for tier-0 checks of drafts drawn from a law (``ModelDrafter``)."""
 
+    # whether this round's draft checks one draft past its chain (``ModelDrafter``); the worker then runs the
+    # round through its driver, not a whole-round graph recorded without the check
+    deep_check_due = False
+
+    def enable_deep_checks(self, steps: frozenset[int]) -> None:
+        """The chain tiers whose next deeper chain is a tier too: a drafter that can may check, in their greedy
+        rounds, one draft past the chain (``take_deep_checks``)."""
+
+    def take_deep_checks(self, accept_lengths: Sequence[int], next_tokens: Sequence[int],
+                         steps: int) -> list[int] | None:
+        """After a chain round of ``steps`` drafts that checked one draft past them: per request, 1 / 0 when the
+        emitted bonus token (``next_tokens``) equals / differs from that draft, for a request that accepted all
+        ``steps`` (what the chain one step deeper would have accepted there), -1 for the others; None when the
+        round checked nothing."""
+        return None
+
     def release(self, slot: int) -> None:
         pass
 
@@ -157,6 +173,10 @@ class Drafter:
 # catch-up a switch to a drafting tier would run anyway) and runs it once more, so checking more often costs
 # more eager draft forwards
 SHADOW_EVERY = 8
+# Greedy chain rounds apart of a model drafter's checks one draft past the chain (at chain tiers with a chain one
+# step deeper among the tiers): each costs one batched draft step (about 1.2 ms at batch 2 on Gemma 3 270M's EAGLE
+# head, 6% of a tier-2 round), so every round would cost more than the better-priced deeper tier returns
+DEEP_CHECK_EVERY = 4
 # Tier-0 rounds after a drafting round (or the first ever) that are all checked: a move to tier 0 on a dip of the
 # acceptance estimate is then confirmed or undone within a decision or two, where checks every SHADOW_EVERY-th
 # round brought the evidence back 8 times slower than the drafting tier it left (stays of 25-120 rounds at tier 0
@@ -179,6 +199,13 @@ class ModelDrafter(Drafter):
     acceptance. p comes from the round's own target logits (``observe_plain_round``), q from the draft at the
     request's temperature and filters. So the policy sees the drafter's acceptance at tier 0, as NGRAM's
     lookups let it see theirs, and is not blind there.
+
+    Checks past the chain (``enable_deep_checks``): every DEEP_CHECK_EVERY-th round of a chain tier k whose
+    chain k + 1 is a tier too, when the round is all greedy, the draft runs one step more and keeps its argmax
+    d_{k+1}, what chain k + 1 would have drafted next. A request that accepts all k drafts then emits the target's
+    argmax there as its bonus token, so d_{k+1} == bonus is exactly what chain k + 1 would have accepted at
+    position k + 1 (``take_deep_checks``). The extra step writes the draft cache one position past the chain,
+    which the next draft-extend (EAGLE) or step 1 (standalone) rewrites before anything reads it.
     """
 
     keyed_sampling = False
@@ -200,6 +227,12 @@ class ModelDrafter(Drafter):
         self._check_logits: torch.Tensor | None = None
         self._shadow_generator = torch.Generator().manual_seed(0)
         self._draft_id: torch.Tensor | None = None  # target id -> draft id (-1: outside the draft vocabulary)
+        # checks past the chain (enable_deep_checks): the chain tiers checked, their rounds counted, and the
+        # round's draft one past its chain [S] (target ids), filled in draft() without a host sync
+        self._deep_tiers: frozenset[int] = frozenset()
+        self._chain_rounds = 0
+        self._deep_drafts = torch.zeros(len(slots.host_seq_lens), dtype=torch.long, device=slots.device)
+        self._deep_drafted = False
 
     def enable_checks(self, target_vocab_size: int) -> None:
         """Check one draft step in tier-0 rounds (the worker runs tier 0): each of the first CONFIRM_ROUNDS after
@@ -210,10 +243,17 @@ class ModelDrafter(Drafter):
             self._draft_id = torch.full((target_vocab_size,), -1, dtype=torch.long, device=device)
             self._draft_id[self.token_map] = torch.arange(self.token_map.numel(), device=device)
 
+    def enable_deep_checks(self, steps: frozenset[int]) -> None:
+        self._deep_tiers = frozenset(steps)
+
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
+        self.deep_check_due = False
         if tier.speculative_num_steps:
             self.catch_up(slots)
             self._tier0_rounds = 0
+            if tier.speculative_eagle_topk == 1 and tier.speculative_num_steps in self._deep_tiers:
+                self._chain_rounds += 1
+                self.deep_check_due = self._chain_rounds % DEEP_CHECK_EVERY == 0
         elif self.shadow_steps:
             self._tier0_rounds += 1
             if self._tier0_rounds <= CONFIRM_ROUNDS or (self._tier0_rounds - CONFIRM_ROUNDS) % SHADOW_EVERY == 0:
@@ -275,6 +315,25 @@ class ModelDrafter(Drafter):
                 outcome = int(len(tokens) > position and tokens[position] == draft)
             settled.append(outcome)
         return Shadow(settled, self.shadow_steps) if settled else None
+
+    def _checks_deeper(self, sampling: RoundSampling | None) -> bool:
+        """Whether this round's chain draft runs one step past the chain (due, and all greedy)."""
+        return self.deep_check_due and sampling is None
+
+    def _keep_deep_draft(self, logits: torch.Tensor) -> None:
+        """The draft one past the chain, from the draft's logits [B, Vd] there: its argmax, in target ids."""
+        draft_ids = argmax(logits)
+        self._deep_drafts[:logits.shape[0]] = draft_ids if self.token_map is None else self.token_map[draft_ids]
+        self._deep_drafted = True
+
+    def take_deep_checks(self, accept_lengths: Sequence[int], next_tokens: Sequence[int],
+                         steps: int) -> list[int] | None:
+        if not self._deep_drafted:
+            return None
+        self._deep_drafted = False
+        drafts = self._deep_drafts[:len(accept_lengths)].tolist()
+        return [int(bonus == draft) if accepted == steps else -1
+                for accepted, bonus, draft in zip(accept_lengths, next_tokens, drafts)]
 
     def end_round(self, tier: TierStages, slots: Sequence[int]) -> None:
         if tier.speculative_num_steps:  # the draft is in step again (tier 0 leaves it behind)

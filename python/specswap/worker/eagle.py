@@ -81,14 +81,17 @@ class EagleDrafter(ModelDrafter):
         if tier.speculative_eagle_topk > 1:
             self._draft_tree(tier, forwards, slot_index, seq_lens, key_length, logits, hidden)
             return
+        deeper = self._checks_deeper(sampling)  # one step past the chain: d_{k+1}, checked, never verified
         for step in range(steps):
             tokens = sample_draft(tier.draft, step, logits, sampling, self.token_map)
-            if step + 1 < steps:
+            if step + 1 < steps or deeper:
                 # head position m-1+step consumes (d_{step+1}, its own previous hidden)
                 positions = (seq_lens - 1 + step).unsqueeze(-1)  # [B, 1]
                 out = forwards.draft_steps[1](tokens.unsqueeze(-1), positions, slot_index, key_length,
                                               hidden.unsqueeze(1))
                 logits, hidden = out.logits[:, 0], out.hidden[:, 0]
+        if deeper:
+            self._keep_deep_draft(logits)
 
     def _draft_tree(self, tier: TierStages, forwards: Forwards, slot_index, seq_lens, key_length, logits,
                     hidden) -> None:

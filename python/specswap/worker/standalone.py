@@ -63,11 +63,14 @@ class StandaloneDrafter(ModelDrafter):
         if tier.speculative_eagle_topk > 1:
             self._draft_tree(tier, forwards, slot_index, seq_lens, key_length, out.logits[:, -1])
             return
+        deeper = self._checks_deeper(sampling)  # one step past the chain: d_{k+1}, checked, never verified
         for step in range(steps):
             tokens = sample_draft(tier.draft, step, out.logits[:, -1], sampling, None)
-            if step + 1 < steps:
+            if step + 1 < steps or deeper:
                 positions = (seq_lens + step).unsqueeze(-1)  # d_{step+1} sits at m+step
                 out = forwards.draft_steps[1](tokens.unsqueeze(-1), positions, slot_index, key_length)
+        if deeper:
+            self._keep_deep_draft(out.logits[:, -1])
 
     def _draft_tree(self, tier: TierStages, forwards: Forwards, slot_index, seq_lens, key_length, logits) -> None:
         topk = tier.speculative_eagle_topk

@@ -60,6 +60,9 @@ class RoundResult:
     # a chain, or a tree whose drafts were drawn from a law (the chain's draws differ)
     chain_accept_lengths: list[int] | None = None
     chain_depths: list[int] | None = None
+    # a chain round that checked one draft past the chain (Drafter.take_deep_checks), per request: 1 / 0 what the
+    # next deeper chain would have accepted there, -1 unchecked (the request fell short of the chain); else None
+    deep_checks: list[int] | None = None
 
     @property
     def measured_tier(self) -> bool:
@@ -152,6 +155,8 @@ class SpeculativeWorker:
         else:
             self.drafter = spec.drafter_class().build(DrafterContext(
                 draft, target, self.slots, cache_rows, self.cache_capacity, all_tiers, number_tokens))
+        chains = {steps for steps, topk, _ in shapes.values() if topk == 1 and steps > 0}
+        self.drafter.enable_deep_checks(frozenset(steps for steps in chains if steps + 1 in chains))
         trees = [shape for shape in shapes.values() if shape[1] > 1]
         if trees and not self.drafter.drafts_trees:
             raise ValueError(f"draft tree {trees[0]} (speculative_eagle_topk {trees[0][1]}): "
@@ -361,7 +366,7 @@ class SpeculativeWorker:
         # an all-greedy batch skips building distributions: argmax in, argmax out (same tokens)
         all_greedy = table.all_greedy(slots)
         plain = table.plain_rows(slots) if steps else None  # requests with speculation off, in a drafting round
-        if all_greedy and plain is None and round_.graph is not None:
+        if all_greedy and plain is None and round_.graph is not None and not self.drafter.deep_check_due:
             # the whole round replayed from one tape: drafts, verify, acceptance, draft-extend, commit
             accept_lengths, next_tokens = round_.graph(slots, key_length)
         else:
@@ -380,6 +385,7 @@ class SpeculativeWorker:
         table.commit_round(slots, new_tokens)
         self.drafter.end_round(tier, slots)
         shadow = self.drafter.take_shadow(slots, drafting=steps > 0)
+        deep_checks = self.drafter.take_deep_checks(accept_list, next_list, steps)
         speculating = [True] * len(slots) if plain is None else [row not in plain.rows for row in range(len(slots))]
         chain_accepted = chain_depths = None
         if tier.speculative_eagle_topk > 1 and (all_greedy or self.keyed_sampling):
@@ -388,4 +394,5 @@ class SpeculativeWorker:
             chain_depths = layout.chain_depth[:len(slots)].tolist()
         return RoundResult(new_tokens, accept_list, steps, active.stages.key,
                            time.perf_counter() - round_start, not all_greedy, speculating, shadow,
-                           tier.speculative_num_draft_tokens, tier.key, lookup_seconds, chain_accepted, chain_depths)
+                           tier.speculative_num_draft_tokens, tier.key, lookup_seconds, chain_accepted, chain_depths,
+                           deep_checks)
