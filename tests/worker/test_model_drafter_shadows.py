@@ -14,19 +14,19 @@ from specswap.worker.drafter import CONFIRM_ROUNDS, DEEP_CHECK_EVERY, SHADOW_EVE
 PROMPTS = [[1, 5, 9, 2], [7, 3, 3, 8, 1, 6]]
 
 
-def recording_worker(worker):
-    """worker.decode_round wrapped to collect (round's committed lengths before it, shadow) per round."""
-    shadows = []
+def recording_rounds(worker):
+    """worker.decode_round wrapped to collect (each request's committed length before the round, its result)."""
+    rounds = []
     decode_round = worker.decode_round
 
     def recording(slots):
         before = [len(worker.slots.host_tokens[s]) for s in slots]
         result = decode_round(slots)
-        shadows.append((dict(zip(slots, before)), result.shadow))
+        rounds.append((list(slots), before, result))
         return result
 
     worker.decode_round = recording
-    return shadows
+    return rounds
 
 
 def standalone_pair():
@@ -58,10 +58,11 @@ def test_greedy_shadows_are_what_tier_one_would_have_accepted(algorithm, graphs)
     worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=0, tiers=(0, 1), max_seq_len=64,
                                graphs=graphs)
     assert worker.drafter.shadow_steps == 1
-    rounds = recording_worker(worker)
+    rounds = recording_rounds(worker)
     outputs = run_to_completion(worker, PROMPTS, 48)[0]
     checked, outcomes = 0, []
-    for index, (before, shadow) in enumerate(rounds):
+    for index, (slots, lengths, result) in enumerate(rounds):
+        before, shadow = dict(zip(slots, lengths)), result.shadow
         if index >= CONFIRM_ROUNDS and (index + 1 - CONFIRM_ROUNDS) % SHADOW_EVERY:
             assert shadow is None
             continue
@@ -102,12 +103,13 @@ def test_the_first_tier_zero_rounds_after_a_drafting_round_are_all_checked(algor
     a move to tier 0 is confirmed (or undone) on fresh evidence before the checks thin out."""
     target, head = PAIRS[algorithm]()
     worker = SpeculativeWorker(target, head, algorithm, speculative_num_steps=0, tiers=(0, 1), max_seq_len=128)
-    rounds = recording_worker(worker)
+    rounds = recording_rounds(worker)
     pattern = [1] + [0] * 20
     _, _, tiers = run_to_completion(worker, PROMPTS, 60, switch=lambda i: pattern[i % len(pattern)])
     assert len(tiers) >= 2 * len(pattern)
     checked = []
-    for index, (tier, (_, shadow)) in enumerate(zip(tiers, rounds)):
+    for index, (tier, (_, _, result)) in enumerate(zip(tiers, rounds)):
+        shadow = result.shadow
         since = index % len(pattern)  # tier-0 rounds since the drafting round
         assert tier == (1 if since == 0 else 0)
         expect = since > 0 and (since <= CONFIRM_ROUNDS or (since - CONFIRM_ROUNDS) % SHADOW_EVERY == 0)
@@ -121,9 +123,9 @@ def test_without_tier_zero_nothing_is_checked(algorithm):
     target, head = PAIRS[algorithm]()
     worker = SpeculativeWorker(target, head, algorithm, speculative_num_steps=2, tiers=(1, 2), max_seq_len=64)
     assert worker.drafter.shadow_steps == 0
-    rounds = recording_worker(worker)
+    rounds = recording_rounds(worker)
     run_to_completion(worker, PROMPTS, 20)
-    assert all(shadow is None for _, shadow in rounds)
+    assert all(result.shadow is None for _, _, result in rounds)
 
 
 @pytest.mark.parametrize("reduced", [False, True])
@@ -169,28 +171,13 @@ def test_sampled_checks_reach_the_shadow(algorithm):
     """A sampled tier-0 worker reports its checks, one step each."""
     target, head = PAIRS[algorithm]()
     worker = SpeculativeWorker(target, head, algorithm, speculative_num_steps=0, tiers=(0, 1), max_seq_len=64)
-    rounds = recording_worker(worker)
+    rounds = recording_rounds(worker)
     run_to_completion(worker, PROMPTS, 48, params=SamplingParams(max_new_tokens=48, temperature=1.0, seed=5))
-    settled = [a for _, shadow in rounds if shadow is not None for a in shadow.accept_lengths]
+    settled = [a for _, _, result in rounds if result.shadow is not None for a in result.shadow.accept_lengths]
     assert len(settled) >= 10 and set(settled) <= {0, 1}
 
 
 # ---- checks one draft past the chain ---------------------------------------------------------------------------
-
-
-def recording_rounds(worker):
-    """worker.decode_round wrapped to collect (each request's committed length before the round, its result)."""
-    rounds = []
-    decode_round = worker.decode_round
-
-    def recording(slots):
-        before = [len(worker.slots.host_tokens[s]) for s in slots]
-        result = decode_round(slots)
-        rounds.append((list(slots), before, result))
-        return result
-
-    worker.decode_round = recording
-    return rounds
 
 
 def noisy_standalone_pair(noise=0.1):
