@@ -84,8 +84,9 @@ class AdaptiveSpeculativeParams {
     return specswap::expected_tokens(alpha, steps);
   }
   // Expected tokens per round at `steps` under the configured acceptance
-  // model (geometric: expected_tokens(alpha(), steps)).
-  double model_tokens(int steps) const noexcept { return goodput_.model_tokens(steps, current_steps()); }
+  // model (geometric: expected_tokens(alpha(), steps)), as goodput's decisions price it now
+  // (GoodputPolicy::model_tokens).
+  double model_tokens(int steps) const noexcept { return goodput_.model_tokens(steps); }
   // positional model: acceptance rate of draft position 1..kMaxSteps given
   // the earlier ones were accepted (EMA ratio, shrunk toward alpha()).
   double position_acceptance(int position) const noexcept { return goodput_.acceptance().at(position); }

@@ -239,6 +239,7 @@ void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_se
   } else {
     observe_acceptance(accept_lengths, current_steps());
   }
+  if (sampled) checked_past_ = false;  // checks come from greedy rounds: their rate says little of sampled ones
   last_table_ = CostModel::table_of(static_cast<int>(accept_lengths.size()), sampled);
   if (std::isfinite(round_seconds) && round_seconds > 0.0) {
     costs_.learn(last_table_, index_, round_seconds, num_batches_, /*probing=*/num_batches_ <= probe_batches_);

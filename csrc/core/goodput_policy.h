@@ -44,7 +44,8 @@ class GoodputPolicy {
   // A chain tier's check one draft past it, per request of the round: 1 or 0 for a request that accepted
   // every draft and whose next draft (what the chain one step deeper would have drafted) the emitted bonus
   // token accepted or rejected, -1 for one not checked. Feeds that position's rates alone
-  // (AcceptanceEstimate::observe_position); once checks came at the current tier, its decisions price the
+  // (AcceptanceEstimate::observe_position); once checks came at the current tier (and no sampled round since:
+  // drafters check greedy rounds only), its decisions price the
   // deeper tiers with that position's own rate, not the deepest verified one standing in for it (greedy
   // acceptance rises along a draft: 0.69 / 0.71 / 0.93 at positions 1-3 on EAGLE's greedy tuning
   // workload). Ignored at tier 0 and at tree tiers. Call before update() with the same round. No allocation.
@@ -67,10 +68,10 @@ class GoodputPolicy {
   std::size_t index() const noexcept { return index_; }
   // The estimate decisions use (EMA weight config.ema_alpha).
   const AcceptanceEstimate& acceptance() const noexcept { return slow_; }
-  // Expected tokens per round at `steps` under the configured model, with
-  // positions observed up to `depth`.
-  double model_tokens(int steps, int depth) const noexcept {
-    return slow_.tokens(config_.acceptance_model, depth, steps);
+  // Expected tokens per round at `steps` chain drafts under the configured model, as decisions price it now:
+  // the positions observed up to observed_depth(), the deepest of them standing in beyond.
+  double model_tokens(int steps) const noexcept {
+    return slow_.tokens(config_.acceptance_model, observed_depth(), steps);
   }
   const CostModel& costs() const noexcept { return costs_; }
   int last_table() const noexcept { return last_table_; }
@@ -154,7 +155,7 @@ class GoodputPolicy {
   int shadow_depth_ = 0;                  // steps of the last shadow observations
   bool shadow_fresh_ = false;             // shadow observations since the last decision
   bool shadow_seen_ = false;              // shadows announced or seen: the drafter is not blind at tier 0
-  bool checked_past_ = false;             // deep_checks() observed since the move to the current tier
+  bool checked_past_ = false;             // deep_checks() observed since the move and the last sampled round
   // oscillation guard: an up move followed at once by a down move is a
   // bounce; each bounce in a row doubles how many decisions refuse up moves.
   std::uint64_t decisions_ = 0;

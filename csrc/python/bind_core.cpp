@@ -328,7 +328,9 @@ void bind_core(py::module_& m) {
                   py::arg("alpha"), py::arg("steps"),
                   "Expected tokens per round at `steps` drafts, bonus included.")
       .def("model_tokens", py::overload_cast<int>(&AdaptiveSpeculativeParams::model_tokens, py::const_), py::arg("steps"),
-           "Expected tokens per round at `steps` under the configured acceptance model.")
+           "Expected tokens per round at `steps` under the configured acceptance model, as goodput's "
+           "decisions price it now (positional: the positions observed at the current tier and the checks "
+           "past it, the deepest of them standing in beyond).")
       .def("position_acceptance", &AdaptiveSpeculativeParams::position_acceptance, py::arg("position"),
            "Positional model: acceptance rate of draft position 1..64 given the earlier ones were accepted.")
       .def("cost_estimates", [](const AdaptiveSpeculativeParams& params, int batch_size, bool sampled) {

@@ -634,7 +634,7 @@ def test_checks_are_ignored_at_tier_zero_and_at_trees():
         assert [params.position_acceptance(i) for i in (1, 2, 3)] == [0.5] * 3
 
 
-def _rising_greedy_trace(checks, seed=5):
+def _rising_greedy_trace(checks, seed=5, sampled=False):
     """EAGLE's greedy high phase at batch 2 after a phase where tier 2 paid and position 3 rarely accepted: in
     the second, positions 1-3 accepted at 0.69 / 0.71 / 0.93 given the earlier ones (the tuning workload's
     static-3 verifies), rounds costing what tiers 1-3 cost there (ms; tier 3 a little cheaper: in the second
@@ -657,7 +657,7 @@ def _rising_greedy_trace(checks, seed=5):
             outcomes.append(int(rng.random() < rates[steps]) if a == steps < 3 else -1)
         if checks:
             params.deep_checks(outcomes)
-        params.update(accepted, cost[steps] * 1e-3)
+        params.update(accepted, cost[steps] * 1e-3, sampled)
     return tiers[50:100], tiers[100:]
 
 
@@ -674,6 +674,23 @@ def test_checks_past_the_chain_let_a_deeper_chain_be_priced_by_its_own_rate():
     assert sum(first_with) >= sum(first_without) + 100, (first_with, first_without)
     assert sum(second_with) >= sum(second_without) + 100, (second_with, second_without)
     assert min(second_with) >= 20, second_with
+
+
+def test_checks_past_the_chain_price_the_deeper_tiers_until_a_sampled_round():
+    # drafters check greedy rounds only: after a sampled round position 2's rate stands in for position 3 again,
+    # until the next checks
+    params = goodput(2, **quiet(ema_alpha=1.0, acceptance_model="positional", candidate_steps=[1, 2, 3]))
+    params.update([2, 1])  # position 2 reached by one request, accepted
+    stand_in = params.model_tokens(3)
+    h1, h2 = params.position_acceptance(1), params.position_acceptance(2)
+    assert stand_in == pytest.approx(1 + h1 + h1 * h2 + h1 * h2 * h2)
+    params.deep_checks([0, -1])  # the request that accepted both: its third draft rejected
+    h3 = params.position_acceptance(3)
+    assert h3 < h2 and params.model_tokens(3) == pytest.approx(1 + h1 + h1 * h2 + h1 * h2 * h3)
+    for sampled in (False, True):  # a greedy round: still read; a sampled one: the stand-in again
+        params.update([2, 1], None, sampled)
+        h1, h2, h3 = (params.position_acceptance(i) for i in (1, 2, 3))
+        assert h3 < h2 and params.model_tokens(3) == pytest.approx(1 + h1 + h1 * h2 + h1 * h2 * (h2 if sampled else h3))
 
 
 @pytest.mark.parametrize("acceptance_model", ["geometric", "positional"])

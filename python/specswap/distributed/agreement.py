@@ -8,8 +8,8 @@ tier, whether it ran a round, whether that round measured the active tier or ran
 the round's seconds, whether it sampled, a histogram of its requests' accepted draft counts, at a tree tier
 two of what their chains accepted (``RoundResult.chain_accept_lengths``: the chains drafted to the tree's depth,
 and those cut shorter and accepted whole), its drafter's tier-0 (shadow) checks, at a chain tier its checks one
-draft past the chain (how many, how many accepted), and whether it has unfinished requests. One ``all_gather`` over all ranks hands everyone
-the same matrix; ``merge`` turns it into one round: the accepted counts of every data-parallel group (a tensor-
+draft past the chain (how many, how many accepted), and whether it has unfinished requests. One ``all_gather``
+over all ranks hands everyone the same matrix; ``merge`` turns it into one round: the accepted counts of every data-parallel group (a tensor-
 parallel group's ranks report the same round: its first rank speaks for it) as one batch, costed at the slowest
 rank's round time (the ranks' rounds end together), sampled if any sampled. A rank whose tier differs from the
 others' is a desynchronization and raises.
