@@ -45,10 +45,10 @@ class GoodputPolicy {
   // every draft and whose next draft (what the chain one step deeper would have drafted) the emitted bonus
   // token accepted or rejected, -1 for one not checked. Feeds that position's rates alone
   // (AcceptanceEstimate::observe_position); once checks came at the current tier (and no sampled round since:
-  // drafters check greedy rounds only), its decisions price the
-  // deeper tiers with that position's own rate, not the deepest verified one standing in for it (greedy
-  // acceptance rises along a draft: 0.69 / 0.71 / 0.93 at positions 1-3 on EAGLE's greedy tuning
-  // workload). Ignored at tier 0 and at tree tiers. Call before update() with the same round. No allocation.
+  // drafters check greedy rounds only), its decisions price the deeper tiers with that position's own rate, not
+  // the deepest verified one standing in for it (greedy acceptance rises along a draft: 0.69 / 0.71 / 0.93 at
+  // positions 1-3 on EAGLE's greedy tuning workload). Ignored at tier 0 and at tree tiers. Call before update()
+  // with the same round. No allocation.
   void deep_checks(std::span<const int> outcomes);
   // A plain decode the worker ran in place of the current drafting tier
   // (NGRAM: no request had a match): a tier-0 round, so it times tier 0

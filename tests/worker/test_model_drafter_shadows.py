@@ -15,7 +15,8 @@ PROMPTS = [[1, 5, 9, 2], [7, 3, 3, 8, 1, 6]]
 
 
 def recording_rounds(worker):
-    """worker.decode_round wrapped to collect (each request's committed length before the round, its result)."""
+    """worker.decode_round wrapped to collect, per round, (its slots, each one's committed length before it, its
+    result)."""
     rounds = []
     decode_round = worker.decode_round
 

@@ -9,10 +9,10 @@ the round's seconds, whether it sampled, a histogram of its requests' accepted d
 two of what their chains accepted (``RoundResult.chain_accept_lengths``: the chains drafted to the tree's depth,
 and those cut shorter and accepted whole), its drafter's tier-0 (shadow) checks, at a chain tier its checks one
 draft past the chain (how many, how many accepted), and whether it has unfinished requests. One ``all_gather``
-over all ranks hands everyone the same matrix; ``merge`` turns it into one round: the accepted counts of every data-parallel group (a tensor-
-parallel group's ranks report the same round: its first rank speaks for it) as one batch, costed at the slowest
-rank's round time (the ranks' rounds end together), sampled if any sampled. A rank whose tier differs from the
-others' is a desynchronization and raises.
+over all ranks hands everyone the same matrix; ``merge`` turns it into one round: the accepted counts of every
+data-parallel group (a tensor-parallel group's ranks report the same round: its first rank speaks for it) as one
+batch, costed at the slowest rank's round time (the ranks' rounds end together), sampled if any sampled. A rank
+whose tier differs from the others' is a desynchronization and raises.
 
 Thrashing is bounded by a minimum dwell: for ``min_dwell_rounds`` steps after a switch no measured round reaches
 the policy (its decisions wait), so there are at most (steps per hour) / ``min_dwell_rounds`` switches an hour.

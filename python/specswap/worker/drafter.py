@@ -192,10 +192,10 @@ class ModelDrafter(Drafter):
     Shadow checks at tier 0 (``enable_checks``, with tier 0 among the tiers): each of the first CONFIRM_ROUNDS
     tier-0 rounds after a drafting round, then every SHADOW_EVERY-th, catches the draft up and takes the law of
     d_1, what tier 1 would draft for x_m (``_first_draft_logits``); once the round emits x_m, what tier 1 would
-    have accepted is reported (``take_shadow``, one step). A greedy request accepts its argmax draft if x_m equals it. A sampled request
-    would draw d ~ q and accept it with probability min(1, p(d)/q(d)), which is accepted with probability
-    sum_x min(p(x), q(x)) = E_{x~p}[min(1, q(x)/p(x))]: with x_m drawn from p, one Bernoulli draw at
-    min(1, q(x_m)/p(x_m)) (from the drafter's own generator, never a request's) has exactly the law of tier 1's
+    have accepted is reported (``take_shadow``, one step). A greedy request accepts its argmax draft if x_m equals
+    it. A sampled request would draw d ~ q and accept it with probability min(1, p(d)/q(d)), which is accepted
+    with probability sum_x min(p(x), q(x)) = E_{x~p}[min(1, q(x)/p(x))]: with x_m drawn from p, one Bernoulli draw
+    at min(1, q(x_m)/p(x_m)) (from the drafter's own generator, never a request's) has exactly the law of tier 1's
     acceptance. p comes from the round's own target logits (``observe_plain_round``), q from the draft at the
     request's temperature and filters. So the policy sees the drafter's acceptance at tier 0, as NGRAM's
     lookups let it see theirs, and is not blind there.
