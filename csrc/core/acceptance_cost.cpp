@@ -108,7 +108,12 @@ void AcceptanceEstimate::observe_position(int position, std::size_t requests, st
 }
 
 double AcceptanceEstimate::tokens(AcceptanceModel model, int depth, int steps) const noexcept {
-  if (model == AcceptanceModel::kGeometric) return expected_tokens(alpha(), steps);
+  return tokens_with_first(model, depth, steps, -1.0);
+}
+
+double AcceptanceEstimate::tokens_with_first(AcceptanceModel model, int depth, int steps,
+                                             double first) const noexcept {
+  if (model == AcceptanceModel::kGeometric) return expected_tokens(first < 0.0 ? alpha() : first, steps);
   // positional: observed hazards up to the current tier (fresh), the deepest
   // of them beyond it; the pooled alpha where nothing was observed.
   double tokens = 1.0;
@@ -116,10 +121,25 @@ double AcceptanceEstimate::tokens(AcceptanceModel model, int depth, int steps) c
   double hazard = alpha();
   for (int i = 1; i <= steps; ++i) {
     if (i <= depth && position_trials[i] > 0.0) hazard = at(i);
+    if (i == 1 && first >= 0.0) hazard = first;
     survive *= hazard;
     tokens += survive;
   }
   return tokens;
+}
+
+double AcceptanceEstimate::first_rate(AcceptanceModel model, int depth) const noexcept {
+  const bool positional = model == AcceptanceModel::kPositional && depth >= 1 && position_trials[1] > 0.0;
+  return positional ? at(1) : alpha();
+}
+
+double AcceptanceEstimate::first_evidence(AcceptanceModel model, int depth) const noexcept {
+  // Each request's trial enters with `weight` and ages by a constant factor per request (per_request), so the
+  // counts sum a geometric series of ratio r = 1 - weight / n_total: its effective sample size (sum of weights)^2
+  // / sum of squares is (1 + r) / (1 - r) = 2 * (count / weight) - 1.
+  const bool positional = model == AcceptanceModel::kPositional && depth >= 1 && position_trials[1] > 0.0;
+  const double count = (positional ? position_trials[1] : trials) / weight;
+  return count > 0.0 ? std::max(0.0, 2.0 * count - 1.0) : 0.0;
 }
 
 // ---- row costs --------------------------------------------------------------

@@ -54,6 +54,12 @@ struct AcceptanceEstimate {
   // uses the observed rates of positions up to `depth` (the tier the
   // observations came from), the deepest of them beyond it.
   double tokens(AcceptanceModel model, int depth, int steps) const noexcept;
+  // The same with the first draft's acceptance rate set to `first` (the pooled alpha under the geometric model).
+  double tokens_with_first(AcceptanceModel model, int depth, int steps, double first) const noexcept;
+  // The first draft's rate as tokens() reads it, and how many requests' worth of evidence it rests on (the
+  // effective sample size of its exponentially weighted counts, 0 before any).
+  double first_rate(AcceptanceModel model, int depth) const noexcept;
+  double first_evidence(AcceptanceModel model, int depth) const noexcept;
 };
 
 // The verify's relative cost per row count (docs/policy.md): a forward of n

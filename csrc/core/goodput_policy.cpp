@@ -110,7 +110,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
       const std::size_t next = slot == 0 ? initial_index_ : (slot - 1 < initial_index_ ? slot - 1 : slot);
       move_to(next, /*is_decision=*/false);
     } else {
-      decide(/*min_gain=*/0.0);
+      decide(/*min_gain=*/0.0, /*with_noise=*/false);
     }
     return index_;
   }
@@ -283,7 +283,23 @@ std::size_t GoodputPolicy::phase_change_target() const noexcept {
   return best;
 }
 
-bool GoodputPolicy::decide(double min_gain) {
+double GoodputPolicy::estimate_noise(std::size_t j) const noexcept {
+  const AcceptanceModel model = config_.acceptance_model;
+  const int depth = observed_depth();
+  const double evidence = slow_.first_evidence(model, depth);
+  if (!(evidence >= 1.0)) return 0.0;
+  const double rate = std::clamp(slow_.first_rate(model, depth), 0.0, 1.0);
+  constexpr double kStep = 0.01;
+  const double low = std::max(0.0, rate - kStep), high = std::min(1.0, rate + kStep);
+  // d ln(predicted tokens) / d rate of a candidate; the costs do not depend on the rate
+  auto slope = [&](std::size_t k) {
+    const double at = predicted(slow_, k);
+    return at > 0.0 ? (predicted(slow_, k, high) - predicted(slow_, k, low)) / ((high - low) * at) : 0.0;
+  };
+  return std::abs(slope(j) - slope(index_)) * std::sqrt(rate * (1.0 - rate) / evidence);
+}
+
+bool GoodputPolicy::decide(double min_gain, bool with_noise) {
   ++decisions_;
   shadow_fresh_ = false;
   const bool allow_up = decisions_ >= up_blocked_until_;
@@ -299,7 +315,8 @@ bool GoodputPolicy::decide(double min_gain) {
     if (!allow_up && j > index_ && !(goodput > current * kPhaseChangeGain)) continue;
     if (goodput > best_goodput) best_goodput = goodput, best = j;
   }
-  if (best == index_ || !(best_goodput > current * (1.0 + min_gain))) {
+  const double margin = min_gain + (with_noise && best != index_ ? config_.noise_margin * estimate_noise(best) : 0.0);
+  if (best == index_ || !(best_goodput > current * (1.0 + margin))) {
     if (allow_up && bounces_ > 0 && decisions_ > last_switch_decision_ + 2) --bounces_;
     return false;
   }

@@ -82,8 +82,9 @@ class GoodputPolicy {
   // the chain's shortfall (depth + 1 tokens at most, less the chain's) that the tree recovers in rounds of the
   // last round's kind. A shortfall fraction, not a ratio to the chain: where the chain accepts nearly all, a
   // tree of that depth cannot add much, however much it added where acceptance was low.
-  double predicted(const AcceptanceEstimate& estimate, std::size_t j) const noexcept {
-    const double chain = estimate.tokens(config_.acceptance_model, observed_depth(), depth_[j]);
+  // `first` >= 0: with the first draft's rate set to it (decide()'s noise margin).
+  double predicted(const AcceptanceEstimate& estimate, std::size_t j, double first = -1.0) const noexcept {
+    const double chain = estimate.tokens_with_first(config_.acceptance_model, observed_depth(), depth_[j], first);
     if (!tree_[j]) return chain;
     const bool sampled = last_table_ >= CostModel::kNumBuckets;  // the last round's kind
     return chain + recovered_[recovered_slot(sampled, j)] * std::max(0.0, depth_[j] + 1.0 - chain);
@@ -111,7 +112,15 @@ class GoodputPolicy {
   // A tree tier's verify: its tokens per round against its chain's prediction move its gain (the chain
   // estimates learn from tree_chain(), not from this: a tree accepts more than its chain would).
   void observe_tree(std::span<const int> accept_lengths, bool sampled);
-  bool decide(double min_gain);
+  // Moves to the best tier if its predicted goodput beats the current tier's by more than min_gain, and, with
+  // with_noise, by config.noise_margin times estimate_noise() more: a gain within the estimate's own noise is
+  // no evidence (NGRAM's shadows at tier 0 in sampled prose, a rate near 0.2 from about 40 requests, sent the
+  // policy to tier 1 and back every few tens of rounds, each visit a loss).
+  bool decide(double min_gain, bool with_noise = true);
+  // The relative goodput gain of candidate j over the current tier that one standard error of the first draft's
+  // acceptance rate can make (the rate that moves the predictions most): |d ln(goodput_j / goodput_current) /
+  // d rate| * sqrt(rate (1 - rate) / evidence). 0 without evidence to weigh (start-up).
+  double estimate_noise(std::size_t j) const noexcept;
   // After a decision that kept a drafting tier: the neighbour tier timed
   // longest ago, if that is refresh_interval batches or more, is run for
   // probe_rounds batches, so that its cost is measured beside the current

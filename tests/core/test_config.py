@@ -27,6 +27,7 @@ def test_full_file_round_trip(tmp_path):
         "up_hysteresis": 0.1,
         "snap_initial_steps": True,
         "min_gain": 0.1,
+        "noise_margin": 1.5,
         "cost_prior_slope": 0.25,
         "probe_rounds": 0,
         "probe_interval": 20,
