@@ -315,7 +315,7 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
     if (!allow_up && j > index_ && !(goodput > current * kPhaseChangeGain)) continue;
     if (goodput > best_goodput) best_goodput = goodput, best = j;
   }
-  const double margin = min_gain + (with_noise && best != index_ ? config_.noise_margin * estimate_noise(best) : 0.0);
+  const double margin = min_gain + (with_noise && best > index_ ? config_.noise_margin * estimate_noise(best) : 0.0);
   if (best == index_ || !(best_goodput > current * (1.0 + margin))) {
     if (allow_up && bounces_ > 0 && decisions_ > last_switch_decision_ + 2) --bounces_;
     return false;

@@ -758,3 +758,33 @@ def test_one_lucky_lookup_at_tier_zero_is_not_a_phase():
     params.expect_shadows()
     tiers = feed(params, 100, 40, [7, 7])
     assert tiers[40] == 0 and tiers[41] > 0, tiers[36:46]
+
+
+def test_the_noise_margin_holds_tier_zero_against_its_shadows_noise_and_not_against_a_real_gain():
+    # NGRAM-like, batch 2 at tier 0 in sampled prose: each round's shadows are what drafts would accept, the
+    # first at rate 0.15, where tier 1 (1.2x tier 0's cost) would lose 4%. The decisions' estimate rests on about
+    # 40 requests, so its rate swings by about 0.06 and crosses tier 1's break-even (0.24) now and then: without
+    # the margin the policy runs tier 1 on those swings. With it, it stays at 0, and a rate of 0.5 (tier 1 pays
+    # 25%) still moves it within a few decisions.
+    cost = {0: 1.0, 1: 1.2, 3: 1.6, 7: 2.4}.__getitem__
+
+    def prose(noise_margin, seed, rate=0.15, rounds=600):
+        params = goodput(0, candidate_steps=[0, 1, 3, 7], acceptance_model="positional", probe_rounds=0,
+                         noise_margin=noise_margin)
+        params.expect_shadows()
+        rng = random.Random(seed)
+        tiers = []
+        for _ in range(rounds):
+            steps = params.current_steps
+            tiers.append(steps)
+            if steps == 0:
+                params.shadow([geometric(rate, 7, rng) for _ in range(2)], 7)
+            params.update([geometric(rate, steps, rng) for _ in range(2)], cost(steps))
+        return params, tiers
+
+    off = [sum(t != 0 for t in prose(0.0, seed)[1]) for seed in range(8)]
+    on = [sum(t != 0 for t in prose(1.0, seed)[1]) for seed in range(8)]
+    assert sum(off) >= 100 and sum(on) <= sum(off) / 4, (off, on)
+    for seed in range(4):
+        params, tiers = prose(1.0, seed, rate=0.5, rounds=60)
+        assert 0 not in tiers[-20:], tiers
