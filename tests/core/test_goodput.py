@@ -764,8 +764,8 @@ def test_the_noise_margin_holds_tier_zero_against_its_shadows_noise_and_not_agai
     # NGRAM-like, batch 2 at tier 0 in sampled prose: each round's shadows are what drafts would accept, the
     # first at rate 0.15, where tier 1 (1.2x tier 0's cost) would lose 4%. The decisions' estimate rests on about
     # 40 requests, so its rate swings by about 0.06 and crosses tier 1's break-even (0.24) now and then: without
-    # the margin the policy runs tier 1 on those swings. With it, it stays at 0, and a rate of 0.5 (tier 1 pays
-    # 25%) still moves it within a few decisions.
+    # the margin the policy runs tier 1 on those swings (786 of these 4800 rounds off tier 0), with it a third as
+    # often (269); a rate of 0.5 (tier 1 pays 25%) still moves it within a few decisions.
     cost = {0: 1.0, 1: 1.2, 3: 1.6, 7: 2.4}.__getitem__
 
     def prose(noise_margin, seed, rate=0.15, rounds=600):
@@ -784,7 +784,29 @@ def test_the_noise_margin_holds_tier_zero_against_its_shadows_noise_and_not_agai
 
     off = [sum(t != 0 for t in prose(0.0, seed)[1]) for seed in range(8)]
     on = [sum(t != 0 for t in prose(1.0, seed)[1]) for seed in range(8)]
-    assert sum(off) >= 100 and sum(on) <= sum(off) / 4, (off, on)
+    assert sum(off) >= 400 and sum(on) <= sum(off) / 2, (off, on)
     for seed in range(4):
         params, tiers = prose(1.0, seed, rate=0.5, rounds=60)
         assert 0 not in tiers[-20:], tiers
+
+
+
+def test_the_noise_margin_leaves_down_moves_alone():
+    # EAGLE-like at tier 3, then acceptance falls from 0.9 to 0.5: tier 2 then pays 5% more, not a phase change,
+    # so a decision makes the move, on an estimate that lags the falling rate. A margin there would hold tier 3
+    # longer (the symmetric margin did here), and the excursions it cannot prevent too. The way down is the same
+    # with the margin as without it.
+    cost = {1: 1.0, 2: 1.15, 3: 1.3}.__getitem__
+
+    def falling(noise_margin, seed):
+        params = goodput(3, candidate_steps=[1, 2, 3], acceptance_model="positional", probe_rounds=0,
+                         warmup_batches=0, noise_margin=noise_margin)
+        rng = random.Random(seed)
+        run(params, 0.9, cost, 200, rng, batch=2)
+        assert params.current_steps == 3
+        return run(params, 0.5, cost, 200, rng, batch=2)
+
+    for seed in range(6):
+        off, on = falling(0.0, seed), falling(1.0, seed)
+        first_down = next(i for i, tier in enumerate(off) if tier < 3)
+        assert first_down <= 160 and on[:first_down + 1] == off[:first_down + 1], (off, on)
