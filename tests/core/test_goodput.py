@@ -417,6 +417,19 @@ def test_a_drafter_with_shadows_is_never_probed_out_of_tier_zero():
     assert set(settle(shadows=False)) > {0}  # the blind drafter's probes
 
 
+def test_a_position_the_requests_stop_reaching_forgets_the_old_phase_s_rate():
+    # a high phase at 7, then every draft rejected at once: position 2 is drafted but nobody reaches it. Its rate
+    # ages with the batches as position 1's does and falls to the pooled alpha's; kept whole (as before), the high
+    # phase's 1.0 there priced tier 7 in prose for 19 rounds of the NGRAM main job
+    params = goodput(7, **quiet(acceptance_model="positional", candidate_steps=[1, 3, 7]))
+    for _ in range(100):
+        params.update([7, 7])
+    assert params.position_acceptance(2) > 0.95
+    for _ in range(40):
+        params.update([0, 0])
+    assert params.position_acceptance(2) < 0.2 and params.position_acceptance(2) == pytest.approx(params.alpha, abs=0.05)
+
+
 def test_a_phase_change_forgets_the_old_phase_s_rates():
     # NGRAM-like: a long high phase at 7, then prose where tier 1 costs 1.2x tier 0 and nothing is accepted. The
     # 1.5x phase change leaves 7 within a few batches; the decisions after it must not take tier 1 (or 3) back up
