@@ -301,6 +301,11 @@ double GoodputPolicy::estimate_noise(std::size_t j) const noexcept {
 
 bool GoodputPolicy::decide(double min_gain, bool with_noise) {
   ++decisions_;
+  // At tier 0 a drafter that sends shadows moves up only on shadows seen since the last decision: without them
+  // the estimate is what it was when the policy came down (after a phase change, the old phase's rates, which
+  // took tier 0 straight back to 3 at the start of prose in the NGRAM main job), and a round without one is a
+  // round where no lookup matched, where a drafting tier would have drafted nothing either.
+  const bool stale_zero = current_steps() == 0 && shadow_seen_ && !shadow_fresh_;
   shadow_fresh_ = false;
   const bool allow_up = decisions_ >= up_blocked_until_;
   costs_.estimate(last_table_, scratch_.data());
@@ -313,6 +318,7 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
     // lifts the block: the guard is for a model that over-promised by a
     // little, not for a workload whose acceptance has changed (a new phase).
     if (!allow_up && j > index_ && !(goodput > current * kPhaseChangeGain)) continue;
+    if (stale_zero && j > index_) continue;
     if (goodput > best_goodput) best_goodput = goodput, best = j;
   }
   const double margin = min_gain + (with_noise && best > index_ ? config_.noise_margin * estimate_noise(best) : 0.0);
