@@ -77,16 +77,19 @@ void AcceptanceEstimate::observe(std::size_t requests, long long batch_successes
     trials = keep * trials + add * static_cast<double>(batch_trials);
   }
   // suffix sums: requests reaching position i = those whose last reached
-  // position is >= i. Every drafted position ages with the batch, reached or not: a position the requests
-  // stopped reaching (acceptance fell before it) would otherwise keep the old phase's rate, and a high phase's
-  // 0.97 at positions 2-7 priced tier 7 in prose for tens of rounds; unreached, it fades toward the pooled
-  // alpha (at() shrinks to it). Positions past the draft keep their EMAs, or fade too when forgetting.
+  // position is >= i. Positions nobody reached this batch keep their EMAs,
+  // or, when forgetting, fade toward the pooled alpha (at() shrinks to it).
   double reach = 0.0, accept = 0.0;
   for (int i = steps; i >= 1; --i) {
     reach += reached[i];
     accept += accepted_at[i];
-    position_successes[i] = keep * position_successes[i] + add * accept;
-    position_trials[i] = keep * position_trials[i] + add * reach;
+    if (reach > 0.0) {
+      position_successes[i] = keep * position_successes[i] + add * accept;
+      position_trials[i] = keep * position_trials[i] + add * reach;
+    } else if (forget_unreached) {
+      position_successes[i] *= keep;
+      position_trials[i] *= keep;
+    }
   }
   if (forget_unreached) {
     for (int i = steps + 1; i <= AdaptiveConfig::kMaxSteps; ++i) {
