@@ -134,9 +134,10 @@ double AcceptanceEstimate::first_rate(AcceptanceModel model, int depth) const no
 }
 
 double AcceptanceEstimate::first_evidence(AcceptanceModel model, int depth) const noexcept {
-  // Each request's trial enters with `weight` and ages by a constant factor per request (per_request), so the
-  // counts sum a geometric series of ratio r = 1 - weight / n_total: its effective sample size (sum of weights)^2
-  // / sum of squares is (1 + r) / (1 - r) = 2 * (count / weight) - 1.
+  // Each request's trial enters with `weight` and ages by r = (1 - weight)^(1/4) per later request
+  // (per_request), so count / weight sums r^age, 1 / (1 - r) at steady state, and the effective sample size
+  // (sum of weights)^2 / sum of squares is (1 + r) / (1 - r) = 2 * count / weight - 1: about 36 requests at
+  // weight 0.2. Early (few requests, nearly equal weights) this counts up to twice the requests seen.
   const bool positional = model == AcceptanceModel::kPositional && depth >= 1 && position_trials[1] > 0.0;
   const double count = (positional ? position_trials[1] : trials) / weight;
   return count > 0.0 ? std::max(0.0, 2.0 * count - 1.0) : 0.0;

@@ -34,7 +34,7 @@
     "goodput only: switch when the best tier's predicted goodput beats the current tier's by more " \
     "than this fraction")                                                                           \
   X(double, noise_margin, 0.0, Bounds::at_least(0),                                                 \
-    "goodput only: standard errors of the first draft's acceptance estimate that a decision's "     \
+    "goodput only: standard errors of the first draft's acceptance estimate that an up move's "     \
     "predicted gain must also clear (0: min_gain alone)")                                           \
   X(double, cost_prior_slope, 0.1, Bounds::at_least(0),                                             \
     "goodput only: cost of one draft step relative to a round without speculation, for tiers "     \

@@ -114,9 +114,9 @@ class GoodputPolicy {
   void observe_tree(std::span<const int> accept_lengths, bool sampled);
   // Moves to the best tier if its predicted goodput beats the current tier's by more than min_gain, and, with
   // with_noise, an up move by config.noise_margin times estimate_noise() more: a gain within the estimate's own
-  // noise is no evidence (NGRAM's shadows at tier 0 in sampled prose, a rate near 0.2 from about 40 requests, sent
-  // the policy to tier 1 and back every few tens of rounds, each visit a loss). Down moves keep their pace: after a
-  // high phase the estimate lags the falling rate, and a margin there held 7 for tens of rounds of prose.
+  // noise is no evidence (NGRAM's shadows at tier 0 in sampled prose, a rate near 0.2 from about 36 requests, sent
+  // the policy to tier 1 and back every few tens of rounds, each visit a loss). Down moves keep their pace: a
+  // margin there also lengthened the excursions it could not prevent, and held a tier after acceptance fell.
   bool decide(double min_gain, bool with_noise = true);
   // The relative goodput gain of candidate j over the current tier that one standard error of the first draft's
   // acceptance rate can make (the rate that moves the predictions most): |d ln(goodput_j / goodput_current) /

@@ -763,7 +763,7 @@ def test_one_lucky_lookup_at_tier_zero_is_not_a_phase():
 def test_the_noise_margin_holds_tier_zero_against_its_shadows_noise_and_not_against_a_real_gain():
     # NGRAM-like, batch 2 at tier 0 in sampled prose: each round's shadows are what drafts would accept, the
     # first at rate 0.15, where tier 1 (1.2x tier 0's cost) would lose 4%. The decisions' estimate rests on about
-    # 40 requests, so its rate swings by about 0.06 and crosses tier 1's break-even (0.24) now and then: without
+    # 36 requests, so its rate swings by about 0.06 and crosses tier 1's break-even (0.24) now and then: without
     # the margin the policy runs tier 1 on those swings (786 of these 4800 rounds off tier 0), with it a third as
     # often (269); a rate of 0.5 (tier 1 pays 25%) still moves it within a few decisions.
     cost = {0: 1.0, 1: 1.2, 3: 1.6, 7: 2.4}.__getitem__
