@@ -128,9 +128,12 @@ double AcceptanceEstimate::tokens_with_first(AcceptanceModel model, int depth, i
   return tokens;
 }
 
+bool AcceptanceEstimate::first_position_read(AcceptanceModel model, int depth) const noexcept {
+  return model == AcceptanceModel::kPositional && depth >= 1 && position_trials[1] > 0.0;
+}
+
 double AcceptanceEstimate::first_rate(AcceptanceModel model, int depth) const noexcept {
-  const bool positional = model == AcceptanceModel::kPositional && depth >= 1 && position_trials[1] > 0.0;
-  return positional ? at(1) : alpha();
+  return first_position_read(model, depth) ? at(1) : alpha();
 }
 
 double AcceptanceEstimate::first_evidence(AcceptanceModel model, int depth) const noexcept {
@@ -138,8 +141,7 @@ double AcceptanceEstimate::first_evidence(AcceptanceModel model, int depth) cons
   // (per_request), so count / weight sums r^age, 1 / (1 - r) at steady state, and the effective sample size
   // (sum of weights)^2 / sum of squares is (1 + r) / (1 - r) = 2 * count / weight - 1: about 36 requests at
   // weight 0.2. Early (few requests, nearly equal weights) this counts up to twice the requests seen.
-  const bool positional = model == AcceptanceModel::kPositional && depth >= 1 && position_trials[1] > 0.0;
-  const double count = (positional ? position_trials[1] : trials) / weight;
+  const double count = (first_position_read(model, depth) ? position_trials[1] : trials) / weight;
   return count > 0.0 ? std::max(0.0, 2.0 * count - 1.0) : 0.0;
 }
 

@@ -60,6 +60,10 @@ struct AcceptanceEstimate {
   // effective sample size of its exponentially weighted counts, 0 before any).
   double first_rate(AcceptanceModel model, int depth) const noexcept;
   double first_evidence(AcceptanceModel model, int depth) const noexcept;
+
+ private:
+  // Whether tokens() reads the first draft's own position (positional, observed), not the pooled alpha.
+  bool first_position_read(AcceptanceModel model, int depth) const noexcept;
 };
 
 // The verify's relative cost per row count (docs/policy.md): a forward of n

@@ -772,15 +772,7 @@ def test_the_noise_margin_holds_tier_zero_against_its_shadows_noise_and_not_agai
         params = goodput(0, candidate_steps=[0, 1, 3, 7], acceptance_model="positional", probe_rounds=0,
                          noise_margin=noise_margin)
         params.expect_shadows()
-        rng = random.Random(seed)
-        tiers = []
-        for _ in range(rounds):
-            steps = params.current_steps
-            tiers.append(steps)
-            if steps == 0:
-                params.shadow([geometric(rate, 7, rng) for _ in range(2)], 7)
-            params.update([geometric(rate, steps, rng) for _ in range(2)], cost(steps))
-        return params, tiers
+        return params, run_shadowed(params, rate, cost, rounds, random.Random(seed), batch=2)
 
     off = [sum(t != 0 for t in prose(0.0, seed)[1]) for seed in range(8)]
     on = [sum(t != 0 for t in prose(1.0, seed)[1]) for seed in range(8)]
@@ -788,7 +780,6 @@ def test_the_noise_margin_holds_tier_zero_against_its_shadows_noise_and_not_agai
     for seed in range(4):
         params, tiers = prose(1.0, seed, rate=0.5, rounds=60)
         assert 0 not in tiers[-20:], tiers
-
 
 
 def test_the_noise_margin_leaves_down_moves_alone():
@@ -828,10 +819,7 @@ def test_tier_zero_moves_up_only_on_fresh_shadows():
             collapse.append(params.current_steps)
             params.update([0, 0], cost(params.current_steps))
         assert params.current_steps == 0, collapse
-        quiet_rounds = []
-        for _ in range(30):
-            quiet_rounds.append(params.current_steps)
-            params.update([0, 0], cost(params.current_steps))
+        quiet_rounds = run(params, 0.0, cost, 30, random.Random(seed), batch=2)  # every draft rejected, no shadow
         assert quiet_rounds == [0] * 30, quiet_rounds
         back = run_shadowed(params, 0.97, cost, 12, random.Random(seed), batch=2)
         assert back[-1] == 7, back
