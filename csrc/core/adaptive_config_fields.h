@@ -36,6 +36,10 @@
   X(double, noise_margin, 0.0, Bounds::at_least(0),                                                 \
     "goodput only: standard errors of the first draft's acceptance estimate that an up move's "     \
     "predicted gain must also clear (0: min_gain alone)")                                           \
+  X(double, collapse_evidence, 0.0, Bounds::at_least(0),                                            \
+    "goodput only: log-likelihood ratio (nats) at which the first draft's recent outcomes show its " \
+    "rate fallen to half the decisions' estimate; a lower tier that then pays is taken at once "    \
+    "(0: off)")                                                                                     \
   X(double, cost_prior_slope, 0.1, Bounds::at_least(0),                                             \
     "goodput only: cost of one draft step relative to a round without speculation, for tiers "     \
     "never timed (and every tier when update() gets no timing)")                                    \

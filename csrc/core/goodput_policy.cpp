@@ -38,6 +38,10 @@ constexpr double kMinShortfall = 0.05;
 // phase-change move to 7 back down). The rounds after the move then teach the new rates within a decision.
 constexpr double kPhaseChangeMemory = 0.05;
 
+// The collapse test's clamp on the decisions' first-draft rate: at 0.98 one failure weighs log(0.51 / 0.02) = 3.2
+// nats, so one alone never reaches a threshold above that, and a rate read as 1 does not make it infinite.
+constexpr double kCollapseRateLimit = 0.98;
+
 std::vector<int> depths_of(const std::vector<int>& keys) {
   std::vector<int> out;
   for (int key : keys) out.push_back(tier_shape(key)[0]);
@@ -64,11 +68,13 @@ GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> cand
       initial_index_(initial_index),
       slow_(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false),
       fast_(std::max(config.ema_alpha, kFastEmaWeight), /*per_request=*/false, /*forget_unreached=*/true),
+      collapse_fast_(fast_),
       costs_(widths_of(candidates_), config),
       phase_change_tier_(initial_index),
       scratch_(candidates_.size(), 0.0),
       zero_wait_(first_zero_wait()),
       position_scratch_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0) {
+  segment_counts_.assign(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0);
   for (std::size_t j = 0; j < candidates_.size(); ++j) tree_[j] = is_tree_key(candidates_[j]);
 }
 
@@ -149,6 +155,18 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     return index_;
   }
   if (num_batches_ <= warmup) return index_;
+  if (config_.collapse_evidence > 0.0 && collapse_llr_ >= config_.collapse_evidence) {
+    const std::size_t target = collapse_target();
+    if (target != index_) {
+      ++decisions_;
+      move_to(target, /*is_decision=*/true);  // resets the test
+      fast_ = collapse_fast_;
+      to_segment(slow_);
+      zero_wait_ = first_zero_wait();
+      return index_;
+    }
+    reset_collapse();  // no lower tier pays at the new rate: the drop does not matter here
+  }
   if ((num_batches_ - warmup) % interval != 0) {
     // Between decisions only a phase change moves the tier (tier 0 observes
     // no acceptance unless shadowed: its probes above handle it).
@@ -172,7 +190,10 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
 }
 
 void GoodputPolicy::observe_acceptance(std::span<const int> accept_lengths, int steps,
-                                       std::span<const int> drafted) {
+                                       std::span<const int> drafted, bool own) {
+  if (own && config_.collapse_evidence > 0.0 && steps > 0) {
+    watch_first(accept_lengths, drafted, steps, slow_.first_rate(config_.acceptance_model, observed_depth()));
+  }
   // Truncated geometric observations: a of k drafts accepted is a successes,
   // plus one failure when the run stopped before k. Per draft position i:
   // reached (a trial) by requests with a >= i - 1 that drafted i, accepted by
@@ -250,7 +271,7 @@ void GoodputPolicy::shadow(std::span<const int> accept_lengths, int steps) {
   if (accept_lengths.empty() || steps <= 0 || current_steps() > 0) return;  // a drafting tier observes itself
   shadow_depth_ = std::min(steps, AdaptiveConfig::kMaxSteps);
   shadow_requests_ += accept_lengths.size();
-  observe_acceptance(accept_lengths, shadow_depth_);
+  observe_acceptance(accept_lengths, shadow_depth_, {}, /*own=*/false);
   shadow_fresh_ = true;
   shadow_seen_ = true;
 }
@@ -279,6 +300,63 @@ std::size_t GoodputPolicy::phase_change_target() const noexcept {
   for (std::size_t j = 0; j < candidates_.size(); ++j) {
     const double goodput = credited(j, predicted(fast_, j) / scratch_[j]);
     if (goodput >= best_goodput) best_goodput = goodput, best = j;
+  }
+  return best;
+}
+
+void GoodputPolicy::watch_first(std::span<const int> accept_lengths, std::span<const int> drafted, int steps,
+                                double rate) {
+  const double p0 = std::clamp(rate, 1.0 - kCollapseRateLimit, kCollapseRateLimit), p1 = p0 / 2.0;
+  const double accept_weight = std::log(p1 / p0), fail_weight = std::log((1.0 - p1) / (1.0 - p0));
+  double llr = collapse_llr_;
+  for (std::size_t r = 0; r < accept_lengths.size(); ++r) {
+    const int k = drafted.empty() ? steps : std::clamp(drafted[r], 0, steps);
+    if (k > 0) llr += accept_lengths[r] > 0 ? accept_weight : fail_weight;
+  }
+  if (!(llr > 0.0)) {  // back at 0: the change, if one comes, starts after this batch
+    reset_collapse();
+    return;
+  }
+  collapse_llr_ = llr;
+  double* reached = segment_counts_.data();
+  double* accepted_at = reached + (AdaptiveConfig::kMaxSteps + 1);
+  for (std::size_t r = 0; r < accept_lengths.size(); ++r) {
+    const int k = drafted.empty() ? steps : std::clamp(drafted[r], 0, steps);
+    const int a = std::clamp(accept_lengths[r], 0, k);
+    ++segment_requests_;
+    segment_successes_ += a;
+    segment_trials_ += a + (a < k ? 1 : 0);
+    if (k > 0) reached[std::min(a + 1, k)] += 1.0, accepted_at[a] += 1.0;
+  }
+  segment_steps_ = std::max(segment_steps_, steps);
+}
+
+void GoodputPolicy::reset_collapse() noexcept {
+  collapse_llr_ = 0.0;
+  segment_requests_ = 0;
+  segment_successes_ = segment_trials_ = 0;
+  segment_steps_ = 0;
+  std::fill(segment_counts_.begin(), segment_counts_.end(), 0.0);
+}
+
+void GoodputPolicy::to_segment(AcceptanceEstimate& estimate) const noexcept {
+  estimate.forget(kPhaseChangeMemory);
+  const double* reached = segment_counts_.data();
+  estimate.observe(segment_requests_, segment_successes_, segment_trials_, reached,
+                   reached + (AdaptiveConfig::kMaxSteps + 1), segment_steps_);
+}
+
+std::size_t GoodputPolicy::collapse_target() {
+  collapse_fast_ = fast_;  // same sizes: no allocation
+  to_segment(collapse_fast_);
+  costs_.estimate(last_table_, scratch_.data());
+  const double current = predicted(collapse_fast_, index_) / scratch_[index_];
+  std::size_t best = index_;
+  double best_goodput = current * (1.0 + config_.min_gain);
+  for (std::size_t j = 0; j < candidates_.size(); ++j) {
+    if (depth_[j] >= depth_[index_]) continue;  // the deeper positions' rates are the old phase's: down only
+    const double goodput = credited(j, predicted(collapse_fast_, j) / scratch_[j]);
+    if (goodput > best_goodput) best_goodput = goodput, best = j;
   }
   return best;
 }
@@ -378,6 +456,7 @@ void GoodputPolicy::move_to(std::size_t index, bool is_decision) noexcept {
   checked_past_ = false;
   phase_change_tier_ = index;
   phase_change_requests_ = 0;
+  reset_collapse();
 }
 
 }  // namespace specswap

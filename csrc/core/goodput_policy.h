@@ -108,7 +108,9 @@ class GoodputPolicy {
   void observe(std::span<const int> accept_lengths, double round_seconds, bool sampled);
   // Both acceptance estimates take a verify's (or shadow's) accepted lengths at `steps`; `drafted` (empty: all
   // `steps`) cuts a request's drafts shorter.
-  void observe_acceptance(std::span<const int> accept_lengths, int steps, std::span<const int> drafted = {});
+  // `own`: the current tier's verify (not shadows), which the collapse test watches.
+  void observe_acceptance(std::span<const int> accept_lengths, int steps, std::span<const int> drafted = {},
+                          bool own = true);
   // A tree tier's verify: its tokens per round against its chain's prediction move its gain (the chain
   // estimates learn from tree_chain(), not from this: a tree accepts more than its chain would).
   void observe_tree(std::span<const int> accept_lengths, bool sampled);
@@ -129,6 +131,18 @@ class GoodputPolicy {
   bool start_refresh();
   // Between decisions: the tier a phase change calls for (index_ if none).
   std::size_t phase_change_target() const noexcept;
+  // The collapse test (config.collapse_evidence): a CUSUM over the first draft's outcomes at a drafting tier,
+  // the decisions' rate p against p / 2. A phase change's 1.5x predicted gain on the short-memory estimate waits
+  // for several batches, each a verify that fails at its first draft (NGRAM at tier 7 at the start of prose: a
+  // verify costs 2.8 plain rounds, and requests with nothing to look up give no evidence). Two requests failing
+  // at the first draft where p = 0.97 are evidence enough. `rate` is p before this batch.
+  void watch_first(std::span<const int> accept_lengths, std::span<const int> drafted, int steps, double rate);
+  // Once the test fired: the lower tier that pays with the short-memory estimate rebuilt from the outcomes since
+  // the CUSUM last stood at 0 (collapse_fast_), index_ if none.
+  std::size_t collapse_target();
+  void reset_collapse() noexcept;
+  // Brings `estimate` to the collapse segment: kPhaseChangeMemory of its counts, then the segment as one batch.
+  void to_segment(AcceptanceEstimate& estimate) const noexcept;
   void move_to(std::size_t index, bool is_decision) noexcept;
   std::uint64_t first_zero_wait() const noexcept;
   // Batches of start-up probing, fixed at the first batch: probe_rounds for the initial tier alone when a
@@ -149,6 +163,14 @@ class GoodputPolicy {
   std::uint64_t num_batches_ = 0;  // batches seen (all non-empty)
   AcceptanceEstimate slow_;  // config.ema_alpha: what decisions use
   AcceptanceEstimate fast_;  // kFastEmaWeight: detects phase changes between decisions
+  AcceptanceEstimate collapse_fast_;  // scratch for collapse_target(): fast_ rebuilt from the segment
+  double collapse_llr_ = 0.0;           // the CUSUM (nats)
+  // the segment (the requests since the CUSUM last stood at 0) as one batch for AcceptanceEstimate::observe()
+  std::size_t segment_requests_ = 0;
+  long long segment_successes_ = 0;
+  long long segment_trials_ = 0;
+  int segment_steps_ = 0;
+  std::vector<double> segment_counts_;  // 2 * (kMaxSteps + 1): reached, accepted_at
   CostModel costs_;
   std::size_t phase_change_tier_;            // where the last batches pointed
   std::uint64_t phase_change_requests_ = 0;  // requests in those batches

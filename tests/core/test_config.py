@@ -28,6 +28,7 @@ def test_full_file_round_trip(tmp_path):
         "snap_initial_steps": True,
         "min_gain": 0.1,
         "noise_margin": 1.5,
+        "collapse_evidence": 3.5,
         "cost_prior_slope": 0.25,
         "probe_rounds": 0,
         "probe_interval": 20,

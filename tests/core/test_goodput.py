@@ -823,3 +823,46 @@ def test_tier_zero_moves_up_only_on_fresh_shadows():
         assert quiet_rounds == [0] * 30, quiet_rounds
         back = run_shadowed(params, 0.97, cost, 12, random.Random(seed), batch=2)
         assert back[-1] == 7, back
+
+
+def test_the_collapse_test_leaves_tier_seven_within_three_failed_first_drafts():
+    # NGRAM-like: a high phase at 7 (first drafts accepted at 0.97, batch 2), then prose, where most rounds have
+    # nothing to look up (plain decodes: no evidence) and a verify has one request speculating, failing at its
+    # first draft, for the price of about 2.8 plain rounds. The short-memory estimate took 12-13 such verifies to
+    # act; the collapse test (log 100 nats) takes 2, or 3 where the rate was read near 0.95.
+    cost = {0: 1.0, 1: 1.17, 3: 1.6, 7: 2.75}.__getitem__
+
+    def verifies_at_seven(collapse_evidence, seed):
+        params = goodput(7, candidate_steps=[0, 1, 3, 7], acceptance_model="positional", probe_rounds=0,
+                         warmup_batches=0, collapse_evidence=collapse_evidence)
+        params.expect_shadows()
+        run_shadowed(params, 0.97, cost, 300, random.Random(seed), batch=2)
+        assert params.current_steps == 7
+        verifies = 0
+        while params.current_steps == 7 and verifies < 30:
+            params.update([0], cost(7), True)
+            verifies += 1
+        return verifies
+
+    for seed in range(6):
+        assert verifies_at_seven(4.6, seed) <= 3
+        assert verifies_at_seven(0.0, seed) >= 10
+
+
+def test_the_collapse_test_holds_still_at_a_steady_rate():
+    # A run of failures at a steady rate now and then reaches the threshold; the short-memory estimate rebuilt
+    # from them seldom finds a lower tier that pays, and a move made comes back up at the next phase change or
+    # decision. NGRAM-like at 0.97 (batch 2, tier 7) and EAGLE-like at 0.7 (batch 1, tier 3 of 1-3): under 1% of
+    # the rounds are spent off the best tier (none without the test). At a threshold of 3 nats the EAGLE-like
+    # policy spent 3.5%, at 1 nat 93%.
+    for rate, batch, candidates, top, cost in (
+        (0.97, 2, [0, 1, 3, 7], 7, {0: 1.0, 1: 1.17, 3: 1.6, 7: 2.75}.__getitem__),
+        (0.7, 1, [1, 2, 3], 3, {1: 1.0, 2: 1.1, 3: 1.2}.__getitem__),
+    ):
+        off = 0
+        for seed in range(4):
+            params = goodput(top, candidate_steps=candidates, acceptance_model="positional", probe_rounds=0,
+                             warmup_batches=0, collapse_evidence=4.6)
+            tiers = run(params, rate, cost, 3000, random.Random(seed), batch=batch)
+            off += sum(t != top for t in tiers[100:])
+        assert off <= 0.01 * 4 * 2900, (rate, off)

@@ -94,7 +94,7 @@ int main() {
   // the field table: every row is walked once, in order, and a check says the row's valid words
   std::vector<std::string> names;
   for_each_config_field([&](const auto& field) { names.emplace_back(field.name); });
-  CHECK(names.size() == 17 && names.front() == "policy" && names.back() == "acceptance_model");
+  CHECK(names.size() == 18 && names.front() == "policy" && names.back() == "acceptance_model");
   const auto message = [](const AdaptiveConfig& config) -> std::string {
     try {
       config.validate();
@@ -118,6 +118,9 @@ int main() {
   worded = AdaptiveConfig{};
   worded.noise_margin = -0.5;
   CHECK(message(worded) == "noise_margin must be a finite number >= 0, got -0.5");
+  worded = AdaptiveConfig{};
+  worded.collapse_evidence = -1;
+  CHECK(message(worded) == "collapse_evidence must be a finite number >= 0, got -1");
   worded = AdaptiveConfig{};
   worded.candidate_steps = {1, 65};
   CHECK(message(worded).find("[0, 64]") != std::string::npos);
