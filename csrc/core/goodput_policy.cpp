@@ -155,6 +155,8 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     return index_;
   }
   if (num_batches_ <= warmup) return index_;
+  // The collapse test acts on any batch, a decision's included: it weighs evidence the decision's estimate has
+  // hardly taken in yet.
   if (config_.collapse_evidence > 0.0 && collapse_llr_ >= config_.collapse_evidence) {
     const std::size_t target = collapse_target();
     if (target != index_) {
@@ -162,7 +164,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
       move_to(target, /*is_decision=*/true);  // resets the test
       fast_ = collapse_fast_;
       to_segment(slow_);
-      zero_wait_ = first_zero_wait();
+      if (current_steps() == 0) zero_wait_ = first_zero_wait();
       return index_;
     }
     reset_collapse();  // no lower tier pays at the new rate: the drop does not matter here
@@ -191,9 +193,6 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
 
 void GoodputPolicy::observe_acceptance(std::span<const int> accept_lengths, int steps,
                                        std::span<const int> drafted, bool own) {
-  if (own && config_.collapse_evidence > 0.0 && steps > 0) {
-    watch_first(accept_lengths, drafted, steps, slow_.first_rate(config_.acceptance_model, observed_depth()));
-  }
   // Truncated geometric observations: a of k drafts accepted is a successes,
   // plus one failure when the run stopped before k. Per draft position i:
   // reached (a trial) by requests with a >= i - 1 that drafted i, accepted by
@@ -212,6 +211,9 @@ void GoodputPolicy::observe_acceptance(std::span<const int> accept_lengths, int 
       reached[std::min(a + 1, k)] += 1.0;  // reached 1..min(a+1,k): counted as a suffix later
       accepted_at[a] += 1.0;               // accepted 1..a
     }
+  }
+  if (own && config_.collapse_evidence > 0.0 && steps > 0) {
+    watch_first(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
   }
   slow_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
   fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
@@ -304,31 +306,27 @@ std::size_t GoodputPolicy::phase_change_target() const noexcept {
   return best;
 }
 
-void GoodputPolicy::watch_first(std::span<const int> accept_lengths, std::span<const int> drafted, int steps,
-                                double rate) {
+void GoodputPolicy::watch_first(std::size_t requests, long long successes, long long trials, const double* reached,
+                                const double* accepted_at, int steps) {
+  const double rate = slow_.first_rate(config_.acceptance_model, observed_depth());
   const double p0 = std::clamp(rate, 1.0 - kCollapseRateLimit, kCollapseRateLimit), p1 = p0 / 2.0;
-  const double accept_weight = std::log(p1 / p0), fail_weight = std::log((1.0 - p1) / (1.0 - p0));
-  double llr = collapse_llr_;
-  for (std::size_t r = 0; r < accept_lengths.size(); ++r) {
-    const int k = drafted.empty() ? steps : std::clamp(drafted[r], 0, steps);
-    if (k > 0) llr += accept_lengths[r] > 0 ? accept_weight : fail_weight;
-  }
+  double accepted = 0.0;
+  for (int i = 1; i <= steps; ++i) accepted += accepted_at[i];
+  const double llr = collapse_llr_ + accepted * std::log(p1 / p0) +
+                     accepted_at[0] * std::log((1.0 - p1) / (1.0 - p0));  // accepted_at[0]: failed at the first
   if (!(llr > 0.0)) {  // back at 0: the change, if one comes, starts after this batch
     reset_collapse();
     return;
   }
   collapse_llr_ = llr;
-  double* reached = segment_counts_.data();
-  double* accepted_at = reached + (AdaptiveConfig::kMaxSteps + 1);
-  for (std::size_t r = 0; r < accept_lengths.size(); ++r) {
-    const int k = drafted.empty() ? steps : std::clamp(drafted[r], 0, steps);
-    const int a = std::clamp(accept_lengths[r], 0, k);
-    ++segment_requests_;
-    segment_successes_ += a;
-    segment_trials_ += a + (a < k ? 1 : 0);
-    if (k > 0) reached[std::min(a + 1, k)] += 1.0, accepted_at[a] += 1.0;
-  }
+  segment_requests_ += requests;
+  segment_successes_ += successes;
+  segment_trials_ += trials;
   segment_steps_ = std::max(segment_steps_, steps);
+  for (int i = 0; i <= steps; ++i) {
+    segment_counts_[i] += reached[i];
+    segment_counts_[AdaptiveConfig::kMaxSteps + 1 + i] += accepted_at[i];
+  }
 }
 
 void GoodputPolicy::reset_collapse() noexcept {

@@ -135,8 +135,10 @@ class GoodputPolicy {
   // the decisions' rate p against p / 2. A phase change's 1.5x predicted gain on the short-memory estimate waits
   // for several batches, each a verify that fails at its first draft (NGRAM at tier 7 at the start of prose: a
   // verify costs 2.8 plain rounds, and requests with nothing to look up give no evidence). Two requests failing
-  // at the first draft where p = 0.97 are evidence enough. `rate` is p before this batch.
-  void watch_first(std::span<const int> accept_lengths, std::span<const int> drafted, int steps, double rate);
+  // at the first draft where p = 0.97 are evidence enough. Takes a batch's counts as observe_acceptance() made
+  // them (`accepted_at[0]`: the requests that failed at the first draft), before the estimates take them in.
+  void watch_first(std::size_t requests, long long successes, long long trials, const double* reached,
+                   const double* accepted_at, int steps);
   // Once the test fired: the lower tier that pays with the short-memory estimate rebuilt from the outcomes since
   // the CUSUM last stood at 0 (collapse_fast_), index_ if none.
   std::size_t collapse_target();
