@@ -69,12 +69,12 @@ GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> cand
       slow_(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false),
       fast_(std::max(config.ema_alpha, kFastEmaWeight), /*per_request=*/false, /*forget_unreached=*/true),
       collapse_fast_(fast_),
+      segment_counts_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0),
       costs_(widths_of(candidates_), config),
       phase_change_tier_(initial_index),
       scratch_(candidates_.size(), 0.0),
       zero_wait_(first_zero_wait()),
       position_scratch_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0) {
-  segment_counts_.assign(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0);
   for (std::size_t j = 0; j < candidates_.size(); ++j) tree_[j] = is_tree_key(candidates_[j]);
 }
 
@@ -157,19 +157,11 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   if (num_batches_ <= warmup) return index_;
   // The collapse test acts on any batch, a decision's included: it weighs evidence the decision's estimate has
   // hardly taken in yet.
-  if (config_.collapse_evidence > 0.0 && collapse_llr_ >= config_.collapse_evidence) {
-    const std::size_t target = collapse_target();
-    if (target != index_) {
-      ++decisions_;
-      move_to(target, /*is_decision=*/true);  // resets the test
-      fast_ = collapse_fast_;
-      to_segment(slow_);
-      if (current_steps() == 0) zero_wait_ = first_zero_wait();
-      return index_;
-    }
-    reset_collapse();  // no lower tier pays at the new rate: the drop does not matter here
-  }
-  if ((num_batches_ - warmup) % interval != 0) {
+  const std::size_t collapse = collapse_target();
+  if (collapse != index_) {
+    fast_ = collapse_fast_;
+    phase_change_to(collapse);
+  } else if ((num_batches_ - warmup) % interval != 0) {
     // Between decisions only a phase change moves the tier (tier 0 observes
     // no acceptance unless shadowed: its probes above handle it).
     if (current_steps() == 0 && !shadowed()) return index_;
@@ -181,9 +173,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     const std::uint64_t evidence = current_steps() == 0 ? shadowed_requests : accept_lengths.size();
     phase_change_requests_ += evidence;
     if (evidence < 2 && phase_change_requests_ < kPhaseChangeRequests) return index_;
-    ++decisions_;
-    move_to(target, /*is_decision=*/true);
-    slow_.forget(kPhaseChangeMemory);
+    phase_change_to(target);
   } else if (!decide(config_.min_gain)) {
     start_refresh();
   }
@@ -344,7 +334,14 @@ void GoodputPolicy::to_segment(AcceptanceEstimate& estimate) const noexcept {
                    reached + (AdaptiveConfig::kMaxSteps + 1), segment_steps_);
 }
 
+void GoodputPolicy::phase_change_to(std::size_t target) noexcept {
+  ++decisions_;
+  move_to(target, /*is_decision=*/true);
+  slow_.forget(kPhaseChangeMemory);
+}
+
 std::size_t GoodputPolicy::collapse_target() {
+  if (!(config_.collapse_evidence > 0.0 && collapse_llr_ >= config_.collapse_evidence)) return index_;
   collapse_fast_ = fast_;  // same sizes: no allocation
   to_segment(collapse_fast_);
   costs_.estimate(last_table_, scratch_.data());
@@ -356,6 +353,7 @@ std::size_t GoodputPolicy::collapse_target() {
     const double goodput = credited(j, predicted(collapse_fast_, j) / scratch_[j]);
     if (goodput > best_goodput) best_goodput = goodput, best = j;
   }
+  if (best == index_) reset_collapse();  // no shallower tier pays at the new rate: the drop does not matter here
   return best;
 }
 

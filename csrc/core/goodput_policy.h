@@ -139,12 +139,16 @@ class GoodputPolicy {
   // them (`accepted_at[0]`: the requests that failed at the first draft), before the estimates take them in.
   void watch_first(std::size_t requests, long long successes, long long trials, const double* reached,
                    const double* accepted_at, int steps);
-  // Once the test fired: the lower tier that pays with the short-memory estimate rebuilt from the outcomes since
-  // the CUSUM last stood at 0 (collapse_fast_), index_ if none.
+  // Once the test fired: the shallower tier that pays with the short-memory estimate rebuilt from the outcomes
+  // since the CUSUM last stood at 0 (left in collapse_fast_); index_ if the test did not fire, or if no such tier
+  // pays (the test then restarts).
   std::size_t collapse_target();
   void reset_collapse() noexcept;
   // Brings `estimate` to the collapse segment: kPhaseChangeMemory of its counts, then the segment as one batch.
   void to_segment(AcceptanceEstimate& estimate) const noexcept;
+  // A move between decisions on evidence of a new phase (a phase change, a collapse): counted as a decision,
+  // and the decisions' estimate keeps kPhaseChangeMemory of its counts.
+  void phase_change_to(std::size_t target) noexcept;
   void move_to(std::size_t index, bool is_decision) noexcept;
   std::uint64_t first_zero_wait() const noexcept;
   // Batches of start-up probing, fixed at the first batch: probe_rounds for the initial tier alone when a
