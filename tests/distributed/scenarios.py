@@ -299,6 +299,21 @@ def config_mismatch(args):
     return {"error": None}
 
 
+@scenario
+def close_group(args):
+    """Join, meet once, leave: rank 0, which hosts the job's store, reports whether its server still listens."""
+    import socket
+    from specswap.distributed import init_group
+    group = init_group(dp_size=int(os.environ["WORLD_SIZE"]))
+    group.barrier()
+    group.close()
+    if RANK != 0:
+        return {}
+    with socket.socket() as probe:
+        listening = probe.connect_ex((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))) == 0
+    return {"store_listening": listening}
+
+
 def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
     result = SCENARIOS[name](sys.argv[3:])

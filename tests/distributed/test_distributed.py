@@ -236,6 +236,13 @@ def test_a_rank_with_other_candidate_tiers_is_refused_at_start_up(tmp_path):
         assert "ranks [0] have [0, 1, 3]; ranks [1] have [0, 1, 2]" in result["error"]
 
 
+def test_closing_the_group_shuts_rank_zeros_store_down(tmp_path):
+    """close() releases the store's server while the interpreter is whole: left to interpreter exit, its thread's
+    destruction can abort rank 0 ("terminate called without an active exception")."""
+    leader = launch.run("close_group", 2, tmp_path, timeout_s=60)[0]
+    assert leader == {"store_listening": False}
+
+
 def test_layout_and_launch_errors(monkeypatch):
     from specswap.distributed import group as group_module
     from specswap.distributed.group import backend_for, init_group

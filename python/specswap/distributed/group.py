@@ -241,8 +241,9 @@ class DistributedGroup:
         except Exception:  # a peer's store already gone: nothing left to wait for
             pass
         # release the store now (rank 0: its server and that server's thread), while the interpreter is whole;
-        # held by the module's group until interpreter exit, its destruction there can abort the process
-        self._store = None
+        # held by the module's group until interpreter exit, its destruction there can abort the process. The
+        # process groups hold it too (through their prefix stores), so they go with it.
+        self._store = self.tp_group = self.dp_group = None
 
 
 class _StoreGone(Exception):
