@@ -62,16 +62,43 @@ def test_summarize_figures_from_a_recorded_run():
     assert report.tier_string(summary["trace"], width=4) == "1113"
 
 
+def _run(*phases):
+    """A recorded run: (seconds, tokens) per phase, one request each, phases named low, high, ..."""
+    recorded, start = [], 0.0
+    for index, (seconds, tokens) in enumerate(phases):
+        recorded.append({"name": ("low", "high")[index % 2], "start_s": start, "end_s": start + seconds,
+                         "requests": [{"latency_s": seconds, "tokens": tokens, "verify_rounds": 4,
+                                       "accepted_draft_tokens": 4}]})
+        start += seconds
+    return {"phases": recorded, "trace": [[0.1, 3, phases[0][1], 0]]}
+
+
 def test_repeats_pool_tokens_and_time_per_phase():
-    def run(seconds, tokens):
-        return {"phases": [{"name": "high", "start_s": 1.0, "end_s": 1.0 + seconds, "requests": [
-            {"latency_s": seconds, "tokens": tokens, "verify_rounds": 4, "accepted_draft_tokens": 4}]}],
-            "trace": [[0.1, 3, tokens, 0]]}
-    summary = report.summarize(report.pool_runs([run(1.0, 10), run(3.0, 30)]))
+    summary = report.summarize(report.pool_runs([_run((1.0, 10)), _run((2.0, 30))]))
     phase = summary["phases"][0]
-    assert phase["throughput_tok_s"] == pytest.approx(40 / 4.0) and phase["requests"] == 2
-    assert phase["latency_s"] == pytest.approx(2.0) and phase["accept_length"] == pytest.approx(2.0)
+    assert phase["throughput_tok_s"] == pytest.approx(40 / 3.0) and phase["requests"] == 2
+    assert phase["latency_s"] == pytest.approx(1.5) and phase["accept_length"] == pytest.approx(2.0)
+    assert phase["repeat_throughput_tok_s"] == pytest.approx([10.0, 15.0])  # each repeat's own
     assert summary["trace"] == [[0.1, 3, 10, 0]]
+    assert report.summarize(_run((2.0, 30)))["phases"][0]["repeat_throughput_tok_s"] == pytest.approx([15.0])
+
+
+def test_phase_ratios_pair_adaptive_with_the_oracle_mode_repeat_by_repeat():
+    runs = {"static1": [_run((1.0, 50), (1.0, 100)), _run((1.0, 40), (1.0, 100))],     # low 45 pooled
+            "static3": [_run((1.0, 20), (1.0, 200)), _run((1.0, 20), (1.0, 100))],     # high 150 pooled
+            "adaptive": [_run((1.0, 45), (1.0, 160)), _run((1.0, 40), (1.0, 110))]}
+    modes = {name: report.summarize(report.pool_runs(each)) for name, each in runs.items()}
+    best = report.oracle(modes)
+    ratios = report.phase_ratios(modes, best)
+    assert [(p["name"], p["mode"]) for p in ratios] == [("low", "static1"), ("high", "static3")]
+    assert ratios[0]["adaptive_vs_oracle"] == pytest.approx(85 / 90)
+    assert ratios[0]["by_repeat"] == pytest.approx([45 / 50, 40 / 40])
+    assert ratios[1]["adaptive_vs_oracle"] == pytest.approx(270 / 300)
+    assert ratios[1]["by_repeat"] == pytest.approx([160 / 200, 110 / 100])  # repeat 2's static3 was slow
+    line = report.format_table({"modes": modes, "oracle": best, "phase_ratios": ratios}).splitlines()[-1]
+    assert line == ("adaptive_vs_oracle per phase: 0:low 0.944x (0.900-1.000 over 2 repeats), "
+                    "1:high 0.900x (0.800-1.100 over 2 repeats)")
+    assert report.phase_ratios({"static1": modes["static1"]}, best) == []  # no adaptive mode: nothing to pair
 
 
 def test_workloads_alternate_and_do_not_replay_prompts():
@@ -126,9 +153,13 @@ def test_bench_in_process_writes_json_schema_and_plot(tmp_path, capsys):
     assert result["oracle"]["candidates"] == ["static1", "static3"]
     assert len(result["oracle"]["phases"]) == 4
     assert {"adaptive_vs_baseline", "adaptive_vs_best_static", "adaptive_vs_oracle"} <= set(result["ratios"])
+    assert [p["mode"] for p in result["phase_ratios"]] == [p["mode"] for p in result["oracle"]["phases"]]
+    assert all(len(p["by_repeat"]) == 2 for p in result["phase_ratios"])
+    assert all(len(p["repeat_throughput_tok_s"]) == 2 for p in result["modes"]["static1"]["phases"])
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert "oracle" in out and "adaptive" in out and "tier over time" in out
+    assert "adaptive_vs_oracle per phase: 0:low " in out and "over 2 repeats" in out
     line = cpu_capability().describe()
     assert out.splitlines()[0] == line and result["cpu"] == line
     assert result["cpu_capability"] == cpu_capability().as_dict()

@@ -217,6 +217,7 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
     result["oracle"] = report.oracle(result["modes"], oracle_candidates(result["modes"],
                                                                        args.speculative_adaptive_config))
     result["ratios"] = report.ratios(result["modes"], result["oracle"])
+    result["phase_ratios"] = report.phase_ratios(result["modes"], result["oracle"])
     return result
 
 

@@ -23,16 +23,22 @@ def _figures(requests: list[dict], seconds: float) -> dict[str, Any]:
     }
 
 
+def _phase_seconds(phase: dict[str, Any]) -> float:
+    return phase.get("seconds", phase["end_s"] - phase["start_s"])
+
+
 def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Several runs of the same mode as one: each phase's requests pooled and its durations summed (so its
-    throughput is all tokens over all time); the trace is the first run's."""
+    throughput is all tokens over all time), each run's own throughput kept (``repeats``); the trace is the
+    first run's."""
     if len(runs) == 1:
         return runs[0]
     phases = []
     for index, phase in enumerate(runs[0]["phases"]):
         same = [run["phases"][index] for run in runs]
-        phases.append({**phase, "seconds": sum(p["end_s"] - p["start_s"] for p in same),
-                       "requests": [r for p in same for r in p["requests"]]})
+        phases.append({**phase, "seconds": sum(_phase_seconds(p) for p in same),
+                       "requests": [r for p in same for r in p["requests"]],
+                       "repeats": [_figures(p["requests"], _phase_seconds(p))["throughput_tok_s"] for p in same]})
     return {"phases": phases, "trace": runs[0]["trace"], "repeats": len(runs)}
 
 
@@ -41,8 +47,9 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     and how many rounds each tier ran."""
     phases = []
     for phase in run["phases"]:
-        figures = _figures(phase["requests"], phase.get("seconds", phase["end_s"] - phase["start_s"]))
-        phases.append({"name": phase["name"], **figures})
+        figures = _figures(phase["requests"], _phase_seconds(phase))
+        phases.append({"name": phase["name"], **figures,
+                       "repeat_throughput_tok_s": phase.get("repeats", [figures["throughput_tok_s"]])})
     all_requests = [r for phase in run["phases"] for r in phase["requests"]]
     overall = _figures(all_requests, sum(p["seconds"] for p in phases))
     rounds_per_tier: dict[str, int] = {}
@@ -96,6 +103,23 @@ def ratios(modes: dict[str, dict[str, Any]], oracle_result: dict[str, Any] | Non
     return out
 
 
+def phase_ratios(modes: dict[str, dict[str, Any]], oracle_result: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Adaptive over the oracle's mode in each phase: pooled over the repeats, and repeat by repeat (each repeat
+    ran every mode side by side, so its ratio is one more measurement; their spread is the run's noise)."""
+    adaptive = modes.get("adaptive")
+    if adaptive is None or oracle_result is None:
+        return []
+    out = []
+    for index, best in enumerate(oracle_result["phases"]):
+        ours, theirs = adaptive["phases"][index], modes[best["mode"]]["phases"][index]
+        pooled = ours["throughput_tok_s"] / theirs["throughput_tok_s"] if theirs["throughput_tok_s"] else 0.0
+        by_repeat = [a / b if b else 0.0 for a, b in zip(ours["repeat_throughput_tok_s"],
+                                                         theirs["repeat_throughput_tok_s"])]
+        out.append({"name": best["name"], "mode": best["mode"], "adaptive_vs_oracle": pooled,
+                    "by_repeat": by_repeat})
+    return out
+
+
 def tier_string(trace: list, width: int = 40) -> str:
     """The tier over time as one character per time slice (the most frequent tier in the slice)."""
     if not trace:
@@ -139,6 +163,14 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"  {name:<10} {tier_string(summary['trace'])}")
     for key, value in result.get("ratios", {}).items():
         lines.append(f"{key}: {value:.3f}x")
+    if result.get("phase_ratios"):
+        cells = []
+        for index, phase in enumerate(result["phase_ratios"]):
+            spread = phase["by_repeat"]
+            cells.append(f"{index}:{phase['name']} {phase['adaptive_vs_oracle']:.3f}x"
+                         + (f" ({min(spread):.3f}-{max(spread):.3f} over {len(spread)} repeats)"
+                            if len(spread) > 1 else ""))
+        lines.append("adaptive_vs_oracle per phase: " + ", ".join(cells))
     return "\n".join(lines)
 
 
