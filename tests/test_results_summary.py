@@ -66,6 +66,9 @@ def repository(tmp_path):
     (tmp_path / "results").mkdir()
     (tmp_path / "docs").mkdir()
     (tmp_path / "results" / "main-job.json").write_text(json.dumps(main_job(1.2594)))
+    (tmp_path / "results" / "main-job-phases.json").write_text(json.dumps({**main_job(1.2), "phase_ratios": [
+        {"name": "low", "mode": "static1", "adaptive_vs_oracle": 0.9716, "by_repeat": [0.958, 0.9855]},
+        {"name": "high", "mode": "static3", "adaptive_vs_oracle": 0.9354, "by_repeat": [0.8833, 1.0104]}]}))
     (tmp_path / "results" / "llamacpp.json").write_text(json.dumps(llamacpp_run()))
     (tmp_path / "results" / "eagle-code.json").write_text(json.dumps(eagle_code_run()))
     (tmp_path / "results" / "other.json").write_text(json.dumps({**PROVENANCE, "speedup": 1.5, "rows": [
@@ -83,6 +86,7 @@ def test_rendering_fills_both_files_and_check_passes(repository):
     assert "`0123456-dirty`" in summary and "AMD EPYC, AVX2 only" in summary
     assert "target-only 1.20-1.31x llama.cpp plain" in summary
     assert "speedup 1.50x" in summary and "rows[].x_vs_y 0.90-1.10x" in summary  # any other JSON: ratio-like keys
+    assert "0.99x the oracle, per phase 0.972 / 0.935 of the oracle (repeat by repeat 0.883-1.010) |" in summary
     assert readme.startswith("# Project\n") and readme.endswith("\n\n## After\n")
     assert "1.26x / 1.08x / 0.99x ([main-job.json](results/main-job.json))" in readme
     assert "1.20-1.31x / 1.75-2.13x ([llamacpp.json](results/llamacpp.json))" in readme

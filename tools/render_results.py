@@ -132,6 +132,12 @@ def phased(data: dict) -> tuple[str, str]:
         parts.append(f"{x(ratios['adaptive_vs_best_static'])} the best static mode" + (f" ({best})" if best else ""))
     if "adaptive_vs_oracle" in ratios:
         parts.append(f"{x(ratios['adaptive_vs_oracle'])} the oracle")
+    phases = data.get("phase_ratios") or []
+    if phases:
+        repeats = [r for phase in phases for r in phase["by_repeat"]]
+        parts.append("per phase " + " / ".join(fixed(phase["adaptive_vs_oracle"], 3) for phase in phases)
+                     + " of the oracle" + (f" (repeat by repeat {fixed(min(repeats), 3)}-{fixed(max(repeats), 3)})"
+                                           if len(repeats) > len(phases) else ""))
     return what, ", ".join(parts)
 
 
