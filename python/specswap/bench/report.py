@@ -29,8 +29,8 @@ def _phase_seconds(phase: dict[str, Any]) -> float:
 
 def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Several runs of the same mode as one: each phase's requests pooled and its durations summed (so its
-    throughput is all tokens over all time), each run's own throughput kept (``repeats``); the trace is the
-    first run's."""
+    throughput is all tokens over all time), each run's own throughput kept (``repeat_throughput_tok_s``); the
+    trace is the first run's."""
     if len(runs) == 1:
         return runs[0]
     phases = []
@@ -38,7 +38,8 @@ def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         same = [run["phases"][index] for run in runs]
         phases.append({**phase, "seconds": sum(_phase_seconds(p) for p in same),
                        "requests": [r for p in same for r in p["requests"]],
-                       "repeats": [_figures(p["requests"], _phase_seconds(p))["throughput_tok_s"] for p in same]})
+                       "repeat_throughput_tok_s": [_figures(p["requests"], _phase_seconds(p))["throughput_tok_s"]
+                                                   for p in same]})
     return {"phases": phases, "trace": runs[0]["trace"], "repeats": len(runs)}
 
 
@@ -49,7 +50,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     for phase in run["phases"]:
         figures = _figures(phase["requests"], _phase_seconds(phase))
         phases.append({"name": phase["name"], **figures,
-                       "repeat_throughput_tok_s": phase.get("repeats", [figures["throughput_tok_s"]])})
+                       "repeat_throughput_tok_s": phase.get("repeat_throughput_tok_s", [figures["throughput_tok_s"]])})
     all_requests = [r for phase in run["phases"] for r in phase["requests"]]
     overall = _figures(all_requests, sum(p["seconds"] for p in phases))
     rounds_per_tier: dict[str, int] = {}
