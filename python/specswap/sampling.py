@@ -45,16 +45,32 @@ __all__ = [
 ]
 
 
+TEMPERATURE_FLOOR = 1e-6                  # a temperature below it is greedy, as SGLang treats tiny temperatures
+FLOAT32_MAX = 3.4028234663852886e38       # the sampler's tensors are float32: larger temperatures are taken as this
+FLOAT32_TINY = 1.1754943508222875e-38     # and smaller top_p as this (the top token alone, as any tiny top_p keeps)
+INT64_MAX = (1 << 63) - 1
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
+
+
+def _int(value, name: str, low: int, high: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be {what}, got {value!r:.80}")
+    return value
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling parameters, validated on construction.
+    """Per-request sampling parameters, validated on construction; the sampler is total over what validates.
 
-    temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1.0 means no
-    nucleus cut. ``seed`` seeds the request's own generator (None: random).
-    ``stop`` holds stop strings; generation also stops at the model's EOS unless ``ignore_eos`` (as vLLM's
-    benchmarks use it: every request runs to ``max_new_tokens``, so throughput compares equal work).
-    ``disable_speculative_decoding`` (SGLang's name): this request verifies no drafts; it decodes one token a
-    round inside a speculating batch, as tier 0 would, and the policy does not count it.
+    temperature 0 means greedy (so does any temperature below ``TEMPERATURE_FLOOR``); top_k 0 means no top-k cut;
+    top_p 1.0 means no nucleus cut. ``seed`` seeds the request's own generator (None: random).
+    ``stop`` holds stop strings and ``stop_token_ids`` token ids that end the request as EOS does; generation also
+    stops at the model's EOS unless ``ignore_eos`` (as vLLM's benchmarks use it: every request runs to
+    ``max_new_tokens``, so throughput compares equal work). ``min_new_tokens``: EOS and ``stop_token_ids`` cannot
+    be drawn (their logits are masked) and stop strings are not matched before this many tokens (vLLM's
+    ``min_tokens``; the request decodes one token a round until then). ``disable_speculative_decoding`` (SGLang's
+    name): this request verifies no drafts; it decodes one token a round inside a speculating batch, as tier 0
+    would, and the policy does not count it.
     """
 
     max_new_tokens: int = 16
@@ -65,21 +81,25 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     disable_speculative_decoding: bool = False
+    min_new_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        _int(self.max_new_tokens, "max_new_tokens", 1, INT64_MAX, "an int >= 1")
         temperature = self.temperature
-        if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+                or not math.isfinite(_as_float(temperature)) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r:.80}")
+        temperature = _as_float(temperature)
+        object.__setattr__(self, "temperature", 0.0 if temperature < TEMPERATURE_FLOOR
+                           else min(temperature, FLOAT32_MAX))
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) \
+                or not 0.0 < _as_float(self.top_p) <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r:.80}")
+        object.__setattr__(self, "top_p", max(float(self.top_p), FLOAT32_TINY))
+        _int(self.top_k, "top_k", 0, INT64_MAX, "an int >= 0 (0 = off) that fits in int64")
+        if self.seed is not None:
+            _int(self.seed, "seed", *SEED_RANGE, f"an int in {SEED_RANGE[0]}..{SEED_RANGE[1]} or None")
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
@@ -92,6 +112,12 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not isinstance(self.disable_speculative_decoding, bool):
             raise ValueError(f"disable_speculative_decoding must be a bool, got {self.disable_speculative_decoding!r}")
+        _int(self.min_new_tokens, "min_new_tokens", 0, INT64_MAX, "an int >= 0")
+        ids = self.stop_token_ids
+        if not isinstance(ids, (list, tuple)):
+            raise ValueError(f"stop_token_ids must be a list of token ids, got {ids!r:.80}")
+        object.__setattr__(self, "stop_token_ids",
+                           tuple(_int(t, "stop_token_ids", 0, INT64_MAX, "token ids >= 0") for t in ids))
 
     @property
     def greedy(self) -> bool:
@@ -100,6 +126,14 @@ class SamplingParams:
     @property
     def needs_filter(self) -> bool:
         return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
+
+
+def _as_float(value: int | float) -> float:
+    """``value`` as a float; an int too large for one is infinite (then refused), never an OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def logits_to_probs(
@@ -607,13 +641,16 @@ class PlainRows:
     rows: list[int]                  # their rows in the batch
     index: torch.Tensor              # [P] the same rows, on the device
     draws: RoundSampling | None = None  # their settings [P] and keyed draws; None: all greedy
+    banned: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (i, ids): ids the i-th of them may not draw (min tokens)
 
 
 def take_plain_tokens(plain: PlainRows, logits: torch.Tensor, accept_lengths: torch.Tensor,
                       next_tokens: torch.Tensor) -> None:
     """Set a = 0 and the target's own token at verified position 0 for ``plain``'s rows, in place.
     logits: [B, T, V]; accept_lengths, next_tokens: [B]."""
-    first = logits[plain.index, :1]                                                   # [P, 1, V]
+    first = logits[plain.index, :1]                                                   # [P, 1, V] (a copy)
+    for i, ids in plain.banned:  # a request short of its min_new_tokens: EOS and its stop ids have no mass
+        first[i, 0, list(ids)] = -math.inf
     if plain.draws is None:
         tokens = argmax(first[:, 0])                                                  # [P]
     else:

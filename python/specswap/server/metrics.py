@@ -9,6 +9,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from specswap.tier import Tier
+
 ACCEPT_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -24,16 +26,20 @@ class _EngineCollector:
         stats = self.scheduler.snapshot
         counters = self.scheduler.counters
         speculative = stats.get("speculative_algorithm") is not None
-        steps = stats.get("current_steps", 0) if speculative else 0
+        shape = stats.get("tier", {}) if speculative else {}  # the active tier's shape (engine's Tier), not its key
 
         def gauge(name, documentation, value):
             family = GaugeMetricFamily(name, documentation)
             family.add_metric([], value)
             return family
 
-        yield gauge("spec_num_steps", "Draft steps per verify round in the active tier (0: no speculation)", steps)
-        yield gauge("spec_num_draft_tokens", "Tokens verified per request per round in the active tier (steps + 1; "
-                    "0 without speculation)", steps + 1 if speculative else 0)
+        yield gauge("spec_num_steps", "Draft depth of the active tier (0: no speculation)",
+                    shape.get("speculative_num_steps", 0))
+        yield gauge("spec_eagle_topk", "Children per expanded node in the active tier (1: a chain)",
+                    shape.get("speculative_eagle_topk", 1))
+        yield gauge("spec_num_draft_tokens", "Tokens verified per request per round in the active tier, the root "
+                    "included (a chain's steps + 1; 0 without speculation)",
+                    shape.get("speculative_num_draft_tokens", 0))
         yield gauge("spec_adaptive_enabled", "1 when the adaptive controller picks the tier",
                     int(stats.get("adaptive", False)))
         yield gauge("spec_adaptive_ema", "The controller's EMA of accepted draft tokens per verify (NaN when static)",
@@ -70,9 +76,10 @@ class _EngineCollector:
             rejected.add_metric([reason], self.server.rejected.get(reason, 0))
         yield rejected
         yield gauge("spec_server_draining", "1 once SIGTERM / SIGINT started the drain", int(self.server.draining))
-        rounds = CounterMetricFamily("spec_verify_rounds", "Batched verify rounds per tier", labels=["num_steps"])
+        rounds = CounterMetricFamily("spec_verify_rounds", "Batched verify rounds per tier (a chain's steps, a "
+                                     "tree's steps x topk x draft tokens)", labels=["num_steps"])
         for tier, count in sorted(stats.get("rounds_per_tier", {}).items()):
-            rounds.add_metric([str(tier)], count)
+            rounds.add_metric([Tier.from_key(tier).label], count)
         yield rounds
 
 
@@ -95,12 +102,13 @@ class ServerMetrics:
     def reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
-    def on_round(self, accepted: int | None, tier: int) -> None:
-        """Called by the scheduler thread for each request in each verify round; ``accepted`` None for a request
-        with speculation disabled (its round counts under tier 0, its acceptance nowhere)."""
+    def on_round(self, accepted: int | None, tier: str) -> None:
+        """Called by the scheduler thread for each request in each verify round, with the label of the tier it ran
+        at (``Tier.label``); ``accepted`` None for a request with speculation disabled (its round counts under
+        tier 0, its acceptance nowhere)."""
         if accepted is not None:
             self.accept_length.observe(accepted + 1)
-        self.request_rounds.labels(str(tier)).inc()
+        self.request_rounds.labels(tier).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specswap.sampling import SamplingParams
-from specswap.server.protocol import APIError, ParsedRequest, _integer, _number, _stop, flag, request_timeout
+from specswap.server.protocol import (APIError, ParsedRequest, _integer, _number, _stop, check_token_ids, flag,
+                                     request_timeout)
 
 DEFAULT_MAX_NEW_TOKENS = 128   # as SGLang
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "ignore_eos", "sampling_seed",
@@ -38,7 +39,8 @@ NEUTRAL_BODY = {"logprob_start_len": (-1,), "top_logprobs_num": (0,), "token_ids
                 "background": (False,), "no_logs": (False, True), "modalities": ([],), "session_params": ({},),
                 "lora_id": (), "custom_logit_processor": (), "bootstrap_host": (), "bootstrap_port": (),
                 "bootstrap_room": (), "data_parallel_rank": (), "routed_dp_rank": (), "priority": (),
-                "conversation_id": "any", "extra_key": "any", "custom_labels": "any", "routing_key": "any"}
+                "conversation_id": "any", "extra_key": "any", "custom_labels": "any", "routing_key": "any",
+                "model": "any"}  # sglang-router adds "model": null (or the name it routed by) to every body
 
 
 @dataclass
@@ -87,6 +89,8 @@ def _prompts(body: dict, max_prompt_chars: int) -> tuple[list[str | list[int]], 
             prompts = None
         if prompts is not None:
             _check_lengths(prompts, batched, "input_ids", "token ids", max_prompt_chars)
+            for ids in prompts:
+                check_token_ids(ids, "input_ids")
             return prompts, batched, "input_ids"
         raise _bad(f"'input_ids' must be a non-empty list of token ids or a non-empty list of such lists, got "
                    f"{input_ids!r:.80}", "input_ids")

@@ -11,6 +11,10 @@ from typing import Any
 from specswap.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 4
+MAX_STOP_TOKEN_IDS = 64
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+FLOAT32_MAX = 3.4028234663852886e38        # a number field is 0 or has a magnitude in [FLOAT32_TINY, FLOAT32_MAX]:
+FLOAT32_TINY = 1.1754943508222875e-38      # the range the sampler's float32 tensors hold without overflow or underflow
 DEFAULT_COMPLETION_MAX_TOKENS = 16       # as OpenAI's completions endpoint
 DEFAULT_CHAT_MAX_TOKENS = 256
 CHAT_ROLES = ("system", "user", "assistant")
@@ -43,12 +47,34 @@ def _bad(message: str, param: str, code: str | None = None) -> APIError:
     return APIError(400, message, param, code)
 
 
+def check_float_range(value: float, name: str) -> None:
+    """A 400 naming ``name`` for a finite number the sampler's float32 tensors cannot hold: past FLOAT32_MAX
+    (overflow) or nonzero below FLOAT32_TINY (subnormal, or 0 after rounding)."""
+    magnitude = abs(float(value))
+    if magnitude > FLOAT32_MAX:
+        raise _bad(f"'{name}' is too large: {value!r} is past the largest float32 ({FLOAT32_MAX:.7g})", name)
+    if 0 < magnitude < FLOAT32_TINY:
+        raise _bad(f"'{name}' is too small to represent: {value!r} is nonzero but below the smallest normal "
+                   f"float32 ({FLOAT32_TINY:.7g}); send 0 or a larger value", name)
+
+
+def check_int64(value: int, name: str) -> None:
+    """A 400 naming ``name`` for an integer outside int64."""
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise _bad(f"'{name}' must fit in a signed 64-bit integer ({INT64_MIN}..{INT64_MAX}), got {value}", name)
+
+
 def _number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(f"'{name}' must be a number, got {value!r:.80}", name)
+    if isinstance(value, int):
+        check_int64(value, name)
+    if not math.isfinite(value):
         raise _bad(f"'{name}' must be a number, got {value!r}", name)
+    check_float_range(value, name)
     if value < low or value > high or (low_open and value == low):
         bracket = "(" if low_open else "["
         raise _bad(f"'{name}' must be in {bracket}{low}, {high}], got {value!r}", name)
@@ -60,10 +86,18 @@ def _integer(body: dict, name: str, default: int | None, low: int | None = None)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"'{name}' must be an integer, got {value!r}", name)
+        raise _bad(f"'{name}' must be an integer, got {value!r:.80}", name)
+    check_int64(value, name)
     if low is not None and value < low:
         raise _bad(f"'{name}' must be >= {low}, got {value}", name)
     return value
+
+
+def check_token_ids(ids: list[int], name: str) -> None:
+    """A 400 naming ``name`` for a token id outside int64 (the engine's vocabulary check names the rest)."""
+    for token in ids:
+        if not INT64_MIN <= token <= INT64_MAX:
+            raise _bad(f"'{name}' holds token id {token}, which does not fit in a signed 64-bit integer", name)
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -84,8 +118,11 @@ def request_timeout(body: dict) -> float | None:
     value = body.get("request_timeout")
     if value is None:
         return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        check_int64(value, "request_timeout")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise _bad(f"'request_timeout' must be a number of seconds > 0, got {value!r}", "request_timeout")
+        raise _bad(f"'request_timeout' must be a number of seconds > 0, got {value!r:.80}", "request_timeout")
+    check_float_range(value, "request_timeout")
     return float(value)
 
 
@@ -160,6 +197,7 @@ def parse_completion(body: Any, max_prompt_chars: int) -> ParsedRequest:
             raise _bad(f"the prompt has {len(prompt)} characters; at most {max_prompt_chars} are accepted "
                        f"(--max-prompt-chars)", "prompt", "context_length_exceeded")
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        check_token_ids(prompt, "prompt")
         if len(prompt) > max_prompt_chars:
             raise _bad(f"the prompt has {len(prompt)} token ids; at most {max_prompt_chars} are accepted "
                        f"(--max-prompt-chars)", "prompt", "context_length_exceeded")

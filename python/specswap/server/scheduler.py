@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specswap.sampling import SamplingParams
+from specswap.tier import Tier
 
 
 @dataclass
@@ -32,9 +33,9 @@ class Update:
     text: str = ""
     num_tokens: int = 0
     prompt_tokens: int = 0
-    finish_reason: str | None = None      # "length" | "stop" | "abort" | "timeout" | "shutdown" | None while running
-    error: str | None = None              # admission failed (bad prompt): a 400 for the client
-    abort_message: str | None = None      # why an aborted request ended (abort, timeout, shutdown)
+    finish_reason: str | None = None      # "length" | "stop" | "abort" | "timeout" | "shutdown" | "error" | None
+    error: str | None = None              # admission failed (a 400), or the engine loop died (a 500 for everyone)
+    abort_message: str | None = None      # why it ended early: abort, timeout, shutdown, or its own fault ("error")
     token_ids: list[int] = field(default_factory=list)       # generated so far
     accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per verify round
     proposed_drafts: int = 0              # drafts verified for this request (the tier of each of its rounds)
@@ -80,6 +81,7 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name="specswap-scheduler", daemon=True)
         self.snapshot: dict[str, Any] = engine.stats()
         self.error: BaseException | None = None
+        self.died_at: float | None = None     # time.monotonic() when the engine loop died (the server then exits)
         self._lock = threading.Lock()
         self._inflight = 0                    # reserved requests not yet finished (queued, waiting or running)
         self.last_loop = time.monotonic()     # when the thread last went round its loop (health_generate)
@@ -89,10 +91,15 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float | None = None) -> bool:
+        """End the thread's loop and join it, at most ``timeout`` seconds (None: until it is gone; a distributed
+        engine's step ends within its collectives' timeout). Returns whether it is gone: only then may another
+        thread touch the engine (``Engine.shutdown``)."""
         self._stop.set()
         self._commands.put(("wake", None))
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     @property
     def alive(self) -> bool:
@@ -127,6 +134,10 @@ class Scheduler:
         deadline = None if timeout is None else (time.monotonic() if arrived is None else arrived) + timeout
         submission = _Submission(prompt, params, loop, asyncio.Queue(), deadline=deadline, timeout=timeout,
                                  reserved=reserved, counted=counted)
+        if self.error is not None:  # the loop is gone: nobody would take the command
+            self._release(submission)
+            submission.updates.put_nowait(Update(None, finish_reason="error", error=repr(self.error)))
+            return submission.updates
         self._commands.put(("add", submission))
         return submission.updates
 
@@ -157,9 +168,10 @@ class Scheduler:
             submission: _Submission = payload
             try:
                 request_id = engine.add_request(submission.prompt, submission.params)
-            except ValueError as error:
+            except Exception as error:  # noqa: BLE001 - a request the engine refuses is that request's 400
                 self._release(submission)
-                self._send(submission, Update(None, error=str(error)))
+                self._send(submission, Update(None, error=str(error) if isinstance(error, ValueError)
+                                              else f"the request cannot be served: {type(error).__name__}: {error}"))
                 return
             submission.request_id = request_id
             self._live[request_id] = submission
@@ -197,17 +209,18 @@ class Scheduler:
         if submission is None:
             return
         tier = self.engine.current_steps if tier is None else tier
-        if submission.params.disable_speculative_decoding:
-            tier = 0  # it verified no drafts, and is no acceptance observation
+        label = "0" if submission.params.disable_speculative_decoding else Tier.from_key(tier).label
         new_rounds = output.accept_lengths[submission.seen_rounds:]
         if self.on_round is not None and submission.counted:
-            for accepted in new_rounds:
-                self.on_round(None if submission.params.disable_speculative_decoding else accepted, tier)
+            for accepted in new_rounds:  # a request with speculation off verified no drafts: no observation
+                self.on_round(None if submission.params.disable_speculative_decoding else accepted, label)
         submission.seen_rounds = len(output.accept_lengths)
-        submission.proposed_drafts += tier * len(new_rounds)
+        submission.proposed_drafts = output.num_draft_tokens  # the engine's own count (a plain round drafts none)
         finish_reason = output.finish_reason
         if finish_reason == "abort":
             finish_reason = reason or "abort"
+        if finish_reason == "error":  # a fault of this request's own (Engine._fail): it alone ends
+            message = output.error
         if finish_reason is not None:  # counted before the client hears of it
             del self._live[output.request_id]
             self._release(submission)
@@ -219,8 +232,8 @@ class Scheduler:
                                       len(output.prompt_token_ids), finish_reason,
                                       token_ids=output.token_ids, accept_lengths=output.accept_lengths,
                                       proposed_drafts=submission.proposed_drafts,
-                                      abort_message=message if finish_reason in ("abort", "timeout", "shutdown")
-                                      else None))
+                                      abort_message=message if finish_reason in ("abort", "timeout", "shutdown",
+                                                                                  "error") else None))
 
     def _run(self) -> None:
         engine = self.engine
@@ -253,6 +266,18 @@ class Scheduler:
                     last_snapshot = now
         except BaseException as error:  # noqa: BLE001 - reported to every waiting client, then re-raised
             self.error = error
-            for submission in list(self._live.values()):
+            self.died_at = time.monotonic()
+            waiting = [payload for command, payload in self._drain_commands() if command == "add"]
+            for submission in [*self._live.values(), *waiting]:
+                self._release(submission)  # a drain does not wait for requests a dead engine cannot finish
                 self._send(submission, Update(submission.request_id, finish_reason="error", error=repr(error)))
+            self._live.clear()
             raise
+
+    def _drain_commands(self) -> list:
+        commands = []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands

@@ -36,6 +36,7 @@ class SlotTable:
         self.generators: list[torch.Generator | None] = [None] * max_batch_size
         self.keyed_seeds = [0] * max_batch_size  # a sampled request's seed for keyed draws (sampling.position_key)
         self.prompt_lens = [0] * max_batch_size
+        self.eos_token_ids: tuple[int, ...] = ()  # what min_new_tokens bans besides a request's stop_token_ids
 
     def admit(self, slots: Sequence[int], params: Sequence[SamplingParams],
               generators: Sequence[torch.Generator | None]) -> None:
@@ -43,6 +44,7 @@ class SlotTable:
         for slot, request_params, generator in zip(slots, params, generators):
             self.params[slot] = request_params
             self.generators[slot] = generator
+            self.host_seq_lens[slot] = self.prompt_lens[slot] = 0  # nothing generated yet (banned_ids)
             self.temperature[slot] = request_params.temperature
             self.top_p[slot] = request_params.top_p
             self.top_k[slot] = request_params.top_k
@@ -73,10 +75,26 @@ class SlotTable:
     def all_greedy(self, slots: Sequence[int]) -> bool:
         return all(self.params[s].greedy for s in slots)
 
-    def plain_rows(self, slots: Sequence[int]) -> PlainRows | None:
-        """The rows of requests with speculation off (``disable_speculative_decoding``), or None."""
-        rows = [row for row, s in enumerate(slots) if self.params[s].disable_speculative_decoding]
-        return PlainRows(rows, torch.tensor(rows, device=self.device)) if rows else None
+    def banned_ids(self, slot: int) -> tuple[int, ...]:
+        """The token ids a request may not draw yet: EOS (unless it ignores EOS) and its stop_token_ids while it
+        has fewer than ``min_new_tokens`` tokens; () otherwise."""
+        params = self.params[slot]
+        if self.host_seq_lens[slot] - self.prompt_lens[slot] >= params.min_new_tokens:
+            return ()
+        return tuple(sorted({*params.stop_token_ids, *(() if params.ignore_eos else self.eos_token_ids)}))
+
+    def plain_rows(self, slots: Sequence[int], drafting: bool = True) -> PlainRows | None:
+        """The rows that take the target's own token this round, or None: requests with speculation off
+        (``disable_speculative_decoding``, in a drafting round) and requests short of their ``min_new_tokens``
+        (whose EOS and stop ids are masked, any round)."""
+        rows, banned = [], []
+        for row, slot in enumerate(slots):
+            ids = self.banned_ids(slot)
+            if ids or (drafting and self.params[slot].disable_speculative_decoding):
+                if ids:
+                    banned.append((len(rows), ids))
+                rows.append(row)
+        return PlainRows(rows, torch.tensor(rows, device=self.device), banned=tuple(banned)) if rows else None
 
     def plain_draws(self, plain: PlainRows, slots: Sequence[int], keyed_noise: KeyedNoise,
                     keyed_drafts: bool) -> PlainRows:
@@ -91,7 +109,7 @@ class SlotTable:
         draws = RoundSampling(self.temperature[index], self.top_k[index], self.top_p[index],
                               any(self.params[s].needs_filter for s in members), draft_probs=None, uniforms=None,
                               residual_uniforms=None, keyed=KeyedDraws(rows, keyed_noise))
-        return PlainRows(plain.rows, plain.index, draws)
+        return PlainRows(plain.rows, plain.index, draws, plain.banned)
 
     def sampling(self, tier, slots: Sequence[int], slot_index: torch.Tensor, keyed_noise: KeyedNoise,
                  keyed_drafts: bool) -> RoundSampling:

@@ -12,6 +12,7 @@ its accepted path's keys into place, ``worker.layout``).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
@@ -297,7 +298,14 @@ class SpeculativeWorker:
         rows = torch.arange(batch, device=self.device)
         out = self.target(input_ids, positions, self.target_cache, slot_index, key_length=padded_len,
                           logits_at=prompt_lens - 1)
-        probs = logits_to_probs(out.logits[:, 0], table.temperature[slot_index], table.top_k[slot_index],
+        logits = out.logits[:, 0]                                                             # [B, V]
+        banned = [(row, ids) for row, (slot, p) in enumerate(zip(slots, params))
+                  if (ids := table.banned_ids(slot))]
+        if banned:  # min_new_tokens: the first token is not EOS or a stop id
+            logits = logits.clone()
+            for row, ids in banned:
+                logits[row, list(ids)] = -math.inf
+        probs = logits_to_probs(logits, table.temperature[slot_index], table.top_k[slot_index],
                                 table.top_p[slot_index], any(p.needs_filter for p in params))  # [B, V]
         first_tokens = self._first_tokens(probs, slots, params, generators)                   # [B]
         self.drafter.prefill(PrefillBatch(slots, prompts, slot_index, input_ids, positions, prompt_lens, rows,
@@ -365,7 +373,7 @@ class SpeculativeWorker:
         key_length = max(table.host_seq_lens[s] for s in slots) + tier.writes_past  # > every position written
         # an all-greedy batch skips building distributions: argmax in, argmax out (same tokens)
         all_greedy = table.all_greedy(slots)
-        plain = table.plain_rows(slots) if steps else None  # requests with speculation off, in a drafting round
+        plain = table.plain_rows(slots, drafting=steps > 0)  # speculation off (drafting rounds) or short of min tokens
         if all_greedy and plain is None and round_.graph is not None and not self.drafter.deep_check_due:
             # the whole round replayed from one tape: drafts, verify, acceptance, draft-extend, commit
             accept_lengths, next_tokens = round_.graph(slots, key_length)
