@@ -7,8 +7,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "graph/graph_runner.h"
 
@@ -60,10 +62,17 @@ void call_unrecorded(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   op.callBoxed(stack);
 }
 
+// A tensor over memory a recorded operator made that the tape cannot map to a slot (ref_for).
+struct UnfollowedTensor : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Uninitialised allocations whose contents the caller fills outside the
 // dispatcher: torch.tensor(python_data) is aten::empty + a memcpy + lift_fresh.
 // Replaying the allocation would hand later ops fresh garbage, so the tensor
-// made at capture (with the data written into it) is kept as a constant.
+// made at capture (with the data written into it) is kept as a constant; if a
+// recorded operator writes into it, its content before that write is restored
+// at the start of every replay (OpTape::save_before_write).
 bool is_raw_allocation(const c10::OperatorHandle& op) {
   const std::string& name = op.schema().operator_name().name;
   return name == "aten::empty" || name == "aten::empty_strided";
@@ -81,6 +90,44 @@ bool is_view(const c10::FunctionSchema& schema) {
          std::all_of(returns.begin(), returns.end(), [](const c10::Argument& ret) {
            return ret.alias_info() != nullptr && !ret.alias_info()->isWrite();
          });
+}
+
+// Where a tensor's storage starts and ends (0, 0: no plain memory, e.g. a repacked mkldnn weight, or none).
+std::pair<std::uintptr_t, std::uintptr_t> storage_range(const at::Tensor& tensor) {
+  if (!tensor.defined() || tensor.layout() != c10::kStrided || !tensor.has_storage()) return {0, 0};
+  const c10::Storage& storage = tensor.storage();
+  const auto start = reinterpret_cast<std::uintptr_t>(storage.data());
+  if (start == 0 || storage.nbytes() == 0) return {0, 0};
+  return {start, start + storage.nbytes()};
+}
+
+// The first byte a tensor views (0: no plain memory).
+std::uintptr_t address_of(const at::Tensor& tensor) {
+  const auto [start, end] = storage_range(tensor);
+  if (start == 0) return 0;
+  return start + static_cast<std::uintptr_t>(tensor.storage_offset() * static_cast<int64_t>(tensor.itemsize()));
+}
+
+// The block of `blocks` ([start, end) by start) holding `address`, or end().
+template <typename Map>
+auto block_holding(Map& blocks, std::uintptr_t address) {
+  auto it = blocks.upper_bound(address);
+  if (it == blocks.begin()) return blocks.end();
+  --it;
+  const std::uintptr_t end = [&] {
+    if constexpr (std::is_same_v<typename Map::mapped_type, std::uintptr_t>) {
+      return it->second;
+    } else {
+      return it->second.end;
+    }
+  }();
+  return address < end ? it : blocks.end();
+}
+
+// Same memory, seen the same way: what a shallow copy of a tensor (a new TensorImpl) keeps.
+bool same_view(const at::Tensor& a, const at::Tensor& b) {
+  return address_of(a) == address_of(b) && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides() && a.device() == b.device();
 }
 
 // The row index of aten::index(self, [rows]) when that is a gather of whole rows of dim 0 by a 1-D
@@ -108,6 +155,7 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
 void OpTape::record(const std::function<void()>& body, GraphPool* pool) {
   if (tls_recording_tape != nullptr) throw std::logic_error("OpTape::record cannot nest");
   entries_.clear();
+  restores_.clear();
   num_slots_ = 0;
   pool_ = pool;
   tls_recording_tape = this;
@@ -118,9 +166,12 @@ void OpTape::record(const std::function<void()>& body, GraphPool* pool) {
     tls_recording_tape = nullptr;
     pool_ = nullptr;
     slot_of_impl_.clear();
+    made_.clear();
+    raw_.clear();
     folded_.clear();
     keep_alive_.clear();
     entries_.clear();
+    restores_.clear();
     throw;
   }
   tls_recording_tape = nullptr;
@@ -128,11 +179,30 @@ void OpTape::record(const std::function<void()>& body, GraphPool* pool) {
   finish();
 }
 
+// A tensor is known by its TensorImpl first; where that misses but its memory was made by a recorded
+// operator, by its memory and geometry. Identity alone is not enough: torch's Python factories (torch.zeros,
+// ones, full, zeros_like, full_like, arange(dtype=), eye) pass their result through autograd's make_variable,
+// which hands Python a shallow copy (a new TensorImpl over the same storage) whenever another reference to the
+// result exists, and the tape holds one (keep_alive_, so that addresses stay unique while recording). Taken for
+// a constant, such a tensor pinned the capture's memory: replay wrote into it again (torch.zeros(4).add_(x)
+// gave 2, 3, 4). Matching by memory follows any wrapper that keeps the storage, where holding outputs some
+// other way would rely on make_variable's reference count test staying as it is. Memory that existed before
+// the capture (weights, caches, buffers) is not matched this way: it stays what it was, a constant.
 OpTape::TensorRef OpTape::ref_for(const at::Tensor& tensor) const {
   const void* impl = tensor.unsafeGetTensorImpl();
   // newest first: an in-place op re-maps its output to a new slot
   for (auto it = slot_of_impl_.rbegin(); it != slot_of_impl_.rend(); ++it) {
-    if (it->first == impl) return TensorRef{it->second, {}};
+    if (it->impl == impl) return TensorRef{it->slot, {}};
+  }
+  const std::uintptr_t address = address_of(tensor);
+  if (address != 0 && block_holding(made_, address) != made_.end()) {
+    for (auto it = slot_of_impl_.rbegin(); it != slot_of_impl_.rend(); ++it) {
+      if (same_view(it->tensor, tensor)) return TensorRef{it->slot, {}};
+    }
+    throw UnfollowedTensor(
+        "uses a tensor over memory made during the capture that no recorded operator returned in that shape (a "
+        "view made outside torch's operators, e.g. through numpy or DLPack): replay could not follow it to the "
+        "memory the replay makes; make that view with torch operators");
   }
   return TensorRef{-1, tensor};
 }
@@ -182,16 +252,59 @@ bool OpTape::reads_slots(const std::vector<Arg>& args) {
 
 int OpTape::new_slot(const at::Tensor& tensor) {
   const int slot = num_slots_++;
-  slot_of_impl_.emplace_back(tensor.unsafeGetTensorImpl(), slot);
+  slot_of_impl_.push_back(Known{tensor.unsafeGetTensorImpl(), slot, tensor});
   keep_alive_.emplace_back(tensor);
   return slot;
 }
 
 void OpTape::on_operator(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  try {
+    record_operator(op, keys, stack);
+  } catch (const UnfollowedTensor& error) {
+    throw std::runtime_error("graph capture: " + op.schema().operator_name().name + " " + error.what());
+  }
+}
+
+// Before a recorded operator writes into memory aten::empty made unrecorded during the capture (a constant of
+// the tape, as torch.tensor(data) is), that memory's content is saved, to be restored at the start of each
+// replay: every replay then starts from what eager started from, and earlier reads of it see the same.
+void OpTape::save_before_write(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  if (raw_.empty()) return;
+  const auto& arguments = schema.arguments();
+  const std::size_t base = stack.size() - arguments.size();
+  auto save = [&](const at::Tensor& tensor) {
+    const auto block = block_holding(raw_, address_of(tensor));
+    if (block == raw_.end() || block->second.saved) return;
+    const c10::Storage& storage = block->second.storage;
+    std::vector<char> saved(storage.nbytes());
+    std::memcpy(saved.data(), storage.data(), saved.size());
+    restores_.push_back(Restore{storage, std::move(saved)});
+    block->second.saved = true;
+  };
+  for (std::size_t i = 0; i < arguments.size(); ++i) {
+    const auto* alias = arguments[i].alias_info();
+    if (alias == nullptr || !alias->isWrite()) continue;
+    const c10::IValue& value = stack[base + i];
+    if (value.isTensor()) {
+      save(value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& tensor : value.toTensorVector()) save(tensor);
+    }
+  }
+}
+
+void OpTape::record_operator(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   if (is_raw_allocation(op)) {
     call_unrecorded(op, stack);  // not recorded: later operators see its output as a constant
+    const at::Tensor& made = stack->back().toTensor();
+    const auto [start, end] = storage_range(made);
+    if (start != 0) {
+      raw_[start] = RawBlock{end, made.storage()};
+      keep_alive_.emplace_back(made);  // its address stays its own while recording
+    }
     return;
   }
+  save_before_write(op.schema(), *stack);
   const auto& schema = op.schema();
   const std::size_t num_args = schema.arguments().size();
   if (is_composite(op)) {
@@ -306,7 +419,7 @@ void OpTape::decompose(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
   // ... unless it returns a tensor made outside the dispatcher, which replay could not reproduce.
   auto known = [&](const at::Tensor& t) {
     const void* impl = t.unsafeGetTensorImpl();
-    auto same = [impl](const auto& p) { return p.first == impl; };
+    auto same = [impl](const Known& known) { return known.impl == impl; };
     if (std::any_of(slot_of_impl_.begin() + static_cast<std::ptrdiff_t>(first_mapping), slot_of_impl_.end(), same)) {
       return true;
     }
@@ -354,12 +467,19 @@ void OpTape::record_entry(Entry entry, const torch::jit::Stack& stack) {
   const std::size_t num_returns = schema.returns().size();
   for (std::size_t i = stack.size() - num_returns; i < stack.size(); ++i) {
     const c10::IValue& value = stack[i];
+    // a return that aliases no argument is memory the operator made (zeros, add, index_select, ...)
+    const bool made = schema.returns()[i - (stack.size() - num_returns)].alias_info() == nullptr;
+    auto note = [&](const at::Tensor& tensor) {
+      const auto [start, end] = storage_range(tensor);
+      if (made && start != 0) made_[start] = end;
+      return new_slot(tensor);
+    };
     if (value.isTensor()) {
-      entry.outputs.push_back({new_slot(value.toTensor())});
+      entry.outputs.push_back({note(value.toTensor())});
       entry.output_is_list.push_back(false);
     } else if (value.isTensorList()) {
       std::vector<int> slots;
-      for (const at::Tensor& t : value.toTensorVector()) slots.push_back(new_slot(t));
+      for (const at::Tensor& t : value.toTensorVector()) slots.push_back(note(t));
       entry.outputs.push_back(std::move(slots));
       entry.output_is_list.push_back(true);
     } else if (value.isNone()) {
@@ -400,6 +520,8 @@ void OpTape::finish() {
   slots_.assign(static_cast<std::size_t>(num_slots_), c10::IValue());
   stack_.reserve(max_args);
   slot_of_impl_.clear();
+  made_.clear();
+  raw_.clear();
   folded_.clear();
   keep_alive_.clear();
 }
@@ -408,6 +530,9 @@ void OpTape::replay() {
   auto resolve = [&](const TensorRef& ref) -> const at::Tensor& {
     return ref.slot >= 0 ? slots_[ref.slot].toTensor() : ref.constant;
   };
+  for (Restore& restore : restores_) {
+    std::memcpy(restore.storage.mutable_data(), restore.saved.data(), std::min(restore.saved.size(), restore.storage.nbytes()));
+  }
   for (const Entry& entry : entries_) {
     stack_.clear();
     for (const Arg& arg : entry.args) {
@@ -474,6 +599,7 @@ std::size_t OpTape::constant_bytes(const GraphPool& pool, std::vector<const void
       }
     }
   }
+  for (const Restore& restore : restores_) bytes += restore.saved.size();
   return bytes;
 }
 

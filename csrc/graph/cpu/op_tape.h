@@ -8,7 +8,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -56,7 +58,11 @@ class OpTape {
     std::vector<int> release_after;         // slots whose last use is this entry
   };
 
+  // A slot the tape knows a tensor by (identity first, else its memory: see op_tape.cpp), else a constant.
+  // Throws UnfollowedTensor for a tensor over memory a recorded operator made that no slot has.
   TensorRef ref_for(const at::Tensor& tensor) const;
+  void record_operator(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+  void save_before_write(const c10::FunctionSchema& schema, const torch::jit::Stack& stack);
   Arg arg_for(const c10::IValue& value) const;
   std::vector<Arg> args_on(const torch::jit::Stack& stack, std::size_t num_args) const;
   int new_slot(const at::Tensor& tensor);
@@ -74,8 +80,29 @@ class OpTape {
   // replay only: reused every call, so the hot path does not allocate its tables
   std::vector<c10::IValue> slots_;
   torch::jit::Stack stack_;
-  // recording only: which slot holds the tensor with this TensorImpl
-  std::vector<std::pair<const void*, int>> slot_of_impl_;
+  // Memory allocated during the capture outside recorded operators (aten::empty: torch.tensor(data)) and
+  // written in place there: copied back to its content before the first write at the start of each replay.
+  struct Restore {
+    c10::Storage storage;
+    std::vector<char> saved;
+  };
+  std::vector<Restore> restores_;
+  // recording only: which slot holds the tensor with this TensorImpl (the tensor held: see ref_for)
+  struct Known {
+    const void* impl;
+    int slot;
+    at::Tensor tensor;
+  };
+  std::vector<Known> slot_of_impl_;
+  // recording only: [start, end) of the storages recorded operators allocated (`made_`) and of those
+  // aten::empty allocated unrecorded (`raw_`, with the storage and whether it was saved for a Restore)
+  std::map<std::uintptr_t, std::uintptr_t> made_;
+  struct RawBlock {
+    std::uintptr_t end;
+    c10::Storage storage;
+    bool saved = false;
+  };
+  std::map<std::uintptr_t, RawBlock> raw_;
   std::vector<const void*> folded_;      // views of constants, computed once at capture
   std::vector<c10::IValue> keep_alive_;  // recorded values, so impl addresses stay unique while recording
 };

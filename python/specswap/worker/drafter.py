@@ -476,8 +476,8 @@ def expand_tree(tier: TierStages, first_logits: torch.Tensor, step, token_map: t
     chosen = order.sort(dim=-1).values                                                   # [B, T-1] parents first
     tier.draft.draft_tokens[:batch] = torch.cat(all_tokens, dim=1).gather(1, chosen)
     parent = torch.cat(all_parents, dim=1).gather(1, chosen)                             # [B, T-1] candidate
-    node_of = torch.zeros(batch, candidate_scores.shape[1] + 1, dtype=torch.long, device=device)
-    node_of.scatter_(1, chosen + 1, torch.arange(1, nodes, device=device).expand(batch, -1))
+    node_of = chosen.new_zeros(batch, candidate_scores.shape[1] + 1).scatter(                  # out of place
+        1, chosen + 1, torch.arange(1, nodes, device=device).expand(batch, -1))
     layout = tier.verify.layout
     layout.parents[:batch, 0] = 0
     layout.parents[:batch, 1:] = node_of.gather(1, parent + 1)                           # the root: 0
