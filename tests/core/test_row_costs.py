@@ -43,6 +43,22 @@ def test_one_timed_tier_scales_the_table_s_shape():
     assert params.cost_estimates(2) == pytest.approx({1: 0.113, 3: 0.139, 7: 0.238})
 
 
+def test_a_tier_s_own_timings_replace_the_table_s_prior_as_soon_as_it_has_them():
+    # start-up probes at batch 1, a round each: tier 3, then 1, then 7, each timed against the table (which,
+    # through tier 3, puts tier 1 at 0.113 and tier 7 at 0.238): a tier's estimate is its timing from its first one
+    params = goodput(3, candidate_steps=[1, 3, 7], cost_prior_slope=0.0, probe_rounds=1)
+    params.set_row_costs(AVX2)
+    assert params.cost_estimates(1) == pytest.approx({1: 1.13, 3: 1.39, 7: 2.38})
+    timed = {}
+    for steps, seconds in [(3, 0.139), (1, 0.2), (7, 0.1)]:
+        assert params.current_steps == steps
+        params.update([1], seconds)
+        timed[steps] = seconds
+        estimates = params.cost_estimates(1)
+        assert {k: estimates[k] for k in timed} == timed, estimates
+    assert params.cost_estimates(1) == {1: 0.2, 3: 0.139, 7: 0.1}
+
+
 @pytest.mark.parametrize("bad", [{2: 1.0, 4: 1.3}, {1: 1.0}, {1: 1.0, 4: 0.0}, {1: 1.0, 4: float("nan")}])
 def test_a_bad_table_is_refused(bad):
     with pytest.raises(ValueError, match="row cost"):

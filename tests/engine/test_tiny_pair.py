@@ -202,12 +202,17 @@ def test_tiny_goodput_measures_the_row_costs_once(tiny, tmp_path, monkeypatch, c
     """Under the goodput policy the engine measures the verify's row costs where it starts, then reads them from
     the cache; SPECSWAP_ROW_COSTS=off skips them with one warning; the EMA policy never measures."""
     import logging
+    import math
 
     from specswap.worker import row_cost
 
     monkeypatch.setenv("SPECSWAP_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(row_cost.ENV, raising=False)
     monkeypatch.setattr(row_cost, "_warned", set())
+    # the engine's side only: a loaded test machine must not get the table refused (tests/worker/test_row_cost.py
+    # tests the refusals), nor may the tiny model's near-flat costs fall below the check
+    for limit, value in [("SPREAD_LIMIT", math.inf), ("PASS_LIMIT", math.inf), ("FALL_LIMIT", 1.0)]:
+        monkeypatch.setattr(row_cost, limit, value)
     config = {"policy": "goodput", "candidate_steps": [0, 1, 3], "candidate_trees": "auto"}
     first = make(tiny, "EAGLE", speculative_adaptive=True, speculative_adaptive_config=config)
     assert first.row_costs.source == "measured" and sorted(first.row_costs.costs) == list(row_cost.ROW_COUNTS)

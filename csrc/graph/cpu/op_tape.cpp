@@ -531,7 +531,8 @@ void OpTape::replay() {
     return ref.slot >= 0 ? slots_[ref.slot].toTensor() : ref.constant;
   };
   for (Restore& restore : restores_) {
-    std::memcpy(restore.storage.mutable_data(), restore.saved.data(), std::min(restore.saved.size(), restore.storage.nbytes()));
+    std::memcpy(restore.storage.mutable_data(), restore.saved.data(),
+                std::min(restore.saved.size(), restore.storage.nbytes()));
   }
   for (const Entry& entry : entries_) {
     stack_.clear();

@@ -2,21 +2,28 @@
 
 A verify of n rows (a chain of n - 1 drafts, a tree of n nodes) is one target forward of n new tokens. How much n
 rows cost over one depends on the CPU (AVX-512 VNNI against AVX2 only), the weights and the thread count, so it
-is measured: batch 1, a short KV prefix, then ``ROW_COUNTS`` new rows, each the median of a few round-robin
-repeats after a warm-up, divided by the 1-row median. The table (``RowCosts``) feeds the goodput policy's prior for
-tiers never timed (``AdaptiveController.set_row_costs``) and the ``"candidate_trees": "auto"`` shapes
-(``auto_trees``).
+is measured: batch 1, a short KV prefix, then ``ROW_COUNTS`` new rows, each the median of round-robin repeats in
+two passes after a warm-up, divided by the 1-row median. The table (``RowCosts``) feeds the goodput policy's prior
+for tiers never timed (``AdaptiveController.set_row_costs``) and the ``"candidate_trees": "auto"`` shapes
+(``auto_trees``); the policy's own timings of a tier replace it there.
+
+A table measured under load misled every start that read it, so a measurement says when the machine was busy
+(``Measurement.busy``: a count's repeats spread, or its two passes disagree), and a table is checked when
+measured and when read from the cache (``check_costs``: 1 row is 1.0, no cost more than 5% below a smaller row
+count's). A failing table is measured again, with one warning; a second failure is not cached and not used.
 
 The cache is one JSON file per key under ``$SPECSWAP_CACHE_DIR/row-costs/`` (default ``~/.cache/specswap``): the
 key hashes what the costs depend on, the model's fingerprint (class, config, weights kind and dtype, its modules'
 block formats), the CPU (model name and ``cpu_capability()``, ``SPECSWAP_CPU_CAPS`` included), torch's thread
-count and torch's version. ``SPECSWAP_ROW_COSTS=off`` (or ``Engine(row_costs="off")``) skips it; a skip or a
+count and torch's version; it records when (UTC) and how (passes, repeats, spread) it was measured.
+``SPECSWAP_ROW_COSTS=refresh`` measures again; ``off`` (or ``Engine(row_costs="off")``) skips it; a skip or a
 failed measurement is one warning, and the policy keeps its ``cost_prior_slope`` prior.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import logging
@@ -36,7 +43,8 @@ from specswap.worker.layout import max_tree_nodes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RowCosts", "ROW_COUNTS", "ENV", "measure_row_costs", "fingerprint", "machine", "cache_key",
+__all__ = ["RowCosts", "ROW_COUNTS", "ENV", "Measurement", "measure_row_costs", "check_costs", "fingerprint",
+           "machine", "cache_key",
            "cache_path", "load_row_costs", "check_request", "resolve_row_costs", "auto_trees", "AUTO_TREE_BOUND",
            "AUTO_TREE_MAX_NODES"]
 
@@ -45,7 +53,13 @@ PREFIX = 32            # tokens already in the KV cache when the rows are timed
 ENV = "SPECSWAP_ROW_COSTS"
 CACHE_ENV = "SPECSWAP_CACHE_DIR"
 OFF = ("off", "0", "false", "no", "none")
-FORMAT = 1             # bump when the measurement changes: older files are then measured again
+REFRESH = "refresh"    # SPECSWAP_ROW_COSTS=refresh: measure again whatever the cache holds
+FORMAT = 2             # bump when the measurement changes: older files are then measured again
+PASSES = 2             # passes, one after the other: a load that came or went makes them disagree
+SPREAD_LIMIT = 0.25    # busy: a row count's repeats in a pass spread (interquartile range / median) wider than this
+PASS_LIMIT = 0.10      # busy: the passes' costs at a row count (over their 1-row cost) further apart than this
+FALL_LIMIT = 0.05      # a bad table: a cost this far below a smaller row count's
+_clock = time.perf_counter  # the measurement's timer (tests replace it)
 # "candidate_trees": "auto": for each chain depth d >= 2, a tree of topk 2 whose node budget n (at most
 # AUTO_TREE_MAX_NODES) costs at most AUTO_TREE_BOUND x the chain's verify (d + 1 rows): a tree must deliver that
 # many more tokens per round than its chain to pay, and measured trees deliver about 1.05-1.3x (docs/trees.md).
@@ -134,13 +148,84 @@ def cache_path(model: torch.nn.Module, weights: str) -> Path:
 # ---- the measurement --------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """One measurement: ``passes`` holds each pass's repeats, {rows: [seconds, ...]}."""
+
+    passes: tuple[dict[int, list[float]], ...]
+
+    @property
+    def seconds(self) -> dict[int, float]:
+        """{rows: the median over every pass's repeats}."""
+        return {rows: statistics.median(t for one in self.passes for t in one[rows]) for rows in self.passes[0]}
+
+    @property
+    def repeats(self) -> list[int]:
+        return [len(next(iter(one.values()))) for one in self.passes]
+
+    @property
+    def spread(self) -> float:
+        """The widest interquartile range of a row count's repeats in a pass, over their median."""
+        return max(_spread(values) for one in self.passes for values in one.values())
+
+    @property
+    def disagreement(self) -> float:
+        """How far apart the passes put a row count's cost over their 1-row cost, at most (relative)."""
+        tables = [_relative({rows: statistics.median(values) for rows, values in one.items()}) for one in self.passes]
+        return max((abs(a[rows] - b[rows]) / min(a[rows], b[rows]) for i, a in enumerate(tables)
+                    for b in tables[i + 1:] for rows in a), default=0.0)
+
+    @property
+    def busy(self) -> str | None:
+        """Why the machine looked busy while measuring (None: it did not)."""
+        if self.spread > SPREAD_LIMIT:
+            return f"repeats spread {self.spread:.0%} (over {SPREAD_LIMIT:.0%})"
+        if self.disagreement > PASS_LIMIT:
+            return f"its {len(self.passes)} passes disagree by {self.disagreement:.0%} (over {PASS_LIMIT:.0%})"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """How it was measured, for the cache file."""
+        return {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "passes": len(self.passes), "repeats": self.repeats, "spread": round(self.spread, 4),
+                "disagreement": round(self.disagreement, 4),
+                "seconds": {str(r): s for r, s in sorted(self.seconds.items())}}
+
+
+def _spread(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    low, _, high = statistics.quantiles(values, n=4, method="inclusive")
+    return (high - low) / statistics.median(values)
+
+
+def _relative(seconds: Mapping[int, float]) -> dict[int, float]:
+    return {rows: value / seconds[1] for rows, value in seconds.items()}
+
+
+def check_costs(costs: Mapping[int, float]) -> str | None:
+    """What is wrong with a table {rows: cost over one row} (None: nothing): 1 row must be 1.0 and no cost may
+    fall more than ``FALL_LIMIT`` below a smaller row count's (a forward of more rows never costs less: such a
+    table was measured while something else ran)."""
+    if abs(costs.get(1, float("nan")) - 1.0) > 1e-9:
+        return f"1 row costs {costs.get(1)}, not 1.0"
+    highest = (1, 1.0)
+    for rows in sorted(costs):
+        if costs[rows] < (1.0 - FALL_LIMIT) * highest[1]:
+            return (f"{rows} rows cost {costs[rows]:.2f}x, more than {FALL_LIMIT:.0%} below {highest[0]} rows' "
+                    f"{highest[1]:.2f}x")
+        if costs[rows] > highest[1]:
+            highest = (rows, costs[rows])
+    return None
+
+
 def measure_row_costs(model: torch.nn.Module, rows: Sequence[int] = ROW_COUNTS, *, prefix: int = PREFIX,
-                      min_repeats: int = 5, max_repeats: int = 25, warmup: int = 2,
-                      budget_seconds: float = 1.0) -> dict[int, float]:
-    """Seconds of one target forward per row count (batch 1, ``prefix`` tokens in the cache, ``rows`` new ones):
-    the median over round-robin rounds (one forward of each count a round, so a burst of load falls on every
-    count alike) after ``warmup`` untimed calls each: at least ``min_repeats`` rounds, more while under
-    ``budget_seconds``, at most ``max_repeats``. Returns {rows: seconds}."""
+                      min_repeats: int = 5, max_repeats: int = 25, warmup: int = 2, budget_seconds: float = 1.0,
+                      passes: int = PASSES) -> Measurement:
+    """Seconds of one target forward per row count (batch 1, ``prefix`` tokens in the cache, ``rows`` new ones),
+    in ``passes`` passes one after the other, each of round-robin rounds (one forward of each count a round, so a
+    burst of load falls on every count alike) after ``warmup`` untimed calls each: at least ``min_repeats``
+    rounds, more while under its share of ``budget_seconds``, at most ``max_repeats``."""
     rows = sorted(set(int(r) for r in rows) | {1})
     device = model.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -161,38 +246,49 @@ def measure_row_costs(model: torch.nn.Module, rows: Sequence[int] = ROW_COUNTS, 
             for _ in range(warmup):
                 call()
         sync()
-        times: dict[int, list[float]] = {count: [] for count in rows}
-        start = time.perf_counter()
-        for round_ in range(max_repeats):
-            if round_ >= min_repeats and time.perf_counter() - start > budget_seconds:
-                break
-            for count, call in calls.items():
-                began = time.perf_counter()
-                call()
-                sync()
-                times[count].append(time.perf_counter() - began)
-    return {count: statistics.median(values) for count, values in times.items()}
+        return Measurement(tuple(_timed_pass(calls, sync, min_repeats, max_repeats, budget_seconds / passes)
+                                 for _ in range(passes)))
 
 
-def load_row_costs(model: torch.nn.Module, weights: str, *, measure: Callable[..., dict[int, float]] | None = None,
+def _timed_pass(calls: Mapping[int, Callable[[], Any]], sync: Callable[[], Any], min_repeats: int, max_repeats: int,
+                budget_seconds: float) -> dict[int, list[float]]:
+    times: dict[int, list[float]] = {count: [] for count in calls}
+    start = _clock()
+    for round_ in range(max_repeats):
+        if round_ >= min_repeats and _clock() - start > budget_seconds:
+            break
+        for count, call in calls.items():
+            began = _clock()
+            call()
+            sync()
+            times[count].append(_clock() - began)
+    return times
+
+
+def load_row_costs(model: torch.nn.Module, weights: str, *, measure: Callable[..., Measurement] | None = None,
                    ) -> RowCosts:
-    """The model's row costs on this machine: from the cache when its key matches, else measured now (one log
-    line) and written there. ``measure`` replaces ``measure_row_costs`` (tests)."""
+    """The model's row costs on this machine: from the cache when its key matches and its table passes
+    ``check_costs`` (``SPECSWAP_ROW_COSTS=refresh``: never), else measured now (one log line) and written there.
+    A measurement that was busy or fails the check is made again, with one warning; RuntimeError if that one does
+    too (not cached). ``measure`` replaces ``measure_row_costs`` (tests)."""
     key, described = cache_key(model, weights)
     path = cache_dir() / f"{key}.json"
-    try:
-        stored = json.loads(path.read_text())
-        if stored.get("key") == described:
-            costs = RowCosts({int(r): float(c) for r, c in stored["costs"].items()}, "cache", path)
-            logger.info("specswap: verify cost per row count from the cache %s: %s", path, costs.describe())
-            return costs
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        logger.warning("specswap: ignoring the unreadable row-cost cache %s (%s); measuring again", path, exc)
+    if os.environ.get(ENV, "").strip().lower() != REFRESH:
+        cached = _read_cache(path, described)
+        if cached is not None:
+            return cached
     began = time.perf_counter()
-    seconds = (measure or measure_row_costs)(model)
-    costs = RowCosts({r: s for r, s in seconds.items()}, "measured", path, time.perf_counter() - began)
+    for attempt in (1, 2):
+        measurement = (measure or measure_row_costs)(model)
+        costs = RowCosts(measurement.seconds, "measured", path)
+        problem = measurement.busy or check_costs(costs.costs)
+        if problem is None:
+            break
+        if attempt == 2:
+            raise RuntimeError(f"measured twice, refused twice (now: {problem}; {costs.describe()}); not cached")
+        logger.warning("specswap: the row costs just measured are refused (%s; %s); measuring again", problem,
+                       costs.describe())
+    costs = dataclasses.replace(costs, seconds=time.perf_counter() - began)
     threads = torch.get_num_threads()
     logger.warning("specswap: measured the verify's cost per row count once (%s, %s weights, %d thread%s, %.1f s): "
                    "%s; cached in %s", type(model).__name__, weights, threads, "" if threads == 1 else "s",
@@ -200,13 +296,37 @@ def load_row_costs(model: torch.nn.Module, weights: str, *, measure: Callable[..
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {"key": described, "costs": {str(r): c for r, c in costs.costs.items()},
-                  "seconds": {str(r): s for r, s in sorted(seconds.items())}}
+                  "measured": measurement.describe()}
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
         temporary.write_text(json.dumps(record, indent=1, sort_keys=True))
         temporary.replace(path)  # atomic: a concurrent start reads the old file or the new one
     except OSError as exc:
         logger.warning("specswap: could not cache the row costs in %s (%s); they are measured again next start",
                        path, exc)
+    return costs
+
+
+def _read_cache(path: Path, described: Mapping[str, Any]) -> RowCosts | None:
+    """The cached table if its key matches and it passes the check; None (a warning if it was there but unreadable
+    or failing) otherwise."""
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("key") != described:
+            return None
+        given = {int(r): float(c) for r, c in stored["costs"].items()}
+        problem = check_costs(given)
+        costs = RowCosts(given, "cache", path)
+        when = str(stored.get("measured", {}).get("at"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        logger.warning("specswap: ignoring the unreadable row-cost cache %s (%s); measuring again", path, exc)
+        return None
+    if problem is not None:
+        logger.warning("specswap: ignoring the row-cost cache %s (%s); measuring again", path, problem)
+        return None
+    logger.info("specswap: verify cost per row count from the cache %s (measured %s): %s", path, when,
+                costs.describe())
     return costs
 
 
@@ -233,10 +353,10 @@ def check_request(request: Any) -> RowCosts | str:
 
 
 def resolve_row_costs(request: Any, model: torch.nn.Module, weights: str, *, distributed: bool = False,
-                      measure: Callable[..., dict[int, float]] | None = None) -> RowCosts | None:
-    """The Engine's ``row_costs`` keyword to a table: "auto" (measured or cached; ``SPECSWAP_ROW_COSTS=off`` skips
-    it), "off", or a mapping {rows: relative cost} given as is. None (with one warning saying why) when skipped
-    or when the measurement failed: the policy then keeps its ``cost_prior_slope`` prior."""
+                      measure: Callable[..., Measurement] | None = None) -> RowCosts | None:
+    """The Engine's ``row_costs`` keyword to a table: "auto" (cached or measured; ``SPECSWAP_ROW_COSTS=off`` skips
+    it, ``refresh`` measures again), "off", or a mapping {rows: relative cost} given as is. None (with one warning
+    saying why) when skipped or when the measurement failed: the policy then keeps its ``cost_prior_slope`` prior."""
     request = check_request(request)
     if isinstance(request, RowCosts):
         return request
@@ -244,7 +364,10 @@ def resolve_row_costs(request: Any, model: torch.nn.Module, weights: str, *, dis
         _warn_once("row costs off (row_costs='off'): the policy prices untimed tiers by cost_prior_slope and "
                    "'auto' trees fall back to the fixed shapes")
         return None
-    if os.environ.get(ENV, "").strip().lower() in OFF:
+    setting = os.environ.get(ENV, "").strip().lower()
+    if setting not in ("", "auto", REFRESH, *OFF):
+        raise ValueError(f"{ENV} must be 'auto', 'refresh' or 'off'; got {os.environ[ENV]!r}")
+    if setting in OFF:
         _warn_once(f"row costs not measured ({ENV}={os.environ[ENV]}): the policy prices untimed tiers by "
                    "cost_prior_slope and 'auto' trees fall back to the fixed shapes")
         return None
