@@ -118,8 +118,11 @@ def test_the_target_returns_the_residual_stream_at_its_capture_points():
     torch.testing.assert_close(through_view.hidden, fused.hidden)
     assert view.feature_size == 3 * 32 and view.aux_points == (1, 3, 4)
     assert target(ids, positions, None, None).hidden.shape[-1] == 32  # the target itself is unchanged
-    with pytest.raises(ValueError, match="0..4"):
-        AuxHiddenTarget(target, (1, 5))
+    with torch.no_grad():  # point L + 1: the final-normed state, the plain forward's hidden
+        torch.testing.assert_close(AuxHiddenTarget(target, (1, 5))(ids, positions, None, None).hidden,
+                                   torch.cat((streams[1], plain.hidden), dim=-1))
+    with pytest.raises(ValueError, match="0..5"):
+        AuxHiddenTarget(target, (1, 6))
 
 
 def _rms(x, weight, eps):
@@ -357,8 +360,9 @@ def test_one_target_serves_eagle3_eagle_and_target_only_workers_side_by_side(tmp
 
 
 def test_a_checkpoint_with_its_own_embedding_and_model_prefixes_loads_and_stays_lossless(tmp_path):
-    """Some published heads ship ``embed_tokens.weight`` (then it is the head's, not the target's) and prefix names
-    with ``model.``; a llama3 rope in ``rope_scaling`` round-trips."""
+    """Some published heads ship ``embed_tokens.weight`` (ignored: the target's is used, as SGLang's set_embed
+    does when the hidden sizes match) and prefix names with ``model.``; a llama3 rope in ``rope_scaling``
+    round-trips."""
     target = random_target(SMALL_VOCAB, 32, num_layers=4, logit_scale=3.0)
     directory = write_random_eagle3(target, tmp_path)
     own = torch.randn(SMALL_VOCAB, 32)
@@ -376,7 +380,7 @@ def test_a_checkpoint_with_its_own_embedding_and_model_prefixes_loads_and_stays_
 
     _edit(directory, weights=edit, config=llama3)
     head = load_eagle3_head(directory, target)
-    assert head.embed_tokens is not target.embed_tokens and torch.equal(head.embed_tokens.weight, own)
+    assert head.embed_tokens is target.embed_tokens and not torch.equal(target.embed_tokens.weight, own)
     assert head.config.rope.rope_type == "llama3" and head.config.rope.theta == 500000.0
     worker = SpeculativeWorker(target, head, "EAGLE3", speculative_num_steps=2, max_seq_len=64, tiers=(0, 2))
     tokens, _, _ = run_to_completion(worker, PROMPTS, MAX_NEW, switch=lambda i: (2, 0)[i % 2])

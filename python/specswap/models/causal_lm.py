@@ -23,11 +23,13 @@ class CausalLM(nn.Module):
     @staticmethod
     def check_aux_points(points, num_layers: int) -> tuple[int, ...]:
         """EAGLE-3 capture points, sorted: each p in 0..L is the residual stream entering layer p (L: after the
-        last layer, before the final norm); ValueError naming them otherwise."""
+        last layer, before the final norm); L + 1 is the final-normed state (Hugging Face's ``hidden_states[L]``);
+        ValueError naming them otherwise."""
         points = tuple(sorted(int(p) for p in points))
-        if not points or not all(0 <= p <= num_layers for p in points):
+        if not points or not all(0 <= p <= num_layers + 1 for p in points):
             raise ValueError(f"auxiliary hidden-state points {list(points)} must be a non-empty list in "
-                             f"0..{num_layers} (the residual stream entering layer p; {num_layers}: after the last)")
+                             f"0..{num_layers + 1} (the residual stream entering layer p; {num_layers}: after the "
+                             f"last; {num_layers + 1}: after the final norm)")
         return points
 
     @staticmethod

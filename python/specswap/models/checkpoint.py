@@ -1,4 +1,5 @@
-"""Load and save checkpoints: ``config.json`` + ``model.safetensors`` (or a sharded index) with Hugging Face names.
+"""Load and save checkpoints: ``config.json`` + weights (``weights_io``: safetensors, shards, pytorch_model.bin) with
+Hugging Face names.
 
 ``load_model`` dispatches on ``model_type`` through ``MODEL_ARCHITECTURES``, the Hugging Face half of the architecture
 table: model_type -> config reader, model class, tensor-name map (checkpoint name -> parameter name, None to
@@ -15,16 +16,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from .model_config import CheckpointError, EagleConfig, LlamaConfig, read_config_json
 from .eagle import EagleHead
+from .eagle3 import load_eagle3_head
 from .gemma3 import Gemma3Config, Gemma3ForCausalLM
 from .llama import LlamaForCausalLM
+from .weights_io import WEIGHTS_FILE, assign_weights, checkpoint_dir, read_weights
 
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 # keys some older checkpoints carry that this runtime recomputes
 IGNORED_KEY_SUFFIXES = ("rotary_emb.inv_freq",)
 TOKEN_MAP_KEY = "token_map"
@@ -89,7 +90,7 @@ def register_architecture(model_type: str, config_from_dict: Callable[[dict[str,
 
 def architecture_of(directory: str | Path) -> Architecture:
     """The table row for a checkpoint directory's config.json; an unknown model_type is refused by name."""
-    directory = _checkpoint_dir(directory)
+    directory = checkpoint_dir(directory)
     model_type = read_config_json(directory).get("model_type")
     if model_type not in MODEL_ARCHITECTURES:
         raise CheckpointError(f"{directory / 'config.json'}: model_type {model_type!r} is not supported; "
@@ -100,46 +101,6 @@ def architecture_of(directory: str | Path) -> Architecture:
 def load_checkpoint_tokenizer(directory: str | Path):
     """The tokenizer of a checkpoint directory, read by its architecture's tokenizer reader."""
     return architecture_of(directory).tokenizer_reader(Path(directory))
-
-
-def _checkpoint_dir(path: str | Path) -> Path:
-    directory = Path(path)
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: checkpoint directory does not exist")
-    return directory
-
-
-def _load_safetensors(file: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(file), device="cpu")
-    except Exception as error:  # safetensors raises several types for truncated or foreign files
-        raise CheckpointError(f"{file}: cannot read safetensors weights ({error})") from error
-
-
-def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory, from model.safetensors or the shards its index names."""
-    directory = _checkpoint_dir(directory)
-    single = directory / WEIGHTS_FILE
-    if single.is_file():
-        return _load_safetensors(single)
-    index_file = directory / WEIGHTS_INDEX_FILE
-    if not index_file.is_file():
-        raise CheckpointError(f"{directory}: missing weights; expected {WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE}")
-    try:
-        weight_map: dict[str, str] = json.loads(index_file.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError) as error:
-        raise CheckpointError(f"{index_file}: not a safetensors index with a 'weight_map' ({error})") from error
-    weights: dict[str, torch.Tensor] = {}
-    for shard_name in sorted(set(weight_map.values())):
-        shard = directory / shard_name
-        if not shard.is_file():
-            raise CheckpointError(f"{index_file}: names shard {shard_name!r}, which is missing from {directory}")
-        weights.update(_load_safetensors(shard))
-    absent = sorted(set(weight_map) - set(weights))
-    if absent:
-        raise CheckpointError(f"{index_file}: {len(absent)} indexed tensors are absent from their shards, "
-                              f"e.g. {absent[:5]}")
-    return weights
 
 
 def _match_state_dict(model: nn.Module, weights: dict[str, torch.Tensor], source: str,
@@ -163,21 +124,10 @@ def _match_state_dict(model: nn.Module, weights: dict[str, torch.Tensor], source
     return {name: t for name, t in given.items() if name not in optional}
 
 
-def _assign_weights(model: nn.Module, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                    device: torch.device | str, source: str) -> None:
-    converted = {name: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
-                 for name, t in weights.items()}
-    model.load_state_dict(converted, strict=False, assign=True)
-    model.finish_loading(device)
-    still_meta = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-    if still_meta:
-        raise CheckpointError(f"{source}: no weights loaded for {still_meta[:5]}")
-
-
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                device: torch.device | str = "cpu") -> LlamaForCausalLM:
     """Build the model named by ``config.json``'s model_type and load its weights."""
-    directory = _checkpoint_dir(path)
+    directory = checkpoint_dir(path)
     source = str(directory / "config.json")
     raw = read_config_json(directory)
     model_type = raw.get("model_type")
@@ -195,7 +145,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     renamed = {architecture.tensor_name(name): t for name, t in read_weights(directory).items()}
     renamed.pop(None, None)
     weights = _match_state_dict(model, renamed, str(directory / WEIGHTS_FILE), optional)
-    _assign_weights(model, weights, dtype, device, str(directory))
+    assign_weights(model, weights, dtype, device, str(directory))
     return model.eval()
 
 
@@ -240,7 +190,7 @@ def _load_native(model: nn.Module, directory: Path, dtype: torch.dtype, device: 
     if unexpected:
         raise CheckpointError(f"{file}: {len(unexpected)} unexpected tensors, e.g. {unexpected[:5]}")
     model.activation_dtype = dtype
-    _assign_weights(model, dense, dtype, device, str(directory))
+    assign_weights(model, dense, dtype, device, str(directory))
     from .layers import Attention  # noqa: PLC0415
     for module in model.modules():
         if isinstance(module, Attention):
@@ -256,7 +206,7 @@ def load_eagle_head(path: str | Path, target: LlamaForCausalLM, dtype: torch.dty
     with native weights, whose LM head rows are blocks already); None keeps the checkpoint's weights in ``dtype``."""
     if quantization not in (None, "int8", "q8_0"):
         raise ValueError(f"quantization must be None, 'int8' or 'q8_0'; got {quantization!r}")
-    directory = _checkpoint_dir(path)
+    directory = checkpoint_dir(path)
     source = str(directory / "config.json")
     config = EagleConfig.from_dict(read_config_json(directory), source)
     if config.hidden_size != target.config.hidden_size:
@@ -279,7 +229,7 @@ def load_eagle_head(path: str | Path, target: LlamaForCausalLM, dtype: torch.dty
     with torch.device("meta"):
         head = EagleHead(config, target.embed_tokens, target.lm_head)
     weights = _match_state_dict(head, weights, weights_source)
-    _assign_weights(head, weights, dtype, device, str(directory))
+    assign_weights(head, weights, dtype, device, str(directory))
     try:
         head.set_token_map(token_map, source=weights_source)
     except ValueError as error:
@@ -309,8 +259,7 @@ def load_draft(kind: str, path: str | Path, target: LlamaForCausalLM, quantizati
     "q8_0"), "eagle3" (an EAGLE-3 head, ``models.eagle3``; the same quantization) or "draft" (a standalone draft model)."""
     if kind == "eagle":
         return load_eagle_head(path, target, quantization=quantization)
-    if kind == "eagle3":  # an EAGLE-3 head in SpecForge's layout (models.eagle3)
-        from .eagle3 import load_eagle3_head  # noqa: PLC0415
+    if kind == "eagle3":  # an EAGLE-3 head in SpecForge's or vLLM's speculators layout (models.eagle3)
         return load_eagle3_head(path, target, quantization=quantization)
     if kind == "draft":
         if quantization is not None:

@@ -1,27 +1,33 @@
-"""EAGLE-3 draft heads in the layout SGLang and vLLM load (``LlamaForCausalLMEagle3``, as SpecForge saves it).
+"""EAGLE-3 draft heads in the layouts SGLang and vLLM load: ``LlamaForCausalLMEagle3`` as SpecForge saves it
+(``midlayer.*``), and vLLM's speculators format (``speculators_model_type: "eagle3"``, ``layers.0.*``).
 
-The head fuses three of the target's hidden states (the residual stream after a low, a middle and a high layer,
-concatenated: 3H wide) with ``fc`` (3H -> H), then runs one decoder layer (``midlayer``) whose attention reads the
-normed token embedding next to the normed hidden state (2H wide: ``input_layernorm`` on the embedding,
-``hidden_norm`` on the hidden state); ``norm`` and a draft-vocabulary ``lm_head`` give its logits. It has no
-embedding of its own (it shares the target's, unless the checkpoint ships ``embed_tokens.weight``). ``d2t``
-maps draft ids to target ids (target_id = draft_id + d2t[draft_id]); ``t2d`` marks the target ids in the draft
-vocabulary.
+The head fuses three of the target's hidden states (a low, a middle and a high capture point, concatenated:
+3H wide) with ``fc`` (3H -> H), then runs one decoder layer (``midlayer``) whose attention reads the normed token
+embedding next to the normed hidden state (2H wide: ``input_layernorm`` on the embedding, ``hidden_norm`` on the
+hidden state; with ``norm_before_residual`` the residual is the normed hidden state); ``norm`` and a
+draft-vocabulary ``lm_head`` give its logits. Its embedding is the target's, as SGLang's (a shipped
+``embed_tokens.weight`` is ignored, with one log line). ``d2t`` maps draft ids to target ids (target_id =
+draft_id + d2t[draft_id]; absent: the draft vocabulary is the target's); ``t2d`` marks those target ids.
 
 It presents the call of our EAGLE head (``models.eagle.EagleHead``): fed the target's fused features
 (``fused_feature_size`` wide) it applies ``fc``; fed its own previous hidden state (H wide) it does not. The
 hidden state it returns (and feeds itself) is the residual stream before ``norm``, as SGLang's.
 
-Auxiliary layers: ``eagle_config.eagle_aux_hidden_state_layer_ids`` [a, b, c] name the layers whose *output* is
-captured; without them SGLang's default captures the *input* of layers [2, L // 2, L - 3] of an L-layer
-target. Both are held here as capture points p in 0..L, "the residual stream entering layer p" (p = L: after
-the last layer, before the final norm); ``CausalLM.forward(aux_points=...)`` returns them, and ``AuxHiddenTarget``
-is the target as an EAGLE-3 worker calls it (the target object itself is never changed).
+Capture points p in 0..L + 1 (``CausalLM.check_aux_points``): the residual stream entering layer p; L is the
+last layer's output before the final norm, L + 1 the final-normed state. ``eagle_aux_hidden_state_layer_ids``
+name layer *outputs* in SpecForge's layout (p = id + 1, as SGLang captures them) and boundaries in the
+speculators format (p = id, as vLLM captures them); without them, SGLang's and vLLM's default: the inputs of
+layers [2, L // 2, L - 3]. The last layer's output is read after the final norm in SpecForge's layout (its
+training reads Hugging Face's ``hidden_states[L]``, which is normed) and before it in the speculators format
+(vLLM's boundary L); the config key ``specswap_last_layer_capture`` ("pre_norm" / "post_norm") overrides either,
+and every head this runtime saves records it. ``AuxHiddenTarget`` is the target as an EAGLE-3 worker calls it
+(the target object itself is never changed).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,13 +40,26 @@ from .kv_cache import KVCache
 from .layers import Attention, GatedMLP, RMSNorm, RotaryEmbedding, plan_attention
 from .model_config import CheckpointError, RopeConfig, read_config_json
 from .outputs import ModelOutput
+from .weights_io import WEIGHTS_FILE, assign_weights, checkpoint_dir, read_weights, weights_file
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
-WEIGHTS_FILE = "model.safetensors"
+LAST_LAYER_CAPTURES = ("pre_norm", "post_norm")
+LAST_LAYER_CAPTURE_KEY = "specswap_last_layer_capture"
+# speculators eagle3 options this head does not implement: refused by name, never ignored
+SPECULATORS_UNSUPPORTED = ("norm_before_fc", "fc_norm", "norm_output")
+logger = logging.getLogger(__name__)
+_logged: set[str] = set()
+
+
+def log_once(message: str) -> None:
+    """One warning line per distinct message in this process."""
+    if message not in _logged:
+        _logged.add(message)
+        logger.warning(message)
 
 
 def default_capture_points(num_layers: int) -> tuple[int, ...]:
-    """SGLang's default for a head without layer ids: the inputs of layers 2, L // 2 and L - 3."""
+    """SGLang's (and vLLM's) default for a head without layer ids: the inputs of layers 2, L // 2 and L - 3."""
     return (2, num_layers // 2, num_layers - 3)
 
 
@@ -64,13 +83,56 @@ class Eagle3Config:
     fc_bias: bool = False             # config "bias"
     num_aux: int = 3
     model_type: str = "llama"
+    # capture point of aux layer id i: i + aux_layer_offset (1: SpecForge's layer outputs; 0: speculators' boundaries)
+    aux_layer_offset: int = 1
+    # the last layer's output: "pre_norm" / "post_norm" (None: the layout's default, see the module docstring)
+    last_layer_capture: str | None = None
+    norm_before_residual: bool = False  # the layer's residual is hidden_norm(hidden) (speculators' option)
 
     @staticmethod
     def from_dict(raw: dict[str, Any], source: str = "config.json") -> "Eagle3Config":
+        """SpecForge's layout, or the speculators format when ``speculators_model_type`` is present."""
+        if "speculators_model_type" in raw:
+            return Eagle3Config.from_speculators_dict(raw, source)
         architectures = raw.get("architectures") or []
         if not any(name in ARCHITECTURES for name in architectures):
             raise CheckpointError(f"{source}: architectures {architectures} name no EAGLE-3 head; expected one of "
-                                  f"{list(ARCHITECTURES)}")
+                                  f"{list(ARCHITECTURES)} (or a speculators config with speculators_model_type "
+                                  "'eagle3')")
+        eagle = raw.get("eagle_config") or {}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
+        return Eagle3Config._parse(raw, ids, source, aux_layer_offset=1,
+                                   norm_before_residual=bool(raw.get("norm_before_residual", False)))
+
+    @staticmethod
+    def from_speculators_dict(raw: dict[str, Any], source: str = "config.json") -> "Eagle3Config":
+        """vLLM's speculators format: the decoder layer's fields in ``transformer_layer_config``, the EAGLE-3 ones
+        (``draft_vocab_size``, ``target_hidden_size``, ``norm_before_residual``, aux layer ids) at the top."""
+        kind = raw.get("speculators_model_type")
+        if kind != "eagle3":
+            raise CheckpointError(f"{source}: speculators_model_type {kind!r} is not an EAGLE-3 head; supported: "
+                                  "'eagle3'")
+        layer = raw.get("transformer_layer_config")
+        if not isinstance(layer, dict):
+            raise CheckpointError(f"{source}: a speculators eagle3 config needs a 'transformer_layer_config' object")
+        if layer.get("model_type", "llama") != "llama":
+            raise CheckpointError(f"{source}: transformer_layer_config.model_type {layer.get('model_type')!r} is not "
+                                  "supported; valid: 'llama'")
+        unsupported = [name for name in SPECULATORS_UNSUPPORTED if raw.get(name)] + \
+                      [f"transformer_layer_config.{name}" for name in ("attention_bias", "mlp_bias") if layer.get(name)]
+        if unsupported:
+            raise CheckpointError(f"{source}: {unsupported} set; this EAGLE-3 head does not implement them")
+        merged = {**layer, "draft_vocab_size": raw.get("draft_vocab_size"),
+                  "target_hidden_size": raw.get("target_hidden_size")}
+        if LAST_LAYER_CAPTURE_KEY in raw:
+            merged[LAST_LAYER_CAPTURE_KEY] = raw[LAST_LAYER_CAPTURE_KEY]
+        # vLLM reads a speculators config without norm_before_residual as true
+        return Eagle3Config._parse(merged, raw.get("eagle_aux_hidden_state_layer_ids"), source, aux_layer_offset=0,
+                                   norm_before_residual=bool(raw.get("norm_before_residual", True)))
+
+    @staticmethod
+    def _parse(raw: dict[str, Any], ids, source: str, aux_layer_offset: int,
+               norm_before_residual: bool) -> "Eagle3Config":
         required = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
         missing = [name for name in required if name not in raw]
         if missing:
@@ -81,12 +143,13 @@ class Eagle3Config:
                                   "(one midlayer) are supported")
         if raw.get("hidden_act", "silu") != "silu":
             raise CheckpointError(f"{source}: hidden_act {raw.get('hidden_act')!r} is not supported; valid: 'silu'")
-        eagle = raw.get("eagle_config") or {}
-        ids = eagle.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
         if ids is not None and (not isinstance(ids, list) or len(ids) < 2 or not all(isinstance(i, int) for i in ids)):
             # one layer would make fc's input as wide as the head's own hidden state, which it tells apart by width
             raise CheckpointError(f"{source}: eagle_aux_hidden_state_layer_ids must list at least two layer indices; "
                                   f"got {ids!r}")
+        last = raw.get(LAST_LAYER_CAPTURE_KEY)
+        if last is not None and last not in LAST_LAYER_CAPTURES:
+            raise CheckpointError(f"{source}: {LAST_LAYER_CAPTURE_KEY} {last!r}; valid: {list(LAST_LAYER_CAPTURES)}")
         num_heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         vocab = int(raw["vocab_size"])
@@ -105,10 +168,13 @@ class Eagle3Config:
             aux_layer_ids=None if ids is None else tuple(ids),
             fc_bias=bool(raw.get("bias", False)),
             num_aux=3 if ids is None else len(ids),
+            aux_layer_offset=aux_layer_offset,
+            last_layer_capture=last,
+            norm_before_residual=norm_before_residual,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """config.json in SpecForge's layout."""
+        """config.json in SpecForge's layout (layer ids as layer outputs), with the last layer's capture point."""
         raw: dict[str, Any] = {
             "architectures": ["LlamaForCausalLMEagle3"], "model_type": self.model_type,
             "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
@@ -117,7 +183,8 @@ class Eagle3Config:
             "rms_norm_eps": self.rms_norm_eps, "vocab_size": self.target_vocab_size,
             "draft_vocab_size": self.draft_vocab_size, "target_hidden_size": self.target_hidden_size,
             "max_position_embeddings": self.max_position_embeddings, "tie_word_embeddings": False,
-            "bias": self.fc_bias, "rope_theta": self.rope.theta,
+            "bias": self.fc_bias, "rope_theta": self.rope.theta, "norm_before_residual": self.norm_before_residual,
+            LAST_LAYER_CAPTURE_KEY: self.resolved_last_layer_capture,
         }
         if self.rope.rope_type != "default":
             raw["rope_scaling"] = {"rope_type": self.rope.rope_type, "factor": self.rope.factor,
@@ -125,22 +192,37 @@ class Eagle3Config:
                                    "high_freq_factor": self.rope.high_freq_factor,
                                    "original_max_position_embeddings": self.rope.original_max_position_embeddings}
         if self.aux_layer_ids is not None:
-            raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
-                                   "use_aux_hidden_state": True}
+            outputs = [i + self.aux_layer_offset - 1 for i in self.aux_layer_ids]
+            if min(outputs) < 0:
+                raise ValueError(f"aux layer ids {list(self.aux_layer_ids)} capture the embedding, which SpecForge's "
+                                 "layout (layer outputs) cannot name")
+            raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": outputs, "use_aux_hidden_state": True}
         return raw
 
+    @property
+    def resolved_last_layer_capture(self) -> str:
+        """The last layer's capture: the config's, else the layout's default (see the module docstring)."""
+        return self.last_layer_capture or ("post_norm" if self.aux_layer_offset == 1 else "pre_norm")
+
     def capture_points(self, num_layers: int, source: str = "config.json") -> tuple[int, ...]:
-        """The target's capture points (residual stream entering layer p, 0..L), in layer order."""
-        if self.aux_layer_ids is not None:
-            bad = [i for i in self.aux_layer_ids if not 0 <= i < num_layers]
+        """The target's capture points (``CausalLM.check_aux_points``: 0..L + 1), in layer order."""
+        if self.aux_layer_ids is None:
+            points = default_capture_points(num_layers)
+            if not all(0 <= p <= num_layers for p in points):
+                raise CheckpointError(f"{source}: the default auxiliary layers {list(points)} do not fit a target "
+                                      f"of {num_layers} layers; give eagle_config.eagle_aux_hidden_state_layer_ids")
+        else:
+            points = tuple(i + self.aux_layer_offset for i in self.aux_layer_ids)
+            bad = [i for i, p in zip(self.aux_layer_ids, points) if not 0 <= p <= num_layers]
             if bad:
                 raise CheckpointError(f"{source}: eagle_aux_hidden_state_layer_ids {list(self.aux_layer_ids)} name "
-                                      f"layers {bad} outside the target's 0..{num_layers - 1}")
-            return tuple(sorted(i + 1 for i in self.aux_layer_ids))
-        points = default_capture_points(num_layers)
-        if not all(0 <= p <= num_layers for p in points):
-            raise CheckpointError(f"{source}: the default auxiliary layers {list(points)} do not fit a target of "
-                                  f"{num_layers} layers; give eagle_config.eagle_aux_hidden_state_layer_ids")
+                                      f"layers {bad} outside the target's 0..{num_layers - self.aux_layer_offset}")
+        if num_layers in points and self.resolved_last_layer_capture == "post_norm":
+            if self.last_layer_capture is None:
+                log_once(f"{source}: the auxiliary layers include the last layer's output, read after the target's "
+                         f"final norm as SpecForge's training reads it (hidden_states[L]); a head trained on it "
+                         f"before the norm says {LAST_LAYER_CAPTURE_KEY}: \"pre_norm\"")
+            points = tuple(num_layers + 1 if p == num_layers else p for p in points)
         return tuple(sorted(points))
 
 
@@ -160,10 +242,13 @@ class Eagle3DecoderLayer(nn.Module):
             setattr(self.self_attn, name, nn.Linear(2 * hidden, heads * config.head_dim, bias=False))
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = GatedMLP(hidden, config.intermediate_size, config.hidden_act)
+        self.norm_before_residual = config.norm_before_residual
 
     def forward(self, embeds, hidden, cos, sin, key_buffer, value_buffer, slots, positions, plan):
-        attn_in = torch.cat((self.input_layernorm(embeds), self.hidden_norm(hidden)), dim=-1)   # [B, T, 2H]
-        hidden = hidden + self.self_attn(attn_in, cos, sin, key_buffer, value_buffer, slots, positions, plan)
+        normed = self.hidden_norm(hidden)
+        attn_in = torch.cat((self.input_layernorm(embeds), normed), dim=-1)   # [B, T, 2H]
+        residual = normed if self.norm_before_residual else hidden
+        hidden = residual + self.self_attn(attn_in, cos, sin, key_buffer, value_buffer, slots, positions, plan)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -172,10 +257,10 @@ class Eagle3Head(nn.Module):
     -> target id, from ``d2t``) or None when the draft vocabulary is the target's, in order.
 
     ``capture_points``: where the target's features come from (``Eagle3Config.capture_points``), set by the loader
-    for its target. The shared embedding belongs to the target (a plain attribute: not saved, not moved).
+    for its target. The embedding is the target's (a plain attribute: not saved, not moved).
     """
 
-    def __init__(self, config: Eagle3Config, embed_tokens: nn.Module | None, token_map: torch.Tensor | None = None,
+    def __init__(self, config: Eagle3Config, embed_tokens: nn.Module, token_map: torch.Tensor | None = None,
                  capture_points: tuple[int, ...] = ()):
         super().__init__()
         self.config = config
@@ -184,10 +269,7 @@ class Eagle3Head(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
-        if embed_tokens is not None:
-            object.__setattr__(self, "embed_tokens", embed_tokens)
-        else:  # the checkpoint's own (``embed_tokens.weight``)
-            self.embed_tokens = nn.Embedding(config.target_vocab_size, config.hidden_size)
+        object.__setattr__(self, "embed_tokens", embed_tokens)
         self.capture_points = tuple(capture_points)
         self.token_map: torch.Tensor | None = token_map
 
@@ -283,7 +365,7 @@ class AuxHiddenTarget(nn.Module):
 # ------------------------------------------------------------------------------------------ checkpoints
 
 def _tensor_shapes(config: Eagle3Config) -> dict[str, tuple[int, ...]]:
-    """Every tensor of the layout (``embed_tokens.weight`` optional), by name: its shape."""
+    """Every tensor of the layout, by name: its shape (``OPTIONAL_TENSORS`` may be absent)."""
     h, heads, kv, d, i = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                           config.head_dim, config.intermediate_size)
     shapes = {
@@ -302,13 +384,15 @@ def _tensor_shapes(config: Eagle3Config) -> dict[str, tuple[int, ...]]:
         "lm_head.weight": (config.draft_vocab_size, h),
         "d2t": (config.draft_vocab_size,),
         "t2d": (config.target_vocab_size,),
+        "embed_tokens.weight": (config.target_vocab_size, h),
     }
     if config.fc_bias:
         shapes["fc.bias"] = (h,)
     return shapes
 
 
-OPTIONAL_TENSORS = ("embed_tokens.weight", "t2d")
+# embed_tokens.weight: the target's is used (SGLang's set_embed); d2t: absent for a full-vocabulary head
+OPTIONAL_TENSORS = ("embed_tokens.weight", "d2t", "t2d")
 
 
 def token_map_from_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, target_vocab_size: int,
@@ -332,18 +416,45 @@ def token_map_from_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, target_vocab
     return token_map
 
 
-def load_eagle3_head(path: str | Path, target: nn.Module, dtype: torch.dtype | None = None,
-                     device: torch.device | str | None = None, quantization: str | None = None) -> Eagle3Head:
-    """An EAGLE-3 checkpoint directory (config.json + model.safetensors) as a head over the built ``target``,
-    whose embedding it shares; the target's capture points are recorded on the head (``capture_points``), and
-    the drafter sets them on the target. Wrong shapes, missing or unknown tensors, a ``d2t`` out of range and
-    configs that do not fit the target raise ``CheckpointError`` naming them. ``quantization``: None, "int8" or
-    "q8_0" for the head's linears after loading (``Eagle3Head.quantize_int8`` / ``quantize_q8_0``)."""
-    if quantization not in (None, "int8", "q8_0"):
-        raise ValueError(f"quantization must be None, 'int8' or 'q8_0'; got {quantization!r}")
-    from .checkpoint import _assign_weights, _checkpoint_dir, read_weights  # noqa: PLC0415
+def head_tensor_name(name: str) -> str:
+    """A checkpoint tensor's name in this head: ``model.`` prefixes dropped, the speculators format's
+    ``layers.0.`` (vLLM's name for the one decoder layer) as ``midlayer.``."""
+    name = name.removeprefix("model.")
+    return "midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name
 
-    directory = _checkpoint_dir(path)
+
+def check_head_tensors(config: Eagle3Config, weights: dict[str, torch.Tensor], source: str) -> None:
+    """Every tensor the layout needs, none it does not know, each in its shape; else ``CheckpointError`` naming
+    them."""
+    shapes = _tensor_shapes(config)
+    missing = sorted(set(shapes) - set(weights) - set(OPTIONAL_TENSORS))
+    unknown = sorted(set(weights) - set(shapes))
+    if missing or unknown:
+        problems = ([f"missing tensors {missing}"] if missing else []) + \
+                   ([f"unknown tensors {unknown[:8]}"] if unknown else [])
+        raise CheckpointError(f"{source}: not an EAGLE-3 head of this config: {'; '.join(problems)}")
+    wrong = [f"{name}: {tuple(t.shape)}, expected {shapes[name]}" for name, t in weights.items()
+             if tuple(t.shape) != shapes[name]]
+    if wrong:
+        raise CheckpointError(f"{source}: wrong shapes: {'; '.join(wrong[:5])}")
+
+
+def head_token_map(config: Eagle3Config, weights: dict[str, torch.Tensor], source: str) -> torch.Tensor | None:
+    """draft id -> target id from (and popping) ``d2t`` / ``t2d``; None when the draft vocabulary is the target's,
+    in order. Without ``d2t`` the draft vocabulary must be the target's (as SGLang and vLLM read it)."""
+    d2t, t2d = weights.pop("d2t", None), weights.pop("t2d", None)
+    if d2t is None:
+        if config.draft_vocab_size != config.target_vocab_size:
+            raise CheckpointError(f"{source}: no d2t, but draft_vocab_size {config.draft_vocab_size} is smaller "
+                                  f"than the target vocabulary {config.target_vocab_size}: a reduced draft "
+                                  "vocabulary needs d2t (target id = draft id + d2t[draft id])")
+        d2t = torch.zeros(config.draft_vocab_size, dtype=torch.long)
+    token_map = token_map_from_d2t(d2t, t2d, config.target_vocab_size, source)
+    return None if torch.equal(token_map, torch.arange(config.target_vocab_size)) else token_map
+
+
+def read_eagle3_checkpoint(directory: Path, target: nn.Module) -> tuple[Eagle3Config, dict[str, torch.Tensor]]:
+    """The config (checked against ``target``) and the head's tensors, under this head's names."""
     source = str(directory / "config.json")
     config = Eagle3Config.from_dict(read_config_json(directory), source)
     target_config = target.config
@@ -355,32 +466,34 @@ def load_eagle3_head(path: str | Path, target: nn.Module, dtype: torch.dtype | N
     if config.draft_vocab_size > config.target_vocab_size:
         raise CheckpointError(f"{source}: draft_vocab_size {config.draft_vocab_size} exceeds the target vocabulary "
                               f"{config.target_vocab_size}")
-    points = config.capture_points(target_config.num_hidden_layers, source)
-    weights_source = str(directory / WEIGHTS_FILE)
-    weights = {name.removeprefix("model."): t for name, t in read_weights(directory).items()}
-    shapes = _tensor_shapes(config)
-    if "embed_tokens.weight" in weights:
-        shapes["embed_tokens.weight"] = (config.target_vocab_size, config.hidden_size)
-    missing = sorted(set(shapes) - set(weights) - set(OPTIONAL_TENSORS))
-    unknown = sorted(set(weights) - set(shapes))
-    if missing or unknown:
-        problems = ([f"missing tensors {missing}"] if missing else []) + \
-                   ([f"unknown tensors {unknown[:8]}"] if unknown else [])
-        raise CheckpointError(f"{weights_source}: not an EAGLE-3 head of this config: {'; '.join(problems)}")
-    wrong = [f"{name}: {tuple(t.shape)}, expected {shapes[name]}" for name, t in weights.items()
-             if tuple(t.shape) != shapes[name]]
-    if wrong:
-        raise CheckpointError(f"{weights_source}: wrong shapes: {'; '.join(wrong[:5])}")
-    token_map = token_map_from_d2t(weights.pop("d2t"), weights.pop("t2d", None), config.target_vocab_size,
-                                   weights_source)
-    if torch.equal(token_map, torch.arange(config.target_vocab_size)):
-        token_map = None  # the whole target vocabulary, in order
+    weights = {head_tensor_name(name): t for name, t in read_weights(directory).items()}
+    return config, weights
+
+
+def load_eagle3_head(path: str | Path, target: nn.Module, dtype: torch.dtype | None = None,
+                     device: torch.device | str | None = None, quantization: str | None = None) -> Eagle3Head:
+    """An EAGLE-3 checkpoint directory (config.json + model.safetensors or pytorch_model.bin, SpecForge's layout or
+    the speculators format) as a head over the built ``target``, whose embedding it uses; the target's capture
+    points are recorded on the head (``capture_points``), and the drafter sets them on the target. Wrong
+    shapes, missing or unknown tensors, a ``d2t`` out of range and configs that do not fit the target raise
+    ``CheckpointError`` naming them. ``quantization``: None, "int8" or "q8_0" for the head's linears after loading
+    (``Eagle3Head.quantize_int8`` / ``quantize_q8_0``)."""
+    if quantization not in (None, "int8", "q8_0"):
+        raise ValueError(f"quantization must be None, 'int8' or 'q8_0'; got {quantization!r}")
+    directory = checkpoint_dir(path)
+    config, weights = read_eagle3_checkpoint(directory, target)
+    points = config.capture_points(target.config.num_hidden_layers, str(directory / "config.json"))
+    weights_source = str(weights_file(directory))
+    check_head_tensors(config, weights, weights_source)
+    token_map = head_token_map(config, weights, weights_source)
+    if weights.pop("embed_tokens.weight", None) is not None:  # SGLang's set_embed: the hidden sizes match
+        log_once(f"{weights_source}: embed_tokens.weight is ignored; the head uses the target's embedding "
+                 "(its hidden size matches the head's), as SGLang does")
     dtype = dtype or target.dtype
     device = device or target.device
-    own_embedding = "embed_tokens.weight" in weights
     with torch.device("meta"):
-        head = Eagle3Head(config, None if own_embedding else target.embed_tokens, capture_points=points)
-    _assign_weights(head, weights, dtype, device, str(directory))
+        head = Eagle3Head(config, target.embed_tokens, capture_points=points)
+    assign_weights(head, weights, dtype, device, str(directory))
     if token_map is not None:
         head.token_map = token_map.to(device)
     if quantization == "int8":
@@ -391,8 +504,8 @@ def load_eagle3_head(path: str | Path, target: nn.Module, dtype: torch.dtype | N
 
 
 def save_eagle3_head(head: Eagle3Head, path: str | Path, dtype: torch.dtype | None = None) -> None:
-    """Write the head in SpecForge's layout: config.json + model.safetensors with d2t and t2d (no embedding
-    unless the head has its own)."""
+    """Write the head in SpecForge's layout: config.json (with the last layer's capture point) + model.safetensors
+    with d2t and t2d, no embedding (the target's)."""
     from safetensors.torch import save_file  # noqa: PLC0415
 
     directory = Path(path)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .model_config import CheckpointError, RopeConfig, _eos_ids
+from .model_config import CheckpointError, RopeConfig, eos_ids
 from .kv_cache import KVCache
 from .layers import (ACTIVATIONS, Attention, AttentionPlan, GatedMLP, RMSNorm, RotaryEmbedding, keys_needed,
                      plan_attention)
@@ -122,7 +122,7 @@ class Gemma3Config:
             max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
             attention_bias=bool(raw.get("attention_bias", False)),
             bos_token_id=raw.get("bos_token_id", 2),
-            eos_token_id=_eos_ids(raw.get("eos_token_id", 1)),
+            eos_token_id=eos_ids(raw.get("eos_token_id", 1)),
             pad_token_id=raw.get("pad_token_id", 0),
             model_type=str(raw.get("model_type", "gemma3_text")),
         )
@@ -282,7 +282,9 @@ class Gemma3ForCausalLM(CausalLM):
                 cos, sin = rotary[layer.is_sliding]
                 hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plans[layer.is_sliding])
         self.capture_aux(captured, aux_points, len(self.model.layers), hidden)
-        return self.output(self.model.norm(hidden), logits_at, with_logits, captured)
+        hidden = self.model.norm(hidden)
+        self.capture_aux(captured, aux_points, len(self.model.layers) + 1, hidden)  # after the final norm
+        return self.output(hidden, logits_at, with_logits, captured)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

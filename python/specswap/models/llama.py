@@ -63,4 +63,6 @@ class LlamaForCausalLM(CausalLM):
                 self.capture_aux(captured, aux_points, index, hidden)
                 hidden = layer(hidden, cos, sin, key_buffer, value_buffer, slots, positions, plan)
         self.capture_aux(captured, aux_points, len(self.model.layers), hidden)
-        return self.output(self.model.norm(hidden), logits_at, with_logits, captured)
+        hidden = self.model.norm(hidden)
+        self.capture_aux(captured, aux_points, len(self.model.layers) + 1, hidden)  # after the final norm
+        return self.output(hidden, logits_at, with_logits, captured)

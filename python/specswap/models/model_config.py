@@ -32,7 +32,7 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{config_path}: not valid JSON ({error})") from error
 
 
-def _eos_ids(value: Any) -> tuple[int, ...]:
+def eos_ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
     if isinstance(value, int):
@@ -132,7 +132,7 @@ class LlamaConfig:
             attention_bias=bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             bos_token_id=raw.get("bos_token_id"),
-            eos_token_id=_eos_ids(raw.get("eos_token_id")),
+            eos_token_id=eos_ids(raw.get("eos_token_id")),
             model_type=str(raw.get("model_type", "llama")),
             sliding_window=int(raw["sliding_window"]) if raw.get("sliding_window") else None,
         )

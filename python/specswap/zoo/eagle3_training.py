@@ -90,7 +90,8 @@ class Eagle3Recipe:
     # target's final norm and its draft-vocabulary rows (False: all random)
     warm_start: bool = True
     # eagle_aux_hidden_state_layer_ids: the target layers whose outputs are fused (None: SGLang's default, the
-    # inputs of layers 2, L // 2 and L - 3); L - 1 is the last layer's output, the stream the final norm reads
+    # inputs of layers 2, L // 2 and L - 3); L - 1 is the last layer's output, the stream the final norm reads,
+    # taken before that norm (the head's config records it: specswap_last_layer_capture "pre_norm")
     aux_layer_ids: tuple[int, ...] | None = None
 
 
@@ -137,7 +138,8 @@ def make_head(target, token_map: torch.Tensor, warm_start: bool = False,
         head_dim=config.head_dim, target_vocab_size=config.vocab_size, draft_vocab_size=len(token_map),
         target_hidden_size=config.hidden_size, rms_norm_eps=config.rms_norm_eps, rope=replace(rope),
         max_position_embeddings=config.max_position_embeddings,
-        aux_layer_ids=tuple(aux_layer_ids or capture_layer_ids(config.num_hidden_layers)))
+        aux_layer_ids=tuple(aux_layer_ids or capture_layer_ids(config.num_hidden_layers)),
+        last_layer_capture="pre_norm")  # this recipe trains on the last layer's output before the final norm
     head = Eagle3Head(head_config, target.embed_tokens, token_map,
                       head_config.capture_points(config.num_hidden_layers))
     with torch.no_grad():
@@ -266,6 +268,9 @@ def extract(target, windows: torch.Tensor, batch: int, points: tuple[int, ...],
     fused, final, greedy = [], [], []
     layers = target.config.num_hidden_layers
     points = (*target.check_aux_points(points, layers), layers)  # the final residual stream last: the teacher
+    if points[-2] > layers:
+        raise ValueError(f"capture points {list(points[:-1])}: this recipe reads the last layer's output before the "
+                         f"final norm (point {layers}), not after it")
     for start in range(0, len(windows), batch):
         chunk = windows[start:start + batch]
         out = target(chunk, positions_like(chunk), None, None, with_logits=False, aux_points=points).hidden
