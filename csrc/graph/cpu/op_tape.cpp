@@ -268,9 +268,11 @@ void OpTape::on_operator(const c10::OperatorHandle& op, c10::DispatchKeySet keys
 // Before a recorded operator writes into memory aten::empty made unrecorded during the capture (a constant of
 // the tape, as torch.tensor(data) is), that memory's content is saved, to be restored at the start of each
 // replay: every replay then starts from what eager started from, and earlier reads of it see the same.
-void OpTape::save_before_write(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
-  if (raw_.empty()) return;
-  const auto& arguments = schema.arguments();
+// An in-place view (tagged inplace_view: detach_, which torch.tensor(data) calls, squeeze_, set_, ...) changes
+// a tensor's metadata, not its memory.
+void OpTape::save_before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  if (raw_.empty() || op.hasTag(at::Tag::inplace_view)) return;
+  const auto& arguments = op.schema().arguments();
   const std::size_t base = stack.size() - arguments.size();
   auto save = [&](const at::Tensor& tensor) {
     const auto block = block_holding(raw_, address_of(tensor));
@@ -304,7 +306,7 @@ void OpTape::record_operator(const c10::OperatorHandle& op, c10::DispatchKeySet 
     }
     return;
   }
-  save_before_write(op.schema(), *stack);
+  save_before_write(op, *stack);
   const auto& schema = op.schema();
   const std::size_t num_args = schema.arguments().size();
   if (is_composite(op)) {

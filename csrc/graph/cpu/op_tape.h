@@ -62,7 +62,7 @@ class OpTape {
   // Throws UnfollowedTensor for a tensor over memory a recorded operator made that no slot has.
   TensorRef ref_for(const at::Tensor& tensor) const;
   void record_operator(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
-  void save_before_write(const c10::FunctionSchema& schema, const torch::jit::Stack& stack);
+  void save_before_write(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
   Arg arg_for(const c10::IValue& value) const;
   std::vector<Arg> args_on(const torch::jit::Stack& stack, std::size_t num_args) const;
   int new_slot(const at::Tensor& tensor);
