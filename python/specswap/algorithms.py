@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Algorithm", "ALGORITHMS", "NAMES", "algorithm"]
+__all__ = ["Algorithm", "ALGORITHMS", "NAMES", "SUFFIX_OPTIONS", "algorithm"]
+
+# SUFFIX's Engine keywords (flags --suffix-decoding-...), named after vLLM's speculative_config fields
+SUFFIX_OPTIONS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+                  "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class Algorithm:
     # where its drafts come from under tensor parallelism (``tp_draft``), the default first: "replicate" (every
     # rank drafts alike), "shard" (the draft split like the target), "leader" (the first rank drafts, broadcasts)
     tp_drafts: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()  # the Engine keywords its drafter takes (``DrafterContext.options``)
 
     def tp_draft(self, placement: str | None) -> str | None:
         """``placement`` checked against this algorithm's (None: its default; None without speculation)."""
@@ -36,6 +42,17 @@ class Algorithm:
             raise ValueError(f"tp_draft {placement!r} does not apply to speculative_algorithm {self.flag}; valid: "
                              f"{', '.join(self.tp_drafts) or 'none (no drafts)'}")
         return placement
+
+    def drafter_options(self, **given: Any) -> dict[str, Any]:
+        """The keywords of ``given`` that are set (not None: the drafter's default), each checked to be one of
+        this algorithm's ``options``: a drafter's setting is never silently ignored."""
+        chosen = {key: value for key, value in given.items() if value is not None}
+        foreign = sorted(set(chosen) - set(self.options))
+        if foreign:
+            takers = sorted({entry.flag for entry in ALGORITHMS.values() if set(foreign) & set(entry.options)})
+            raise ValueError(f"{', '.join(foreign)} apply to speculative_algorithm {' or '.join(takers) or 'none'}; "
+                             f"got {self.flag}")
+        return chosen
 
     @property
     def needs_draft(self) -> bool:
@@ -61,10 +78,13 @@ ALGORITHMS: dict[str | None, Algorithm] = {entry.name: entry for entry in (
               drafter="specswap.worker.standalone:StandaloneDrafter", tp_drafts=("replicate", "shard")),
     Algorithm("NGRAM", None, None, quantizable_draft=False, number_tokens=True,
               drafter="specswap.worker.ngram:NgramDrafter", tp_drafts=("leader", "replicate")),
+    # suffix decoding over arctic-inference's suffix trees: the request's own and the recent outputs' (worker.suffix)
+    Algorithm("SUFFIX", None, None, quantizable_draft=False, number_tokens=False,
+              drafter="specswap.worker.suffix:SuffixDrafter", tp_drafts=("leader", "replicate"), options=SUFFIX_OPTIONS),
     Algorithm(None, None, None, quantizable_draft=False, number_tokens=False,
               drafter="specswap.worker.drafter:Drafter"),
 )}
-NAMES: tuple[str, ...] = tuple(entry.flag for entry in ALGORITHMS.values())  # EAGLE EAGLE3 STANDALONE NGRAM NONE
+NAMES: tuple[str, ...] = tuple(entry.flag for entry in ALGORITHMS.values())  # EAGLE ... NGRAM SUFFIX NONE
 
 
 def algorithm(name: str | None) -> Algorithm:

@@ -63,7 +63,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the model once and serve it over HTTP until SIGTERM / SIGINT, then drain (docs/serving.md)."""
-    from specswap.cli_flags import build_engine, check_speculative_flags
+    from specswap.cli_flags import build_engine, check_speculative_flags, suffix_options
     from specswap.loading import load_models
     from specswap.server.limits import ServerLimits, max_running_requests
 
@@ -87,7 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           disable_graphs=args.disable_cuda_graph, speculative_eagle_topk=args.speculative_eagle_topk,
                           speculative_num_draft_tokens=args.speculative_num_draft_tokens, tp_size=args.tp_size,
                           dp_size=args.dp_size, dist_timeout=args.dist_timeout, min_dwell_rounds=args.min_dwell_rounds,
-                          tp_draft=args.tp_draft)
+                          tp_draft=args.tp_draft, **suffix_options(args))
     if not engine.is_leader:  # a tensor-parallel follower: no HTTP, the leader's steps until it shuts down
         print(f"specswap serve: rank {engine._dist.group.rank} follows its tensor-parallel leader", flush=True)
         engine.follow()

@@ -14,7 +14,8 @@ from typing import Any
 from specswap.algorithms import NAMES, algorithm
 from specswap.loading import LoadedModels
 
-__all__ = ["ALGORITHM_CHOICES", "DEFAULT_MODEL", "add_model_arguments", "build_engine", "check_speculative_flags"]
+__all__ = ["ALGORITHM_CHOICES", "DEFAULT_MODEL", "add_model_arguments", "build_engine", "check_speculative_flags",
+           "suffix_options"]
 
 DEFAULT_MODEL = "gemma-3-270m"
 ALGORITHM_CHOICES = NAMES
@@ -31,7 +32,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
     parser.add_argument("--speculative-algorithm", type=str.upper, choices=ALGORITHM_CHOICES,
                         default=default_algorithm,
                         help="EAGLE, EAGLE3 (an EAGLE-3 head: --speculative-draft-model-path DIR), STANDALONE, "
-                             "NGRAM (prompt lookup, no draft model) or NONE"
+                             "NGRAM (prompt lookup, no draft model), SUFFIX (suffix trees over the request and recent "
+                             "outputs, no draft model) or NONE"
                              + ("" if default_algorithm else " (default: EAGLE when the model has a head, else NGRAM)"))
     parser.add_argument("--speculative-num-steps", type=int, default=3, help="draft steps per round (static tier)")
     parser.add_argument("--speculative-eagle-topk", type=int, default=1,
@@ -56,6 +58,24 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
                              "machine)")
     parser.add_argument("--max-seq-len", type=int, default=None,
                         help="prompt + completion tokens per request (default: the model's, capped at 2048)")
+    add_suffix_arguments(parser)
+
+
+def add_suffix_arguments(parser: argparse.ArgumentParser) -> None:
+    """SUFFIX's trees, named as vLLM's speculative_config fields (unset: vLLM's defaults, docs/suffix.md)."""
+    for name, kind, default, what in (
+            ("max-tree-depth", int, 24, "tokens a suffix match and a drafted path may span"),
+            ("max-cached-requests", int, 10000, "recent outputs the global tree holds, oldest evicted first (0: none)"),
+            ("max-spec-factor", float, 1.0, "drafts per matched token"),
+            ("min-token-prob", float, 0.1, "a draft token's estimated probability below this ends the draft")):
+        parser.add_argument(f"--suffix-decoding-{name}", type=kind, default=None,
+                            help=f"SUFFIX: {what} (default {default})")
+
+
+def suffix_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The --suffix-decoding-* flags given, as Engine keywords (build_engine's; refused unless SUFFIX)."""
+    from specswap.algorithms import SUFFIX_OPTIONS
+    return {key: getattr(args, key) for key in SUFFIX_OPTIONS if getattr(args, key, None) is not None}
 
 
 def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> None:
@@ -92,7 +112,7 @@ def build_engine(models: LoadedModels, speculative_algorithm: str | None, specul
     """An Engine over already loaded modules (no weights are copied). ``speculative_algorithm`` None or "NONE":
     target only. ``disable_graphs`` (``--disable-cuda-graph``) runs the worker eagerly. ``distributed``: the
     Engine's tp_size, dp_size, dist_timeout, min_dwell_rounds, tp_draft (``--tp-size`` ...; unset ones left
-    out)."""
+    out), and SUFFIX's keywords (``suffix_options``)."""
     from specswap.engine import Engine
     spec = algorithm(speculative_algorithm)
     draft = models.draft if spec.needs_draft else None

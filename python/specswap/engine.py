@@ -183,6 +183,10 @@ class Engine:
     ``tp_draft``: where a tensor-parallel engine's drafts come from: "replicate" (the default for a draft model
     or head: every rank runs all of it), "shard" (split like the target), for NGRAM "leader" (the default: the
     first rank looks up and broadcasts) or "replicate" (every rank looks up; the step checksum compares them).
+
+    ``suffix_decoding_max_tree_depth`` (24), ``suffix_decoding_max_cached_requests`` (10000),
+    ``suffix_decoding_max_spec_factor`` (1.0), ``suffix_decoding_min_token_prob`` (0.1): SUFFIX's trees, as
+    vLLM's speculative_config names them, None for their defaults (``worker.suffix``; docs/suffix.md).
     """
 
     def __init__(self, model: Any, draft: Any = None, speculative_algorithm: str | None = "EAGLE",
@@ -194,8 +198,16 @@ class Engine:
                  speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None,
                  tp_size: int = 1, dp_size: int = 1, dist_timeout: float | None = None,
                  min_dwell_rounds: int | None = None, tp_draft: str | None = None,
-                 row_costs: str | Mapping[int, float] = "auto"):
+                 row_costs: str | Mapping[int, float] = "auto", suffix_decoding_max_tree_depth: int | None = None,
+                 suffix_decoding_max_cached_requests: int | None = None,
+                 suffix_decoding_max_spec_factor: float | None = None,
+                 suffix_decoding_min_token_prob: float | None = None):
         spec = algorithm(speculative_algorithm)
+        drafter_options = spec.drafter_options(  # SUFFIX's (None: its default), refused for other algorithms
+            suffix_decoding_max_tree_depth=suffix_decoding_max_tree_depth,
+            suffix_decoding_max_cached_requests=suffix_decoding_max_cached_requests,
+            suffix_decoding_max_spec_factor=suffix_decoding_max_spec_factor,
+            suffix_decoding_min_token_prob=suffix_decoding_min_token_prob)
         shape = tree_shape(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
         if shape[1] > 1 and spec.name is None:
             raise ValueError("speculative_eagle_topk > 1 needs a speculative_algorithm (EAGLE, STANDALONE or NGRAM)")
@@ -257,7 +269,8 @@ class Engine:
         self.worker = SpeculativeWorker(target, draft, spec.name, speculative_num_steps, max_batch_size,
                                         max_seq_len, tiers=tiers, graphs=not disable_graphs,
                                         round_graphs=None if disable_graphs else round_graphs, number_tokens=numbers,
-                                        speculative_eagle_topk=shape[1], speculative_num_draft_tokens=shape[2])
+                                        speculative_eagle_topk=shape[1], speculative_num_draft_tokens=shape[2],
+                                        drafter_options=drafter_options)
         if self._dist is not None:  # NGRAM at tp_draft="leader": the first rank's lookups broadcast
             self._dist.attach(self.worker, tp_draft)
         if speculative_adaptive:
@@ -526,6 +539,11 @@ class Engine:
             self._step()  # no per-step outputs: running requests' text is not decoded every round
         return [self._finished.pop(rid) for rid in wanted]
 
+    def flush_cache(self) -> None:
+        """Forget what drafts learnt across requests: SUFFIX's global tree of recent outputs (a no-op for the
+        other drafters). Running requests keep their own trees."""
+        self.worker.drafter.flush_cache()
+
     def stats(self) -> dict[str, Any]:
         """Tier, EMA, switches, rounds per tier, acceptance and throughput since start."""
         stats: dict[str, Any] = {
@@ -553,4 +571,5 @@ class Engine:
                         "min_dwell_rounds", "agreement_seconds", "agreement_steps"):
                 if key in controller_stats:
                     stats[key] = controller_stats[key]
+        stats.update(self.worker.drafter.stats())  # SUFFIX: its global tree's requests, tokens and bytes
         return stats

@@ -81,6 +81,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     disable_speculative_decoding: bool = False
+    # SUFFIX: whether this request's output joins the global suffix tree other requests draft from (False keeps
+    # it out: one client's text then never shapes another's drafts; its own tree still serves it)
+    suffix_cache_output: bool = True
     min_new_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
 
@@ -112,6 +115,8 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not isinstance(self.disable_speculative_decoding, bool):
             raise ValueError(f"disable_speculative_decoding must be a bool, got {self.disable_speculative_decoding!r}")
+        if not isinstance(self.suffix_cache_output, bool):
+            raise ValueError(f"suffix_cache_output must be a bool, got {self.suffix_cache_output!r}")
         _int(self.min_new_tokens, "min_new_tokens", 0, INT64_MAX, "an int >= 0")
         ids = self.stop_token_ids
         if not isinstance(ids, (list, tuple)):

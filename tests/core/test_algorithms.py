@@ -18,21 +18,32 @@ REGISTRY = Path(algorithms.__file__).name  # the registry itself, python/specswa
 
 
 def test_every_algorithm_names_what_its_drafter_needs():
-    assert NAMES == ("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NONE")
+    assert NAMES == ("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "SUFFIX", "NONE")
     assert algorithm("EAGLE").needs_draft and algorithm("EAGLE").quantizable_draft
     assert algorithm("EAGLE3").draft_suffix == "eagle3" and algorithm("EAGLE3").quantizable_draft
     assert algorithm("STANDALONE").draft_suffix == "draft" and not algorithm("STANDALONE").quantizable_draft
     assert algorithm("NGRAM").number_tokens and not algorithm("NGRAM").needs_draft
+    assert not algorithm("SUFFIX").needs_draft and algorithm("SUFFIX").tp_draft(None) == "leader"
     assert algorithm(None) is algorithm("NONE") and algorithm(None).name is None
     for entry in ALGORITHMS.values():
         assert issubclass(entry.drafter_class(), Drafter)
 
 
 def test_an_unknown_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="'MEDUSA' is not supported; valid: EAGLE, EAGLE3, STANDALONE, NGRAM, NONE"):
+    with pytest.raises(ValueError, match="'MEDUSA' is not supported; valid: EAGLE, EAGLE3, STANDALONE, NGRAM, SUFFIX, NONE"):
         algorithm("MEDUSA")
     with pytest.raises(ValueError, match="'eagle'"):
         algorithm("eagle")  # names are exact, as SGLang's
+
+
+def test_a_drafter_s_options_are_its_algorithm_s_alone():
+    """SUFFIX's keywords reach its drafter (None: its default, left out); another algorithm refuses them."""
+    assert algorithm("SUFFIX").drafter_options(suffix_decoding_max_tree_depth=8, suffix_decoding_min_token_prob=None) \
+        == {"suffix_decoding_max_tree_depth": 8}
+    assert algorithm("EAGLE").drafter_options(suffix_decoding_max_tree_depth=None) == {}
+    with pytest.raises(ValueError, match="suffix_decoding_max_tree_depth apply to speculative_algorithm SUFFIX; got "
+                                         "NONE"):
+        algorithm(None).drafter_options(suffix_decoding_max_tree_depth=8)
 
 
 def comparisons_of_algorithm_names(roots) -> list[str]:

@@ -19,7 +19,7 @@ the round driver see a chain either way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -41,6 +41,7 @@ class DrafterContext:
     cache_capacity: int
     tiers: tuple[int, ...]       # every tier the worker was sized for (0 among them: tier-0 rounds run)
     number_tokens: Any = None    # specswap.prompt_lookup.NumberTokens for a drafter that extrapolates counters
+    options: dict[str, Any] = field(default_factory=dict)  # its algorithm's Engine keywords (``Algorithm.options``)
 
     @property
     def max_steps(self) -> int:
@@ -154,6 +155,13 @@ class Drafter:
 
     def release(self, slot: int) -> None:
         pass
+
+    def flush_cache(self) -> None:
+        """Forget what drafts learnt across requests (SUFFIX's global tree); nothing by default."""
+
+    def stats(self) -> dict[str, Any]:
+        """The drafter's own figures for ``Engine.stats()`` (SUFFIX: its global tree's size); none by default."""
+        return {}
 
     def shared_memory_bytes(self) -> int:
         """Bytes of graphs every tier shares (the draft steps)."""

@@ -85,10 +85,21 @@ class NgramDrafter(Drafter):
             self._send(tier, len(slots), found)
         return found
 
+    # ---- the lookups (``worker.suffix.SuffixDrafter`` replaces these two and keeps the rest) ----
+
+    def propose(self, slot: int, steps: int) -> list[int]:
+        """The slot's chain of exactly ``steps`` drafts, or [] where nothing is worth verifying."""
+        return propose_ngram(self.slots.host_tokens[slot], steps, numbers=self.numbers, index=self._indexes[slot])
+
+    def propose_tree(self, slot: int, depth: int, topk: int, max_nodes: int) -> tuple[list[int], list[int]]:
+        """The slot's draft tree (node tokens, parents; nodes numbered from 1, 0 the root, a node's children
+        best first), at most ``depth`` deep, ``topk`` children a node, ``max_nodes`` nodes; ([], []): none."""
+        return propose_ngram_tree(self.slots.host_tokens[slot], depth, topk, max_nodes, numbers=self.numbers,
+                                  index=self._indexes[slot])
+
     def _chain(self, tier: TierStages, slots: Sequence[int]) -> bool:
         steps, host_tokens = tier.speculative_num_steps, self.slots.host_tokens
-        proposals = [propose_ngram(host_tokens[slot], steps, numbers=self.numbers, index=self._indexes[slot])
-                     for slot in slots]
+        proposals = [self.propose(slot, steps) for slot in slots]
         if not any(proposals):
             return False
         rows = [proposal or [host_tokens[slot][-1]] * steps for proposal, slot in zip(proposals, slots)]
@@ -97,8 +108,7 @@ class NgramDrafter(Drafter):
 
     def _trie(self, tier: TierStages, slots: Sequence[int]) -> bool:
         depth, topk, nodes = tier.shape
-        tries = [propose_ngram_tree(self.slots.host_tokens[slot], depth, topk, nodes - 1, numbers=self.numbers,
-                                    index=self._indexes[slot]) for slot in slots]
+        tries = [self.propose_tree(slot, depth, topk, nodes - 1) for slot in slots]
         if not any(tokens for tokens, _ in tries):
             return False
         rows, parents = [], []
@@ -152,8 +162,7 @@ class NgramDrafter(Drafter):
         if (self._tier0_rounds - 1) % SHADOW_EVERY:
             return
         host_tokens = self.slots.host_tokens
-        proposals = [propose_ngram(host_tokens[slot], self.shadow_steps, numbers=self.numbers,
-                                   index=self._indexes[slot]) for slot in slots]
+        proposals = [self.propose(slot, self.shadow_steps) for slot in slots]
         if not any(proposals):  # the drafting tier would have run a plain decode: nothing to learn
             return
         for slot, proposal in zip(slots, proposals):  # no lookup: a padded row, settled at once as 0 accepted

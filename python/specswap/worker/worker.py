@@ -85,7 +85,8 @@ class SpeculativeWorker:
     as ``draft``, "STANDALONE" with a draft model of the target's vocabulary, "NGRAM" drafting from the request's
     own tokens, None: target-only, one token per round) or a drafter factory (``factory(slot_table) ->
     Drafter``, e.g. a tree drafter). ``number_tokens``: the tokenizer's digit tokens, for a drafter that
-    extrapolates counters (NGRAM). Caches hold max_seq_len plus room for the largest of ``tiers`` (never just
+    extrapolates counters (NGRAM). ``drafter_options``: the algorithm's own settings (``Algorithm.options``; SUFFIX's
+    trees). Caches hold max_seq_len plus room for the largest of ``tiers`` (never just
     the active one), so switching up can never overflow them.
 
     Every tier (``speculative_num_steps`` and ``tiers``) is built at start-up, its stages and round registered in
@@ -102,7 +103,8 @@ class SpeculativeWorker:
                  speculative_num_steps: int = 3, max_batch_size: int = 8, max_seq_len: int = 512,
                  tiers: Sequence[int] = (), graphs: bool = False, round_graphs: bool | None = None,
                  number_tokens: NumberTokens | None = None, verifier: Verifier = LOSSLESS,
-                 speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None):
+                 speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None,
+                 drafter_options: dict | None = None):
         spec = None if callable(speculative_algorithm) else algorithm(speculative_algorithm)
         if spec is not None and spec.needs_draft and draft is None:
             raise ValueError(f"speculative_algorithm {spec.name!r} needs {spec.draft_model}; got draft=None")
@@ -155,7 +157,8 @@ class SpeculativeWorker:
             self.drafter = speculative_algorithm(self.slots)
         else:
             self.drafter = spec.drafter_class().build(DrafterContext(
-                draft, target, self.slots, cache_rows, self.cache_capacity, all_tiers, number_tokens))
+                draft, target, self.slots, cache_rows, self.cache_capacity, all_tiers, number_tokens,
+                dict(drafter_options or {})))
         chains = {steps for steps, topk, _ in shapes.values() if topk == 1 and steps > 0}
         self.drafter.enable_deep_checks(frozenset(steps for steps in chains if steps + 1 in chains))
         trees = [shape for shape in shapes.values() if shape[1] > 1]
