@@ -195,7 +195,8 @@ OpTape::TensorRef OpTape::ref_for(const at::Tensor& tensor) const {
     if (it->impl == impl) return TensorRef{it->slot, {}};
   }
   const std::uintptr_t address = address_of(tensor);
-  if (address != 0 && block_holding(made_, address) != made_.end()) {
+  // (aten::empty's memory is a constant, even where it took the place of a block made_ still lists)
+  if (address != 0 && block_holding(made_, address) != made_.end() && block_holding(raw_, address) == raw_.end()) {
     for (auto it = slot_of_impl_.rbegin(); it != slot_of_impl_.rend(); ++it) {
       if (same_view(it->tensor, tensor)) return TensorRef{it->slot, {}};
     }
