@@ -2,7 +2,11 @@
 transformers' plain and prompt-lookup generate, on four workloads.
 
 Workloads: code prompts decoded greedily, runs of repeated lines decoded greedily (the upstream "high" phase),
-list continuations decoded greedily, and prose prompts sampled at temperature 1.0. Each comes in two prompt sets
+list continuations decoded greedily, and prose prompts sampled at temperature 1.0 (the default four); and, where
+other requests' outputs matter (SUFFIX's global tree), ``specswap bench``'s resample (each prompt 3 times at
+T = 0.7, other seeds), template (one instruction, JSON out) and multiturn (a second turn over the first's answer,
+its time included) prompts. Every engine's drafter state across requests (SUFFIX's global tree) is emptied before
+each timed run and after the warm-up (``Engine.flush_cache``). Each comes in two prompt sets
 (``--prompt-set``): ``tune``, the prompts NGRAM's lookup and the adaptive policy were tuned on, and ``report``
 (the default), prompts of the same kinds written apart from that tuning, for published figures. Every
 configuration runs in the same process on the same loaded weights, interleaved over repeats; the report gives
@@ -35,6 +39,7 @@ from tqdm import tqdm
 
 from specswap import algorithms as algorithms_registry
 from specswap.bench import provenance
+from specswap.bench import workloads as phased
 from specswap.capability import cpu_capability
 from specswap.engine import Engine, encode_text, resolve_checkpoint, resolve_dtype
 
@@ -151,15 +156,28 @@ class ByteTokenizer:
         return "".join(chr(32 + i % 90) for i in ids)
 
 
-# prompt set -> workload -> (prompts, temperature)
+# prompt set -> workload -> (prompts, temperature); the cross-request kinds are specswap bench's
 PROMPT_SETS = {
     "tune": {"code": (TUNE_CODE_PROMPTS, 0.0), "repeat": (TUNE_REPEAT_PROMPTS, 0.0), "list": (TUNE_LIST_PROMPTS, 0.0),
              "prose": (TUNE_PROSE_PROMPTS, 1.0)},
     "report": {"code": (REPORT_CODE_PROMPTS, 0.0), "repeat": (REPORT_REPEAT_PROMPTS, 0.0),
                "list": (REPORT_LIST_PROMPTS, 0.0), "prose": (REPORT_PROSE_PROMPTS, 1.0)},
 }
+for _set in PROMPT_SETS:
+    PROMPT_SETS[_set].update({kind: phased.PROMPT_SETS[_set][kind] for kind in phased.CROSS_REQUEST_KINDS})
 DEFAULT_PROMPT_SET = "report"
 WORKLOADS = list(PROMPT_SETS[DEFAULT_PROMPT_SET])
+DEFAULT_WORKLOADS = ["code", "repeat", "list", "prose"]
+
+
+def workload_prompts(prompt_set: str, workload: str, num_prompts: int) -> tuple[list[str], list[str]]:
+    """A workload's first ``num_prompts`` prompts (resample: each ``RESAMPLES`` times in a row) and, for
+    multiturn, each one's second-turn text (else [])."""
+    prompts = PROMPT_SETS[prompt_set][workload][0][:num_prompts]
+    if workload == "resample":
+        prompts = [prompt for prompt in prompts for _ in range(phased.RESAMPLES)]
+    followups = phased.MULTITURN_FOLLOWUPS[prompt_set] if workload == "multiturn" else []
+    return prompts, [followups[i % len(followups)] for i in range(len(prompts))] if followups else []
 
 
 def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quantization: str = "auto",
@@ -177,7 +195,7 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
         config = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512)
         target = LlamaForCausalLM(config).to(dtype).eval()
-        drafts = {"NGRAM": None,
+        drafts = {"NGRAM": None, "SUFFIX": None,
                   "EAGLE": EagleHead(EagleConfig.for_target(config), target.embed_tokens, target.lm_head),
                   "STANDALONE": LlamaForCausalLM(LlamaConfig(**{**config.__dict__, "num_hidden_layers": 1}))}
         missing = sorted(set(algorithms) - set(drafts))
@@ -226,7 +244,9 @@ class EngineRunner:
         self.engine = engine
         self.ignore_eos = ignore_eos
 
-    def __call__(self, prompts, max_new_tokens: int, temperature: float, seed: int):
+    def __call__(self, prompts, max_new_tokens: int, temperature: float, seed: int, flush: bool = True):
+        if flush:  # SUFFIX: a run starts with an empty global tree
+            self.engine.flush_cache()
         start = CLOCK()
         results = self.engine.generate(prompts, max_new_tokens, temperature=temperature, seed=seed,
                                        ignore_eos=self.ignore_eos)
@@ -241,7 +261,7 @@ class TransformersRunner:
     def __init__(self, model, encode, **generate_kwargs):
         self.model, self.encode, self.kwargs = model, encode, generate_kwargs
 
-    def __call__(self, prompts, max_new_tokens: int, temperature: float, seed: int):
+    def __call__(self, prompts, max_new_tokens: int, temperature: float, seed: int, flush: bool = True):
         tokens, seconds, outputs = 0, 0.0, []
         for index, prompt in enumerate(prompts):
             ids = torch.tensor([self.encode(prompt)])
@@ -277,6 +297,16 @@ def transformers_runners(name: str, dtype: torch.dtype, encode) -> dict[str, Tra
     return runners
 
 
+def two_turns(runner, decode, prompts, followups, max_new_tokens: int, temperature: float, seed: int):
+    """A multiturn run: the first turns, then each second turn (prompt + answer + follow-up) in one more run of
+    the same runner; tokens, time, acceptance and outputs summed over both."""
+    first = runner(prompts, max_new_tokens, temperature, seed)
+    second_prompts = [p + decode(tokens) + f for p, tokens, f in zip(prompts, first[4], followups)]
+    # the second turns may draft from the first turns' outputs: the global tree is kept
+    second = runner(second_prompts, max_new_tokens, temperature, seed + len(prompts), flush=False)
+    return (*(a + b for a, b in zip(first[:4], second[:4])), first[4] + second[4])
+
+
 def agreement(outputs: list[list[int]], reference: list[list[int]]) -> str:
     """'identical/total, mean common prefix' of outputs against target-only ones."""
     identical = sum(a == b for a, b in zip(outputs, reference))
@@ -296,7 +326,7 @@ def bench(target, drafts, tokenizer, args) -> list[dict]:
     bar = tqdm(total=runs_total, desc="bench", unit="run", dynamic_ncols=True)
     for workload, temperature in ((w, t) for w in args.workloads
                                   for t in (args.temperatures or [PROMPT_SETS[args.prompt_set][w][1]])):
-        prompts = PROMPT_SETS[args.prompt_set][workload][0][:args.num_prompts]
+        prompts, followups = workload_prompts(args.prompt_set, workload, args.num_prompts)
         for batch_size in args.batch_sizes:
             runners = {name: EngineRunner(Engine(target, drafts.get(kwargs["speculative_algorithm"]),
                                                  tokenizer=tokenizer, max_batch_size=batch_size,
@@ -311,7 +341,9 @@ def bench(target, drafts, tokenizer, args) -> list[dict]:
             for repeat in range(args.repeats):  # interleaved, so drift hits every configuration alike
                 for name, runner in runners.items():
                     bar.set_postfix_str(f"{workload} b={batch_size} {name}")
-                    runs[name].append(runner(prompts, args.max_new_tokens, temperature, repeat))
+                    runs[name].append(two_turns(runner, tokenizer.decode, prompts, followups, args.max_new_tokens,
+                                                temperature, repeat) if followups else
+                                      runner(prompts, args.max_new_tokens, temperature, repeat))
                     bar.update(1)
             speeds = {name: [tokens / seconds for tokens, seconds, *_ in r] for name, r in runs.items()}
             base = statistics.median(speeds["no-spec"])
@@ -362,10 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft", action="append", default=[], metavar="ALGORITHM=DIR",
                         help="a draft checkpoint for one algorithm, e.g. EAGLE3=DIR (an EAGLE-3 head, which has no "
                              "zoo default); others default to the zoo's <model>-eagle / <model>-draft")
-    parser.add_argument("--algorithm", nargs="+", default=["EAGLE"], choices=["EAGLE", "EAGLE3", "STANDALONE", "NGRAM"],
+    parser.add_argument("--algorithm", nargs="+", default=["EAGLE"],
+                        choices=["EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "SUFFIX"],
                         help="one or more drafters, each with its static tiers and adaptive")
     parser.add_argument("--static-steps", type=int, nargs="+", default=[1, 3, 7])
-    parser.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=WORKLOADS)
+    parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS, choices=WORKLOADS,
+                        help=f"default: {' '.join(DEFAULT_WORKLOADS)}; resample, template and multiturn are where "
+                             f"SUFFIX's global tree matters")
     parser.add_argument("--temperatures", type=float, nargs="+", default=None,
                         help="run every workload at each of these temperatures (default: the workload's own: "
                              "0 for code, repeat and list, 1 for prose)")
@@ -424,7 +459,8 @@ def main() -> None:
           flush=True)
     rows = bench(target, drafts, tokenizer, args)
     print_table(rows)
-    report = {**provenance.stamp(), "prompt_set": args.prompt_set, "args": vars(args), "rows": rows}
+    report = {**provenance.stamp(), "prompt_set": args.prompt_set, "args": vars(args), "rows": rows,
+              "drafter_state": "emptied before every timed run (a multiturn run's second turns keep its first's)"}
     summary = best_versus_transformers(rows)
     if summary:
         print()

@@ -58,7 +58,9 @@ def test_phased_benchmark_sets_are_disjoint_and_report_is_the_default():
 def test_engine_benchmark_sets_are_disjoint_and_report_is_the_default():
     bench_engine = _bench_engine()
     _check_apart(bench_engine.PROMPT_SETS)
-    assert list(bench_engine.PROMPT_SETS["report"]) == ["code", "repeat", "list", "prose"]
+    assert list(bench_engine.PROMPT_SETS["report"]) == ["code", "repeat", "list", "prose", "resample", "template",
+                                                         "multiturn"]
+    assert bench_engine.build_parser().parse_args([]).workloads == ["code", "repeat", "list", "prose"]
     assert bench_engine.DEFAULT_PROMPT_SET == "report"
     args = bench_engine.build_parser().parse_args([])
     assert args.prompt_set == "report"

@@ -16,7 +16,8 @@ DEFAULT_STATIC_STEPS = (1, 3, 7)
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="transition", choices=list(WORKLOADS),
-                        help="low, high, or transition (low, high, low, high)")
+                        help="low, high, transition (low, high, low, high); where other requests' outputs matter "
+                             "(SUFFIX): resample, template, multiturn, mixed (resample, high, template, low)")
     parser.add_argument("--prompt-set", default=DEFAULT_PROMPT_SET, choices=list(PROMPT_SETS),
                         help="report: prompts kept apart from tuning (for published figures); tune: the prompts "
                              "the policy's constants were set on (docs/bench.md)")
@@ -181,7 +182,7 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     phases = build_workload(args.workload, args.requests_per_phase, args.low_temperature, args.prompt_set)
-    requests = sum(len(phase.prompts) for phase in phases)
+    requests = sum(phase.num_requests for phase in phases)
     result: dict[str, Any] = {
         **provenance.stamp(),  # "cpu": this process's capability line (with --server: the client's)
         "workload": args.workload,
@@ -192,6 +193,8 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
                      "low_temperature": args.low_temperature,
                      "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
                      "threads": torch.get_num_threads()},
+        # SUFFIX's global tree (and any drafter state across requests): every mode and repeat runs on a new engine
+        "drafter_state": "empty at each mode's and repeat's start" if not args.server else "the servers' own",
     }
     start = time.perf_counter()
     if args.server:
@@ -207,6 +210,10 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
         steps = candidate_steps(args.speculative_adaptive_config)
         modes = mode_settings(args.modes, models.speculative_algorithm, steps, args.speculative_num_steps,
                               args.speculative_adaptive_config, candidate_trees(args.speculative_adaptive_config))
+        from specswap.cli_flags import suffix_options
+        for settings in modes.values():  # --suffix-decoding-* to every drafting mode (the Engine refuses a misfit)
+            if settings.get("speculative_algorithm") is not None:
+                settings.update(suffix_options(args))
         result.update(model=models.name, speculative_algorithm=models.speculative_algorithm, dtype=str(models.dtype),
                       weights=models.weights,
                       num_parameters=sum(p.numel() for p in models.target.parameters()))

@@ -39,10 +39,12 @@ class EngineRunner:
     def phase_steps(self, phase_index: int, phase: Phase) -> Iterator[None]:
         """Run ``phase`` one engine step per iteration, keeping ``concurrency`` requests in flight (continuous
         batching via add_request/step). Only the time inside an iteration (the requests added, the step) counts
-        on the mode's clock, so the caller may run other modes' steps between two iterations."""
+        on the mode's clock, so the caller may run other modes' steps between two iterations. A multiturn
+        phase's second turn joins the queue's front once its first turn finished (``Phase.second_turn``)."""
         engine = self.engine
         speculative = engine.speculative_algorithm is not None
-        pending = deque(phase.prompts)
+        pending = deque(enumerate(phase.prompts))  # (index of a first turn, or None for a second turn, prompt)
+        first_turns: dict[int, int] = {}  # request id -> its prompt's index in the phase
         started: dict[int, float] = {}  # request id -> the mode's clock when it was added
         seen_tokens: dict[int, int] = {}
         records = []
@@ -50,9 +52,12 @@ class EngineRunner:
         while pending or started:
             t0 = time.perf_counter()
             while pending and len(started) < self.concurrency:
-                request_id = engine.add_request(pending.popleft(), max_new_tokens=self.max_new_tokens,
+                index, prompt = pending.popleft()
+                request_id = engine.add_request(prompt, max_new_tokens=self.max_new_tokens,
                                                 temperature=phase.temperature, seed=self.seed + self.request_index,
                                                 ignore_eos=self.ignore_eos)
+                if index is not None:
+                    first_turns[request_id] = index
                 self.request_index += 1
                 started[request_id] = self.clock + time.perf_counter() - t0
                 seen_tokens[request_id] = 0
@@ -68,6 +73,11 @@ class EngineRunner:
                                     "tokens": len(output.token_ids),
                                     "verify_rounds": output.num_verify_rounds,
                                     "accepted_draft_tokens": sum(output.accept_lengths)})
+                    index = first_turns.pop(output.request_id, None)
+                    if index is not None and phase.followups:
+                        second = phase.second_turn(index, output.text)
+                        if second is not None:
+                            pending.appendleft((None, second))
                     if self.on_request_done is not None:
                         self.on_request_done()
             self.run["trace"].append([now, tier, step_tokens, phase_index])
@@ -139,7 +149,7 @@ def run_server(url: str, phases: list[Phase], concurrency: int, max_new_tokens: 
         text = client.get("/metrics").text
         return _metric_value(text, "spec_accept_length_sum"), _metric_value(text, "spec_accept_length_count")
 
-    def one(prompt: str, temperature: float, request_seed: int) -> dict[str, Any]:
+    def one(prompt: str, temperature: float, request_seed: int) -> tuple[dict[str, Any], str]:
         start = time.perf_counter()
         response = client.post("/v1/completions", json={
             "model": model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": temperature,
@@ -149,7 +159,16 @@ def run_server(url: str, phases: list[Phase], concurrency: int, max_new_tokens: 
         body = response.json()
         if on_request_done is not None:
             on_request_done()
-        return {"latency_s": time.perf_counter() - start, "tokens": body["usage"]["completion_tokens"]}
+        return {"latency_s": time.perf_counter() - start, "tokens": body["usage"]["completion_tokens"]}, \
+            body["choices"][0]["text"]
+
+    def turns(phase: Phase, index: int, request_seed: int) -> list[dict[str, Any]]:
+        """The phase's request ``index``, then its second turn if it has one (multiturn)."""
+        record, answer = one(phase.prompts[index], phase.temperature, request_seed)
+        second = phase.second_turn(index, answer)
+        if second is None:
+            return [record]
+        return [record, one(second, phase.temperature, request_seed + len(phase.prompts))[0]]
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
@@ -160,10 +179,9 @@ def run_server(url: str, phases: list[Phase], concurrency: int, max_new_tokens: 
                 phase_now[0] = phase_index
                 sum_before, count_before = histogram()
                 phase_start = time.perf_counter() - t0
-                futures = [pool.submit(one, prompt, phase.temperature, seed + request_index + i)
-                           for i, prompt in enumerate(phase.prompts)]
-                request_index += len(phase.prompts)
-                records = [future.result() for future in futures]
+                futures = [pool.submit(turns, phase, i, seed + request_index + i) for i in range(len(phase.prompts))]
+                request_index += phase.num_requests
+                records = [record for future in futures for record in future.result()]
                 phase_end = time.perf_counter() - t0
                 sum_after, count_after = histogram()
                 rounds = count_after - count_before
