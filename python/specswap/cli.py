@@ -63,19 +63,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the model once and serve it over HTTP until SIGTERM / SIGINT, then drain (docs/serving.md)."""
-    from specswap.cli_flags import build_engine, check_speculative_flags, suffix_options
-    from specswap.loading import load_models
-    from specswap.server.limits import ServerLimits, max_running_requests
-
+    from specswap.cli_flags import check_speculative_flags
+    from specswap.server.limits import ServerLimits
+    from specswap.server.startup import check_serve_args
+    check_serve_args(args)  # every flag before anything loads: an error names it, exit status 2
     check_speculative_flags(args, args.speculative_adaptive)
-    if args.api_key is not None and not args.api_key:
-        raise ValueError("--api-key must not be empty")
     limits = ServerLimits.from_args(args)
     try:
-        from specswap.server.app import create_app, serve
+        from specswap.server.app import bind
     except ImportError as error:
         raise ValueError(f"serving needs FastAPI, uvicorn and prometheus-client: pip install \"specswap[serve]\" "
                          f"({error})") from error
+    sock = None
+    if args.dp_size == 1:  # the port first: a taken one is an error now, not after the model loads
+        try:
+            sock = bind(args.host, args.port)
+        except OSError as error:
+            raise ValueError(f"--host {args.host} --port {args.port} cannot be bound: {error}") from error
+    try:
+        return _serve_loaded(args, limits, sock)
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+def _serve_loaded(args: argparse.Namespace, limits, sock) -> int:
+    """``cmd_serve`` once its flags are checked and its port bound: load, build, serve, shut down."""
+    from specswap.cli_flags import build_engine, suffix_options
+    from specswap.loading import load_models
+    from specswap.server.app import create_app, serve
+    from specswap.server.limits import max_running_requests
+    from specswap.server.startup import ready_line
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -104,14 +122,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
           flush=True)
     from specswap.capability import cpu_capability
     print(cpu_capability().describe(), flush=True)
+    app.state.ready_message = ready_line(f"http://{args.host}:{args.port}", args.served_model_name or args.model,
+                                         models.weights, engine.stats())
     for tier in engine.tier_report():  # what each prebuilt tier holds and took to build (SGLang reports its graphs)
         print(f"specswap serve: tier ({tier['speculative_num_steps']}, {tier['speculative_eagle_topk']}, "
               f"{tier['speculative_num_draft_tokens']}): {tier['memory_bytes'] / 2**20:.2f} MiB, built in "
               f"{tier['build_seconds']:.2f} s", flush=True)
     try:
-        serve(app, args.host, args.port, args.log_level)
+        serve(app, args.host, args.port, args.log_level, sock=sock)
     finally:
-        engine.shutdown()  # releases the tensor-parallel followers (a no-op in one process)
+        if app.state.scheduler.stop() and app.state.scheduler.error is None:
+            engine.shutdown()  # releases the tensor-parallel followers (a no-op in one process)
+    if app.state.scheduler.error is not None:  # a fault in shared state: non-zero, for a supervisor to restart it
+        print(f"specswap serve: error: the engine failed: {app.state.scheduler.error!r}; exiting with status 1",
+              file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -122,7 +147,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from specswap import __version__
     parser = argparse.ArgumentParser(prog="specswap", description="Adaptive speculative decoding")
+    parser.add_argument("--version", action="version", version=f"specswap {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="show the adaptive policy switching prebuilt tiers on a simulated workload")
     demo.add_argument("--rounds", type=int, default=400, help="decode rounds per phase")
@@ -133,14 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     from specswap.cli_flags import add_model_arguments
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with live adaptive metrics (docs/serving.md)")
+    from specswap.server.startup import LOG_LEVELS, DefaultsFormatter
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with live adaptive metrics (docs/serving.md)",
+                           formatter_class=DefaultsFormatter)
     add_model_arguments(serve, default_algorithm="NONE")
     serve.add_argument("--speculative-adaptive", action="store_true",
                        help="let the adaptive controller pick the draft steps per round")
     serve.add_argument("--disable-cuda-graph", action="store_true", help="run every stage eagerly instead of replaying the graphs captured at start-up")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=30000)
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every request")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=30000, help="port to listen on, bound before the model loads")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every request but "
+                                                       "the probes (/health, /health_generate, /metrics)")
+    serve.add_argument("--api-key-probes", action="store_true", help="require --api-key on the probes too")
     serve.add_argument("--served-model-name", default=None, help="the model id clients see (default: --model)")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     from specswap.server.limits import add_arguments as add_limit_arguments
@@ -159,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a collective waits for a peer before failing with the rank's name (default 60)")
     serve.add_argument("--min-dwell-rounds", type=int, default=None,
                        help="distributed: steps at least between two tier switches (default 8)")
-    serve.add_argument("--log-level", default="warning")
+    serve.add_argument("--log-level", default="warning", type=str.lower, choices=LOG_LEVELS,
+                       help="uvicorn's log level; the ready line and errors print at any level")
     serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="phased workload benchmark: baseline, static tiers and adaptive side by side "

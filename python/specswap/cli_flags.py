@@ -44,14 +44,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
                              "steps + 1)")
     parser.add_argument("--speculative-adaptive-config", default=None,
                         help="adaptive policy JSON (docs/policy.md); needs --speculative-adaptive")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                        help="compute dtype (auto: bf16 where the CPU has native bf16, else fp32)")
     parser.add_argument("--weights", default="auto", choices=["auto", "native", "bf16", "fp32"],
                         help="native: a GGUF model's matrices stay in the file's block formats on ggml's CPU kernels "
                              "(auto: native for GGUF models on CPU when ggml is installed); bf16 / fp32: dequantized")
     parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8", "q8_0"],
                         help="the EAGLE head's linears as weight-only int8 (auto: on CPU in bf16) or ggml Q8_0 blocks "
                              "(auto: with native target weights); output is unchanged")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="torch device the model runs on")
     parser.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (cache slots)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 avoids oversubscription on a shared "

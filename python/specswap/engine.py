@@ -25,6 +25,7 @@ from specswap.loading import resolve_checkpoint, resolve_dtype  # re-exported: c
 from specswap.huge_pages import place_on_huge_pages
 from specswap.prompt_lookup import NumberTokens
 from specswap.sampling import SamplingParams
+from specswap.tier import Tier
 from specswap.worker import SpeculativeWorker
 from specswap.worker.layout import tier_key, tree_shape
 
@@ -45,10 +46,11 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]                  # generated tokens only (an EOS that ended the request included)
     text: str                             # decoded tokens, cut before a matched stop string
-    finish_reason: str | None             # "length" | "stop" | "abort" | None
+    finish_reason: str | None             # "length" | "stop" | "abort" | "error" | None
     num_verify_rounds: int
     accept_lengths: list[int]             # accepted draft tokens per verify round, bonus excluded
     num_draft_tokens: int = 0             # drafts verified for this request over its rounds (0 with speculation off)
+    error: str | None = None              # finish_reason "error": what failed while serving this request alone
 
     @property
     def finished(self) -> bool:
@@ -83,34 +85,38 @@ class _Request:
     accept_lengths: list[int] = field(default_factory=list)
     num_draft_tokens: int = 0             # drafts verified for it over its rounds
     stop_string_hit: bool = False         # text was cut at a stop string
+    error: str | None = None              # a fault while serving it alone (finish_reason "error")
 
     def append(self, tokens: list[int], eos_token_ids: frozenset[int], tokenizer: Any) -> int:
         """Add a round's tokens, stopping at EOS, the token budget or a stop string (sets finish_reason);
         returns how many were taken before a stop."""
         taken = 0
+        params = self.params
         for token in tokens:
             self.token_ids.append(token)
             taken += 1
-            if token in eos_token_ids and not self.params.ignore_eos:
-                self.finish_reason = "stop"
+            if (token in eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+                self.finish_reason = "stop"  # (masked while short of min_new_tokens: never drawn then)
                 break
             if len(self.token_ids) >= self.max_tokens:
                 self.finish_reason = "length"
                 break
-        if self.params.stop and tokenizer is not None:
+        if params.stop and tokenizer is not None and len(self.token_ids) >= params.min_new_tokens:
             self._cut_at_stop_string(tokenizer, len(tokens))
         return taken
 
     def _cut_at_stop_string(self, tokenizer: Any, num_new: int) -> None:
+        """Cut at the first stop string that ends past the request's first ``min_new_tokens`` tokens."""
         text = tokenizer.decode(self.token_ids)
-        hits = [(text.find(s), s) for s in self.params.stop if s in text]
+        floor = len(tokenizer.decode(self.token_ids[:self.params.min_new_tokens])) if self.params.min_new_tokens else 0
+        hits = [(at, s) for s in self.params.stop if (at := text.find(s, max(floor - len(s) + 1, 0))) >= 0]
         if not hits:
             return
         cut, _ = min(hits)
         # keep the shortest token prefix whose text reaches the stop string
-        for keep in range(max(len(self.token_ids) - num_new, 0), len(self.token_ids) + 1):
+        for keep in range(max(len(self.token_ids) - num_new, self.params.min_new_tokens, 0), len(self.token_ids) + 1):
             prefix_text = tokenizer.decode(self.token_ids[:keep])
-            if any(s in prefix_text for s in self.params.stop):
+            if any(s in prefix_text[max(floor - len(s) + 1, 0):] for s in self.params.stop):
                 del self.token_ids[keep:]
                 break
         self.finish_reason = "stop"
@@ -123,7 +129,7 @@ class _Request:
             text = tokenizer.decode(self.token_ids)
         return RequestOutput(self.request_id, list(self.prompt_ids), list(self.token_ids), text,
                              self.finish_reason, len(self.accept_lengths), list(self.accept_lengths),
-                             self.num_draft_tokens)
+                             self.num_draft_tokens, self.error)
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -290,6 +296,7 @@ class Engine:
         # finished outputs no step() has returned yet: requests that finished inside generate() for another caller
         self._finished: dict[int, RequestOutput] = {}
         self._rounds_per_tier: Counter[int] = Counter()
+        self.worker.slots.eos_token_ids = tuple(sorted(eos))  # what min_new_tokens masks
         self._accepted_total = 0
         self._verified_total = 0
         self._generated_tokens = 0
@@ -301,6 +308,7 @@ class Engine:
         from specswap.adaptive_config import with_candidate_trees
         from specswap.worker.row_cost import auto_trees, resolve_row_costs
         self.row_costs = resolve_row_costs(request, self.target, self.weights, distributed=self._dist is not None)
+        self._request_faults = 0  # requests ended by a fault of their own (_fail)
         if not trees_auto:
             return config
         trees = auto_trees(self.row_costs, config.candidate_steps)
@@ -442,7 +450,7 @@ class Engine:
         any that finished inside another caller's generate()), and the tier the round ran for.
         """
         tier = self.worker.active_steps
-        outputs = [self._finished.pop(r.request_id, None) or r.output(self.tokenizer) for r in self._step()]
+        outputs = [self._finished.pop(r.request_id, None) or self._output(r) for r in self._step()]
         outputs.extend(self._finished.values())
         self._finished.clear()
         return StepOutput(outputs, tier)
@@ -462,7 +470,7 @@ class Engine:
                                          [r.params for r in group], [r.generator for r in group])
             for request, token in zip(group, first_tokens):
                 self._running.append(request)
-                self._append(request, [token])
+                self._guarded(request, self._append, request, [token])
                 updated.append(request)
         decoding = [r for r in self._running if r.finish_reason is None]
         result = None
@@ -478,7 +486,7 @@ class Engine:
                 if speculating:  # a request with speculation off is no acceptance observation
                     self._accepted_total += accepted
                     self._verified_total += 1
-                self._append(request, tokens)
+                self._guarded(request, self._append, request, tokens)
                 if request not in updated:
                     updated.append(request)
         for request in [r for r in self._running if r.finish_reason is not None]:
@@ -507,6 +515,37 @@ class Engine:
         self._finished[request.request_id] = request.output(self.tokenizer)
 
     def _free_slot(self, request: _Request) -> None:
+    def _guarded(self, request: _Request, fn, *args) -> None:
+        """``fn(*args)``, a part of serving ``request`` alone (its stop checks, its detokenization): a fault there
+        ends that request (finish_reason "error", slot freed at the step's end) and the batch goes on."""
+        try:
+            fn(*args)
+        except Exception as error:  # noqa: BLE001 - the fault stays with its request
+            self._fail(request, error)
+
+    def _output(self, request: _Request) -> RequestOutput:
+        """A running request's output (its text decoded so far), or, if decoding it fails, its failure's."""
+        self._guarded(request, lambda: self._finished.setdefault(request.request_id, request.output(self.tokenizer)))
+        return self._finished.pop(request.request_id)
+
+    def _fail(self, request: _Request, error: Exception) -> None:
+        """End ``request`` for a fault of its own: logged in one line, counted (``stats()["request_faults"]``), its
+        final output carries the error; a tensor-parallel leader's followers drop it too (as an abort)."""
+        message = f"{type(error).__name__}: {error}"
+        logger.error("specswap: request %d failed and was ended, the batch goes on: %s", request.request_id, message)
+        self._request_faults += 1
+        request.finish_reason, request.error = "error", message
+        if self._dist is not None:
+            self._dist.note_abort(request.request_id)
+        if request in self._waiting:
+            self._waiting.remove(request)
+        if request in self._running:
+            self._running.remove(request)
+            self._free_slot(request)
+        self._finished[request.request_id] = RequestOutput(
+            request.request_id, list(request.prompt_ids), list(request.token_ids), request.text, "error",
+            len(request.accept_lengths), list(request.accept_lengths), request.num_draft_tokens, message)
+
         if request.slot is not None:
             self.worker.release(request.slot)
             self._free_slots.append(request.slot)
@@ -549,7 +588,8 @@ class Engine:
         stats: dict[str, Any] = {
             "speculative_algorithm": self.speculative_algorithm,
             "weights": self.weights,
-            "current_steps": self.current_steps,
+            "current_steps": self.current_steps,  # the active tier's key (a tree's is its packed shape)
+            "tier": {**(tier := Tier.from_key(self.current_steps)).as_dict(), "label": tier.label},
             "adaptive": self.controller is not None,
             "ema": None,
             "num_switches": 0,
@@ -573,3 +613,7 @@ class Engine:
                     stats[key] = controller_stats[key]
         stats.update(self.worker.drafter.stats())  # SUFFIX: its global tree's requests, tokens and bytes
         return stats
+            # SGLang's load figure (/get_load): tokens of running requests (prompt and output) and waiting prompts
+            "num_tokens": sum(len(r.prompt_ids) + len(r.token_ids) for r in self._running)
+            + sum(len(r.prompt_ids) for r in self._waiting),
+            "request_faults": self._request_faults,

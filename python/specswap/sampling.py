@@ -88,7 +88,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        _int(self.max_new_tokens, "max_new_tokens", 1, INT64_MAX, "an int >= 1")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r:.80}")
+        if not 1 <= self.max_new_tokens <= INT64_MAX:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         temperature = self.temperature
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
                 or not math.isfinite(_as_float(temperature)) or temperature < 0:

@@ -144,12 +144,26 @@ def _error(response, status, param=None):
     return error
 
 
-def test_api_key_is_required_everywhere(server):
-    for method, path in [("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/server_info"),
-                         ("POST", "/v1/completions")]:
+def test_api_key_is_required_everywhere_but_the_probes(server):
+    for method, path in [("GET", "/v1/models"), ("GET", "/server_info"), ("POST", "/v1/completions"),
+                         ("POST", "/generate")]:
         _error(httpx.request(method, server + path, json={"prompt": "a"}), 401)
         wrong = httpx.request(method, server + path, json={"prompt": "a"}, headers={"Authorization": "Bearer nope"})
         assert _error(wrong, 401)["type"] == "authentication_error"
+    # load balancers' health checks and Prometheus send no key (as vLLM leaves them open)
+    assert httpx.get(server + "/health").json() == {"status": "ok"}
+    assert "spec_num_steps" in httpx.get(server + "/metrics").text
+
+
+def test_api_key_probes_guards_the_probes_too(models):
+    target, _ = models
+    from specswap.server.limits import ServerLimits
+    engine = Engine(target, None, None, max_seq_len=MAX_SEQ_LEN, tokenizer=CharTokenizer())
+    app = create_app(engine, MODEL, api_key=API_KEY, limits=ServerLimits(api_key_probes=True))
+    with running_server(app) as url:
+        for path in ("/health", "/metrics", "/health_generate"):
+            _error(httpx.get(url + path), 401)
+        assert httpx.get(url + "/health", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
 
 
 @pytest.mark.parametrize("body, param", [
@@ -247,6 +261,7 @@ def test_metrics_names_and_accept_length_histogram(http):
     assert samples["spec_accept_length_sum"] >= samples["spec_accept_length_count"]  # >= 1 token per verify
     steps = families["spec_num_steps"].samples[0].value
     assert families["spec_num_draft_tokens"].samples[0].value == steps + 1
+    assert families["spec_eagle_topk"].samples[0].value == 1
 
 
 class SlowEngine(Engine):

@@ -21,6 +21,8 @@ import contextlib
 import dataclasses
 import hmac
 import json
+import logging
+import socket
 import time
 import uuid
 from typing import Any
@@ -37,36 +39,73 @@ from specswap.server.limits import RETRY_AFTER_SECONDS, ServerLimits
 from specswap.server.metrics import CONTENT_TYPE, ServerMetrics
 from specswap.server.protocol import APIError, ParsedRequest
 from specswap.server.scheduler import Scheduler, Update
+from specswap.tier import Tier
+
+logger = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT = 20.0          # /health_generate: seconds the engine may take to show it is alive
 SHUTDOWN_GRACE = 15            # seconds uvicorn waits for responses still being sent after the drain
 CLIENT_GONE = "the client disconnected"
 
 
-def _error_response(error: APIError) -> JSONResponse:
+def _error_response(error: APIError) -> Response:
+    """The error's JSON body, written in ASCII: whatever it echoes (a lone surrogate included) cannot fail it."""
     headers = dict(error.headers or {})
     if error.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
+    return Response(json.dumps(error.body(), ensure_ascii=True), status_code=error.status, headers=headers or None,
+                    media_type="application/json")
 
 
-async def _read_json(request: Request, max_body_bytes: int) -> Any:
-    """The body as JSON: 413 past ``max_body_bytes`` (checked before and while reading), 400 if not JSON."""
+async def _read_json(request: Request, limits: ServerLimits, closing: asyncio.Event) -> Any:
+    """The body as JSON: 413 past ``max_body_bytes`` (checked before and while reading), 408 when it takes longer
+    than ``body_timeout`` to arrive, 503 once the server is closing (a stalled upload never holds a drain up), 400
+    if it is not JSON, nests too deep or holds text that is not Unicode (``protocol.check_json_body``)."""
+    max_body_bytes = limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise APIError(413, f"request body of {declared} bytes is larger than the limit of {max_body_bytes} bytes",
                        None, "request_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
+    chunks, size, more = [], 0, True
+    deadline = time.monotonic() + limits.body_timeout
+    while more:
+        message = await _receive_before(request, deadline, closing)
+        if message["type"] == "http.disconnect":
+            raise APIError(400, CLIENT_GONE, None, "client_disconnected")
+        chunk, more = message.get("body", b""), message.get("more_body", False)
         size += len(chunk)
         if size > max_body_bytes:
             raise APIError(413, f"request body is larger than the limit of {max_body_bytes} bytes", None,
                            "request_too_large")
         chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks))
+        body = json.loads(b"".join(chunks))
+    except RecursionError as error:
+        raise APIError(400, f"the request body is nested deeper than {protocol.MAX_JSON_DEPTH} levels", None,
+                       "too_deep") from error
     except (ValueError, UnicodeDecodeError) as error:
         raise APIError(400, f"the request body is not valid JSON: {error}", None, "invalid_json") from error
+    protocol.check_json_body(body)
+    return body
+
+
+async def _receive_before(request: Request, deadline: float, closing: asyncio.Event) -> dict:
+    """The next ASGI message of ``request``'s body, or 408 past ``deadline`` / 503 once ``closing`` is set."""
+    receive = asyncio.ensure_future(request.receive())
+    stop = asyncio.ensure_future(closing.wait())
+    try:
+        done, _ = await asyncio.wait({receive, stop}, timeout=max(deadline - time.monotonic(), 0),
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if receive in done:
+        return receive.result()
+    receive.cancel()
+    if stop in done:
+        raise APIError(503, "the server is shutting down; the request body had not arrived", None, "server_draining",
+                       "server_error", {"Connection": "close"})
+    raise APIError(408, "the request body did not arrive within --body-timeout", None, "request_timeout",
+                   headers={"Connection": "close"})
 
 
 class _BearerKey:
@@ -89,6 +128,17 @@ class _BearerKey:
         await self.app(scope, receive, send)
 
 
+def _failure(update: Update) -> APIError | None:
+    """The 500 an update ends with: the engine loop died (every request's), or this request's own fault (it alone
+    ended; the server goes on); None otherwise."""
+    if update.error is not None:
+        return APIError(500, update.error, None, "engine_error", "server_error")
+    if update.finish_reason == "error":
+        return APIError(500, f"the request failed and was ended (the server goes on): {update.abort_message}", None,
+                        "request_failed", "server_error")
+    return None
+
+
 def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
@@ -106,16 +156,20 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
         limits = dataclasses.replace(limits, max_prompt_chars=max_prompt_chars)
     max_body_bytes, max_prompt_chars = limits.max_body_bytes, limits.max_prompt_chars
     metrics = ServerMetrics()
+    tier_report = engine.tier_report()  # fixed at start-up: no route touches the engine once the scheduler owns it
     scheduler = Scheduler(engine, on_round=metrics.on_round)
     metrics.attach(scheduler)
     started = time.time()
     capacity = engine.max_batch_size + limits.max_queued_requests
     live_rids: dict[str, int] = {}   # rid (/generate's, or an OpenAI response id) -> scheduler request id
     drain_state = {"cut": False, "report": None}
+    closing = asyncio.Event()   # set when the server stops: body reads still waiting answer 503 at once
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         scheduler.start()
+        if getattr(app.state, "ready_message", None):  # the CLI's one line at any log level: it takes requests now
+            print(app.state.ready_message, flush=True)
         try:
             yield
         finally:
@@ -137,7 +191,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
                                         None, None, kind))
 
     if api_key is not None:
-        app.add_middleware(_BearerKey, api_key=api_key)
+        app.add_middleware(_BearerKey, api_key=api_key, probes=limits.api_key_probes)
 
     def _admitting() -> None:
         """503 while draining or once the engine loop died."""
@@ -198,6 +252,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
             timeouts = [t for t in (limits.request_timeout, item.request_timeout) if t is not None]
             queues.append(scheduler.submit(ids, item.params, min(timeouts) if timeouts else None, arrived))
         firsts = [await updates.get() for updates in queues]
+        for first in firsts:
+            if first.finish_reason == "error":  # the engine loop died meanwhile
+                raise _failure(first)
         errors = [first.error for first in firsts if first.error is not None]
         if errors:
             for first in firsts:
@@ -241,8 +298,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
                 for first, _ in admitted:
                     scheduler.abort(first.request_id, "abort", CLIENT_GONE)
         for update in finals or ():
-            if update.error is not None:
-                raise APIError(500, update.error, None, "engine_error", "server_error")
+            if (failure := _failure(update)) is not None:
+                raise failure
         return finals
 
     async def _generate(request: Request, parsed: ParsedRequest, chat: bool, arrived: float):
@@ -292,9 +349,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
                 yield chunk(None, role=True)
             while True:
                 update = await updates.get()
-                if update.error is not None:
+                if (failure := _failure(update)) is not None:
                     finished = True
-                    yield _sse(APIError(500, update.error, None, "engine_error", "server_error").body())
+                    yield _sse(failure.body())
                     break
                 done = update.finish_reason is not None
                 safe = protocol.stream_safe_length(update.text, parsed.params.stop, done)
@@ -317,13 +374,13 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
     @app.post("/v1/completions")
     async def completions(request: Request):
         arrived = time.monotonic()
-        body = await _read_json(request, max_body_bytes)
+        body = await _read_json(request, limits, closing)
         return await _generate(request, protocol.parse_completion(body, max_prompt_chars), False, arrived)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         arrived = time.monotonic()
-        body = await _read_json(request, max_body_bytes)
+        body = await _read_json(request, limits, closing)
         return await _generate(request, protocol.parse_chat(body, engine.tokenizer, max_prompt_chars), True, arrived)
 
     decode = engine.tokenizer.decode if engine.tokenizer is not None else None
@@ -352,8 +409,15 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
                     update = waits.pop(index).result()
                     if update.error is not None:  # the engine loop died; every request got this error
                         running.clear()
-                        yield _sse(APIError(500, update.error, None, "engine_error", "server_error").body())
+                        yield _sse(_failure(update).body())
                         break
+                    if update.finish_reason == "error":  # this prompt's own fault: the batch's others go on
+                        running.discard(index)
+                        failure = _failure(update).body()
+                        if parsed.batched:
+                            failure["index"] = index
+                        yield _sse(failure)
+                        continue
                     item = parsed.items[index]
                     done = update.finish_reason is not None
                     safe = protocol.stream_safe_length(update.text, item.params.stop, done)
@@ -376,7 +440,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
     @app.post("/generate")
     async def generate(request: Request):
         started = time.monotonic()
-        body = await _read_json(request, max_body_bytes)
+        body = await _read_json(request, limits, closing)
         parsed = native.parse_generate(body, max_prompt_chars, limits.max_prompts_per_request)
         rids = parsed.rids or [uuid.uuid4().hex for _ in parsed.items]
         admitted = await _admit(parsed.items, parsed.param, started, rids)
@@ -452,7 +516,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
     async def abort_request(request: Request):
         """SGLang's abort: ``{"rid": ...}`` ends that request (finish reason "abort"), ``{"abort_all": true}``
         every request; an unknown or finished rid is no error (it may have just finished)."""
-        body = await _read_json(request, max_body_bytes)
+        body = await _read_json(request, limits, closing)
         if not isinstance(body, dict):
             raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
         for key in body:
@@ -493,7 +557,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
                     draining=metrics.draining, num_requests_admitted=scheduler.inflight,
                     requests_rejected=dict(metrics.rejected),
                     requests_speculation_disabled=scheduler.counters.speculation_disabled,
-                    speculative_tiers=engine.tier_report())
+                    speculative_tiers=tier_report)
         return info
 
     async def drain(timeout: float | None = None) -> dict[str, Any]:
@@ -528,6 +592,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
     app.state.cut_drain = cut_drain
     app.state.drain_state = drain_state
 
+    app.state.closing = closing
     @app.get("/metrics")
     async def prometheus_metrics():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -538,7 +603,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
 class DrainingServer(uvicorn.Server):
     """uvicorn's server with a graceful drain: the first SIGTERM or SIGINT runs the app's ``drain`` while the
     server keeps listening (so new requests and /health get 503, not a refused connection), then exits normally
-    (status 0; the signal is not re-raised). A second signal cuts the drain's wait short; a third exits at once."""
+ENGINE_DEATH_GRACE = 1.0   # seconds between the engine loop's death and the exit: its clients get their 500s
+
+
+    (status 0; the signal is not re-raised). A second signal cuts the drain's wait short; a third exits at once.
+    When the engine loop dies (a fault in shared state), it exits ``ENGINE_DEATH_GRACE`` seconds later, for a
+    supervisor to restart the process (``serve`` callers exit non-zero: ``app.state.scheduler.error``)."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI):
         super().__init__(config)
@@ -555,16 +625,105 @@ class DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         if self.signals and self._drain is None:
-            self._drain = asyncio.ensure_future(self.app.state.drain())
-        if self._drain is not None and self._drain.done():
+            self._drain = asyncio.ensure_future(state.drain())
+        died = state.scheduler.died_at
+        if (self._drain is not None and self._drain.done()) or \
+                (died is not None and time.monotonic() - died > ENGINE_DEATH_GRACE):
+            state.closing.set()  # body reads still waiting answer 503 now: nothing holds the exit up
+        state = self.app.state
             self.should_exit = True
         return await super().on_tick(counter)
 
 
-def serve(app: FastAPI, host: str, port: int, log_level: str = "warning") -> dict[str, Any] | None:
-    """Run ``app`` until SIGTERM / SIGINT, drain it, and return the drain's report (None if it never drained)."""
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=SHUTDOWN_GRACE)
-    DrainingServer(config, app).run()
+def _timed_protocol(header_timeout: float):
+    """uvicorn's h11 protocol with a header timeout: a connection that has not sent a whole request's headers
+    ``header_timeout`` seconds after it opened (or after its last response) gets a JSON 408 and is closed, so slow
+    clients (slowloris) cannot hold connections open."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol  # noqa: PLC0415
+
+    body = json.dumps(APIError(408, f"the request headers did not arrive within --header-timeout "
+                                    f"({header_timeout:g} s)", None, "request_timeout").body()).encode()
+    reply = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+             b"content-length: %d\r\n\r\n" % len(body)) + body
+
+    class TimedH11Protocol(H11Protocol):
+        _header_timer = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self):
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout, self._headers_late)
+
+        def _disarm(self):
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def handle_events(self):
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:  # a request's headers arrived
+                self._disarm()
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc):
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _headers_late(self):
+            self._header_timer = None
+            if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+                return
+            self.transport.write(reply)
+            self.transport.close()
+
+    return TimedH11Protocol
+
+
+class _QuietCancel:
+    """A request task cancelled at shutdown (uvicorn cancels what outlives its grace) logs one line, not
+    uvicorn's traceback."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if scope["type"] == "http":
+                logger.warning("specswap serve: %s %s cancelled at shutdown", scope.get("method"), scope.get("path"))
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads so that a taken port is an error at once (OSError)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str = "warning",
+          sock: socket.socket | None = None) -> dict[str, Any] | None:
+    """Run ``app`` (on ``sock`` when given, bound by ``bind``) until SIGTERM / SIGINT or the engine's death, and
+    return the drain's report (None if it never drained)."""
+    config = uvicorn.Config(_QuietCancel(app), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE,
+                            http=_timed_protocol(app.state.limits.header_timeout))
+    DrainingServer(config, app).run(sockets=[sock] if sock is not None else None)
     return app.state.drain_state["report"]
 
 
@@ -574,8 +733,10 @@ def server_info_dict(scheduler: Scheduler, model_name: str, engine, server_args:
     stats = dict(scheduler.snapshot)
     rounds = stats.get("num_verify_rounds", 0)
     speculative = stats.get("speculative_algorithm") is not None
-    steps = stats.get("current_steps", 0) if speculative else 0
-    _, topk, tokens = engine.worker.tier_shapes().get(steps, (steps, 1, steps + 1)) if speculative else (0, 1, 0)
+    # the active tier's shape (the engine's Tier), never its packed key
+    shape = stats["tier"] if speculative else {**Tier(0).as_dict(), "speculative_num_draft_tokens": 0}
+    steps, topk, tokens = (shape["speculative_num_steps"], shape["speculative_eagle_topk"],
+                           shape["speculative_num_draft_tokens"])
     info = {
         "model": model_name,
         "speculative_algorithm": stats.get("speculative_algorithm"),
@@ -589,7 +750,7 @@ def server_info_dict(scheduler: Scheduler, model_name: str, engine, server_args:
         "avg_spec_accept_length": stats["mean_accept_length"] + 1 if rounds else None,
         "mean_accepted_draft_tokens": stats["mean_accept_length"] if rounds else None,
         "num_switches": stats.get("num_switches", 0),
-        "rounds_per_tier": {str(k): v for k, v in stats.get("rounds_per_tier", {}).items()},
+        "rounds_per_tier": {Tier.from_key(k).label: v for k, v in stats.get("rounds_per_tier", {}).items()},
         "num_verify_rounds": rounds,
         "generated_tokens": stats.get("generated_tokens", 0),
         "tokens_per_second": stats.get("tokens_per_second", 0.0),
@@ -606,8 +767,10 @@ def server_info_dict(scheduler: Scheduler, model_name: str, engine, server_args:
                              "last_gen_throughput": stats.get("tokens_per_second", 0.0)}],
         "cpu": cpu_capability().as_dict(),  # what the dtype and kernel choices saw (docs/engine.md)
     }
-    if "tiers" in stats:
-        info["candidate_steps"] = [row.get("speculative_num_steps") for row in stats["tiers"]
-                                   if isinstance(row, dict)] or None
-        info["tiers"] = stats["tiers"]
+    if "tiers" in stats:  # the candidates, each with its shape (a row's "key" is the pool's)
+        rows = [{**row, "key": row["speculative_num_steps"], **(tier := Tier.from_key(row["speculative_num_steps"]))
+                 .as_dict(), "tier": tier.label} for row in stats["tiers"] if isinstance(row, dict)]
+        info["candidate_steps"] = [row["tier"] if row["speculative_eagle_topk"] > 1 else row["speculative_num_steps"]
+                                   for row in rows] or None
+        info["tiers"] = rows
     return info

@@ -15,6 +15,8 @@ DEFAULT_MAX_PROMPTS_PER_REQUEST = 64
 DEFAULT_MAX_PROMPT_CHARS = 200_000
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_DRAIN_TIMEOUT = 30.0
+DEFAULT_HEADER_TIMEOUT = 10.0  # seconds a connection may take to send a request's headers (then 408 and closed)
+DEFAULT_BODY_TIMEOUT = 30.0    # seconds a request may take to send its body (then 408)
 RETRY_AFTER_SECONDS = 1     # the Retry-After header of a 503
 
 
@@ -28,6 +30,9 @@ class ServerLimits:
     max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    api_key_probes: bool = False  # --api-key also guards /health, /health_generate and /metrics
 
     def __post_init__(self):
         for name in ("max_prompts_per_request", "max_prompt_chars", "max_body_bytes"):
@@ -44,12 +49,19 @@ class ServerLimits:
         if not (isinstance(self.drain_timeout, (int, float)) and math.isfinite(self.drain_timeout)
                 and self.drain_timeout >= 0):
             raise ValueError(f"--drain-timeout must be a number of seconds >= 0, got {self.drain_timeout!r}")
+        for name in ("header_timeout", "body_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerLimits:
         return cls(max_queued_requests=args.max_queued_requests, request_timeout=args.request_timeout,
                    max_prompts_per_request=args.max_prompts_per_request, max_prompt_chars=args.max_prompt_chars,
-                   max_body_bytes=args.max_body_bytes, drain_timeout=args.drain_timeout)
+                   max_body_bytes=args.max_body_bytes, drain_timeout=args.drain_timeout,
+                   header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                   api_key_probes=args.api_key_probes)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on SIGTERM / SIGINT: seconds to let admitted requests finish before the rest are "
                              f"aborted (finish reason 'shutdown') and the server exits 0 "
                              f"(default {DEFAULT_DRAIN_TIMEOUT:g})")
+    parser.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT,
+                        help="seconds a connection may take to send a request's headers; a slower one gets 408 and is "
+                             f"closed (default {DEFAULT_HEADER_TIMEOUT:g})")
+    parser.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
+                        help="seconds a request may take to send its body; a slower one gets 408 "
+                             f"(default {DEFAULT_BODY_TIMEOUT:g})")
 
 
 def max_running_requests(args: argparse.Namespace) -> int:

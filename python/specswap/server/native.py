@@ -17,16 +17,16 @@ from typing import Any
 
 from specswap.sampling import SamplingParams
 from specswap.server.protocol import (APIError, ParsedRequest, _integer, _number, _stop, check_token_ids, flag,
-                                     request_timeout)
+                                     min_tokens, request_timeout, token_id_list)
 
 DEFAULT_MAX_NEW_TOKENS = 128   # as SGLang
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "ignore_eos", "sampling_seed",
-                 "disable_speculative_decoding")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids",
+                 "ignore_eos", "sampling_seed", "disable_speculative_decoding")
 # SGLang sampling parameters this server does not implement: accepted at the value that leaves sampling
 # unchanged (what clients send by default), a 400 otherwise
 NEUTRAL_SAMPLING = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-                    "min_new_tokens": 0, "n": 1, "skip_special_tokens": True, "spaces_between_special_tokens": True,
-                    "no_stop_trim": False, "stop_token_ids": None, "json_schema": None, "regex": None,
+                    "n": 1, "skip_special_tokens": True, "spaces_between_special_tokens": True,
+                    "no_stop_trim": False, "json_schema": None, "regex": None,
                     "ebnf": None, "structural_tag": None, "logit_bias": None, "custom_params": None}
 UNSUPPORTED_FIELDS = ("input_embeds", "image_data", "audio_data", "video_data", "return_logprob", "lora_path")
 BODY_KEYS = ("text", "input_ids", "sampling_params", "stream", "rid", "request_timeout")
@@ -78,6 +78,8 @@ def _prompts(body: dict, max_prompt_chars: int) -> tuple[list[str | list[int]], 
         prompts, batched = ([text], False) if isinstance(text, str) else (text, True)
         if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
             raise _bad(f"'text' must be a string or a non-empty list of strings, got {text!r:.80}", "text")
+        if not all(prompts):
+            raise _bad("'text' must not be empty (a batch's every prompt too)", "text")
         _check_lengths(prompts, batched, "text", "characters", max_prompt_chars)
         return prompts, batched, "text"
     if input_ids is not None:
@@ -120,13 +122,15 @@ def _sampling(values: Any, where: str) -> tuple[SamplingParams, str | None]:
         top_k = _integer(values, "top_k", -1, low=-1)  # SGLang: -1 = no cut (0 means the same here)
         seed = _integer(values, "sampling_seed", None)
         stop = _stop(values)
+        least = min_tokens(values, "min_new_tokens", max_new_tokens)
+        stop_ids = token_id_list(values, "stop_token_ids")
     except APIError as error:
         raise _bad(error.message, f"{where}.{error.param}") from error
     ignore_eos = flag(values, "ignore_eos", f"{where}.ignore_eos")
     disable = flag(values, "disable_speculative_decoding", f"{where}.disable_speculative_decoding")
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                             top_k=max(top_k, 0), seed=seed, stop=stop, ignore_eos=ignore_eos,
-                            disable_speculative_decoding=disable)
+                            disable_speculative_decoding=disable, min_new_tokens=least, stop_token_ids=stop_ids)
     return params, "max_new_tokens" if values.get("max_new_tokens") is not None else None
 
 
@@ -213,7 +217,8 @@ def finish_reason(reason: str | None, token_ids: Sequence[int], text: str, param
     if reason == "length":
         return {"type": "length", "length": len(token_ids)}
     if reason == "stop":
-        if token_ids and token_ids[-1] in eos_token_ids and not params.ignore_eos:
+        if token_ids and ((token_ids[-1] in eos_token_ids and not params.ignore_eos)
+                          or token_ids[-1] in params.stop_token_ids):
             return {"type": "stop", "matched": token_ids[-1]}
         # a stop string: the engine cut the text where it begins, so the full decode carries it right after
         tail = decode(list(token_ids))[len(text):] if decode is not None else ""

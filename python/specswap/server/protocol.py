@@ -47,6 +47,39 @@ def _bad(message: str, param: str, code: str | None = None) -> APIError:
     return APIError(400, message, param, code)
 
 
+MAX_JSON_DEPTH = 32   # objects and lists nested deeper in a body are a 400 (no route needs more than 5)
+
+
+def _valid_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\\ud800" in JSON): no character, not UTF-8
+        return False
+    return True
+
+
+def check_json_body(body: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """A 400 for a parsed body no route can take: nested deeper than ``max_depth``, or a string (a value or a key,
+    anywhere) with a lone surrogate; the field is named by its top-level key, written in ASCII."""
+    stack = [(body, 1, None)]
+    while stack:
+        value, depth, top = stack.pop()
+        if depth > max_depth:
+            raise APIError(400, f"the request body is nested deeper than {max_depth} levels", top, "too_deep")
+        if isinstance(value, str):
+            if not _valid_text(value):
+                raise APIError(400, f"{ascii(top) if top else 'the body'} holds a lone surrogate: not valid Unicode "
+                                    f"text", top if top is None or _valid_text(top) else ascii(top), "invalid_text")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _valid_text(key):
+                    raise APIError(400, f"the key {ascii(key)} holds a lone surrogate: not valid Unicode text",
+                                   ascii(key), "invalid_text")
+                stack.append((item, depth + 1, key if top is None else top))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1, top) for item in value)
+
+
 def check_float_range(value: float, name: str) -> None:
     """A 400 naming ``name`` for a finite number the sampler's float32 tensors cannot hold: past FLOAT32_MAX
     (overflow) or nonzero below FLOAT32_TINY (subnormal, or 0 after rounding)."""
@@ -149,6 +182,44 @@ def _unsupported(body: dict) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) not in (None, 0, 0.0):
             raise _bad(f"'{name}' is not supported (only 0)", name)
+    # features a client relies on (JSON mode, tools, guided decoding, penalties): refused until built, never ignored
+    response_format = body.get("response_format")
+    if response_format not in (None, {"type": "text"}):
+        raise _bad(f"'response_format' is not supported by this server (only {{\"type\": \"text\"}}), got "
+                   f"{response_format!r:.80}", "response_format")
+    if body.get("tool_choice") not in (None, "none"):
+        raise _bad(f"'tool_choice' is not supported by this server (only \"none\"), got "
+                   f"{body['tool_choice']!r:.80}", "tool_choice")
+    for name in ("functions", "function_call", *(key for key in body if isinstance(key, str)
+                                                 and key.startswith("guided_"))):
+        if body.get(name) not in (None, [], {}, "none"):
+            raise _bad(f"'{name}' is not supported by this server", name)
+    if body.get("repetition_penalty") not in (None, 1, 1.0):
+        raise _bad(f"'repetition_penalty' is not supported (only 1.0), got {body['repetition_penalty']!r:.80}",
+                   "repetition_penalty")
+
+
+def token_id_list(body: dict, name: str, param: str | None = None) -> tuple[int, ...]:
+    """A list of token ids (absent or null: none), each within int64 and >= 0."""
+    value = body.get(name)
+    if value is None:
+        return ()
+    param = param or name
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                              for t in value):
+        raise _bad(f"'{param}' must be a list of token ids (integers >= 0), got {value!r:.80}", param)
+    if len(value) > MAX_STOP_TOKEN_IDS:
+        raise _bad(f"'{param}' takes at most {MAX_STOP_TOKEN_IDS} token ids, got {len(value)}", param)
+    check_token_ids(value, param)
+    return tuple(value)
+
+
+def min_tokens(body: dict, name: str, max_tokens: int, param: str | None = None) -> int:
+    """vLLM's min_tokens / SGLang's min_new_tokens: an int in 0..max_tokens."""
+    value = _integer(body, name, 0, low=0)
+    if value > max_tokens:
+        raise _bad(f"'{param or name}' ({value}) must not exceed the token budget ({max_tokens})", param or name)
+    return value
 
 
 def _common(body: dict, default_max_tokens: int,
@@ -182,7 +253,9 @@ def _common(body: dict, default_max_tokens: int,
     ignore_eos = flag(body, "ignore_eos")  # vLLM's extension, which benchmarks send: run to max_tokens
     params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, stop=_stop(body), ignore_eos=ignore_eos,
-                            disable_speculative_decoding=flag(body, "disable_speculative_decoding"))
+                            disable_speculative_decoding=flag(body, "disable_speculative_decoding"),
+                            min_new_tokens=min_tokens(body, "min_tokens", max_tokens),
+                            stop_token_ids=token_id_list(body, "stop_token_ids"))
     return params, stream, include_usage, max_tokens_param
 
 
@@ -193,6 +266,8 @@ def parse_completion(body: Any, max_prompt_chars: int) -> ParsedRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
+        if not prompt:
+            raise _bad("'prompt' must not be empty (as vLLM answers)", "prompt")
         if len(prompt) > max_prompt_chars:
             raise _bad(f"the prompt has {len(prompt)} characters; at most {max_prompt_chars} are accepted "
                        f"(--max-prompt-chars)", "prompt", "context_length_exceeded")

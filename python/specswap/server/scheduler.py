@@ -15,6 +15,7 @@ deadline is aborted by the thread once it passes (finish reason "timeout"); ``ab
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -23,6 +24,8 @@ from typing import Any
 
 from specswap.sampling import SamplingParams
 from specswap.tier import Tier
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -272,7 +275,8 @@ class Scheduler:
                 self._release(submission)  # a drain does not wait for requests a dead engine cannot finish
                 self._send(submission, Update(submission.request_id, finish_reason="error", error=repr(error)))
             self._live.clear()
-            raise
+            logger.critical("specswap serve: the engine failed in shared state (a forward, a graph replay, the "
+                            "pool); every in-flight request got a 500 and the server exits", exc_info=error)
 
     def _drain_commands(self) -> list:
         commands = []
