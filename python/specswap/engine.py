@@ -289,6 +289,7 @@ class Engine:
 
         eos = set(getattr(self.tokenizer, "eos_token_ids", None) or ()) or set(target.config.eos_token_id or ())
         self.eos_token_ids = frozenset(eos)
+        self.worker.slots.eos_token_ids = tuple(sorted(eos))  # what min_new_tokens masks
         self._ids = itertools.count()
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
@@ -296,11 +297,11 @@ class Engine:
         # finished outputs no step() has returned yet: requests that finished inside generate() for another caller
         self._finished: dict[int, RequestOutput] = {}
         self._rounds_per_tier: Counter[int] = Counter()
-        self.worker.slots.eos_token_ids = tuple(sorted(eos))  # what min_new_tokens masks
         self._accepted_total = 0
         self._verified_total = 0
         self._generated_tokens = 0
         self._busy_seconds = 0.0
+        self._request_faults = 0  # requests ended by a fault of their own (_fail)
 
     def _follow_row_costs(self, request, config, trees_auto):
         """The verify's row costs (measured, cached or given; None when skipped or failed, said once) into
@@ -308,7 +309,6 @@ class Engine:
         from specswap.adaptive_config import with_candidate_trees
         from specswap.worker.row_cost import auto_trees, resolve_row_costs
         self.row_costs = resolve_row_costs(request, self.target, self.weights, distributed=self._dist is not None)
-        self._request_faults = 0  # requests ended by a fault of their own (_fail)
         if not trees_auto:
             return config
         trees = auto_trees(self.row_costs, config.candidate_steps)
@@ -501,20 +501,6 @@ class Engine:
         """``fn(*args)``; a tensor-parallel rank's failure inside it (a replayed graph's collective) diagnosed."""
         return fn(*args) if self._dist is None else self._dist.forward(fn, *args)
 
-    def _append(self, request: _Request, tokens: list[int]) -> None:
-        self._generated_tokens += request.append(tokens, self.eos_token_ids, self.tokenizer)
-        if request.finish_reason is not None:
-            self._finish(request, request.finish_reason)
-
-    def _finish(self, request: _Request, reason: str) -> None:
-        request.finish_reason = reason
-        if self.tokenizer is not None and not request.stop_string_hit:
-            request.text = self.tokenizer.decode(request.token_ids)
-        if request.slot is not None and reason == "abort":
-            self._free_slot(request)
-        self._finished[request.request_id] = request.output(self.tokenizer)
-
-    def _free_slot(self, request: _Request) -> None:
     def _guarded(self, request: _Request, fn, *args) -> None:
         """``fn(*args)``, a part of serving ``request`` alone (its stop checks, its detokenization): a fault there
         ends that request (finish_reason "error", slot freed at the step's end) and the batch goes on."""
@@ -546,6 +532,20 @@ class Engine:
             request.request_id, list(request.prompt_ids), list(request.token_ids), request.text, "error",
             len(request.accept_lengths), list(request.accept_lengths), request.num_draft_tokens, message)
 
+    def _append(self, request: _Request, tokens: list[int]) -> None:
+        self._generated_tokens += request.append(tokens, self.eos_token_ids, self.tokenizer)
+        if request.finish_reason is not None:
+            self._finish(request, request.finish_reason)
+
+    def _finish(self, request: _Request, reason: str) -> None:
+        request.finish_reason = reason
+        if self.tokenizer is not None and not request.stop_string_hit:
+            request.text = self.tokenizer.decode(request.token_ids)
+        if request.slot is not None and reason == "abort":
+            self._free_slot(request)
+        self._finished[request.request_id] = request.output(self.tokenizer)
+
+    def _free_slot(self, request: _Request) -> None:
         if request.slot is not None:
             self.worker.release(request.slot)
             self._free_slots.append(request.slot)
@@ -601,6 +601,10 @@ class Engine:
             "tokens_per_second": self._generated_tokens / self._busy_seconds if self._busy_seconds else 0.0,
             "running": len(self._running),
             "waiting": len(self._waiting),
+            # SGLang's load figure (/get_load): tokens of running requests (prompt and output) and waiting prompts
+            "num_tokens": sum(len(r.prompt_ids) + len(r.token_ids) for r in self._running)
+            + sum(len(r.prompt_ids) for r in self._waiting),
+            "request_faults": self._request_faults,
         }
         if self.controller is not None:
             controller_stats = self.controller.stats()
@@ -613,7 +617,3 @@ class Engine:
                     stats[key] = controller_stats[key]
         stats.update(self.worker.drafter.stats())  # SUFFIX: its global tree's requests, tokens and bytes
         return stats
-            # SGLang's load figure (/get_load): tokens of running requests (prompt and output) and waiting prompts
-            "num_tokens": sum(len(r.prompt_ids) + len(r.token_ids) for r in self._running)
-            + sum(len(r.prompt_ids) for r in self._waiting),
-            "request_faults": self._request_faults,
