@@ -590,9 +590,9 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
 
     app.state.drain = drain
     app.state.cut_drain = cut_drain
+    app.state.closing = closing
     app.state.drain_state = drain_state
 
-    app.state.closing = closing
     @app.get("/metrics")
     async def prometheus_metrics():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -600,12 +600,12 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
     return app
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server with a graceful drain: the first SIGTERM or SIGINT runs the app's ``drain`` while the
-    server keeps listening (so new requests and /health get 503, not a refused connection), then exits normally
 ENGINE_DEATH_GRACE = 1.0   # seconds between the engine loop's death and the exit: its clients get their 500s
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a graceful drain: the first SIGTERM or SIGINT runs the app's ``drain`` while the
+    server keeps listening (so new requests and /health get 503, not a refused connection), then exits normally
     (status 0; the signal is not re-raised). A second signal cuts the drain's wait short; a third exits at once.
     When the engine loop dies (a fault in shared state), it exits ``ENGINE_DEATH_GRACE`` seconds later, for a
     supervisor to restart the process (``serve`` callers exit non-zero: ``app.state.scheduler.error``)."""
@@ -624,13 +624,13 @@ ENGINE_DEATH_GRACE = 1.0   # seconds between the engine loop's death and the exi
             self.should_exit = self.force_exit = True
 
     async def on_tick(self, counter: int) -> bool:
+        state = self.app.state
         if self.signals and self._drain is None:
             self._drain = asyncio.ensure_future(state.drain())
         died = state.scheduler.died_at
         if (self._drain is not None and self._drain.done()) or \
                 (died is not None and time.monotonic() - died > ENGINE_DEATH_GRACE):
             state.closing.set()  # body reads still waiting answer 503 now: nothing holds the exit up
-        state = self.app.state
             self.should_exit = True
         return await super().on_tick(counter)
 
