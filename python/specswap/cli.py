@@ -107,8 +107,10 @@ def _serve_loaded(args: argparse.Namespace, limits, sock) -> int:
                           dp_size=args.dp_size, dist_timeout=args.dist_timeout, min_dwell_rounds=args.min_dwell_rounds,
                           tp_draft=args.tp_draft, **suffix_options(args))
     if not engine.is_leader:  # a tensor-parallel follower: no HTTP, the leader's steps until it shuts down
-        print(f"specswap serve: rank {engine._dist.group.rank} follows its tensor-parallel leader", flush=True)
-        engine.follow()
+        rank = engine._dist.group.rank
+        print(f"specswap serve: rank {rank} follows its tensor-parallel leader", flush=True)
+        _wait_for_leader_on_signals(rank)
+        engine.follow()  # returns once its leader shut down, the group closed
         return 0
     if args.dp_size > 1:  # each data-parallel group's leader serves its own requests, on its own port
         args.port += engine._dist.group.dp_rank
@@ -131,13 +133,25 @@ def _serve_loaded(args: argparse.Namespace, limits, sock) -> int:
     try:
         serve(app, args.host, args.port, args.log_level, sock=sock)
     finally:
+        # the scheduler thread owns the engine until it is gone (joined); only then may this thread step it
         if app.state.scheduler.stop() and app.state.scheduler.error is None:
-            engine.shutdown()  # releases the tensor-parallel followers (a no-op in one process)
+            engine.shutdown()  # its followers released, every leader's last step agreed, the group closed
     if app.state.scheduler.error is not None:  # a fault in shared state: non-zero, for a supervisor to restart it
         print(f"specswap serve: error: the engine failed: {app.state.scheduler.error!r}; exiting with status 1",
               file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _wait_for_leader_on_signals(rank: int) -> None:
+    """A follower told to stop (torchrun passes SIGTERM / SIGINT to every rank) waits for its leader's shutdown,
+    which reaches it (``Engine.follow`` returns): leaving first would fail its leader's collectives."""
+    import signal
+
+    def wait(signum, frame):
+        print(f"specswap serve: rank {rank} got signal {signum}: it leaves when its leader shuts down", flush=True)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, wait)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

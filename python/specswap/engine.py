@@ -11,6 +11,7 @@ a server.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -220,7 +221,7 @@ class Engine:
         self._dist = None  # a distributed.Lockstep when tp_size or dp_size > 1
         if tp_size != 1 or dp_size != 1:
             from specswap.distributed.lockstep import Lockstep, join
-            self._dist = Lockstep(join(tp_size, dp_size, dist_timeout, device))
+            self._dist = Lockstep(join(tp_size, dp_size, dist_timeout, device, eager=disable_graphs))
         elif dist_timeout is not None or min_dwell_rounds is not None:
             raise ValueError("dist_timeout and min_dwell_rounds apply to distributed engines; pass tp_size or "
                              "dp_size > 1 (under torchrun) or leave them unset")
@@ -272,13 +273,12 @@ class Engine:
         numbers = None  # NGRAM drafts extrapolate counters where the tokenizer writes digits one per token
         if spec.number_tokens and ngram_numbers and self.tokenizer is not None:
             numbers = NumberTokens.from_tokenizer(self.tokenizer)
-        self.worker = SpeculativeWorker(target, draft, spec.name, speculative_num_steps, max_batch_size,
-                                        max_seq_len, tiers=tiers, graphs=not disable_graphs,
-                                        round_graphs=None if disable_graphs else round_graphs, number_tokens=numbers,
-                                        speculative_eagle_topk=shape[1], speculative_num_draft_tokens=shape[2],
-                                        drafter_options=drafter_options)
-        if self._dist is not None:  # NGRAM at tp_draft="leader": the first rank's lookups broadcast
-            self._dist.attach(self.worker, tp_draft)
+        with contextlib.nullcontext() if self._dist is None else self._dist.starting(self, tp_draft):  # barrier
+            self.worker = SpeculativeWorker(target, draft, spec.name, speculative_num_steps, max_batch_size,
+                                            max_seq_len, tiers=tiers, graphs=not disable_graphs,
+                                            round_graphs=None if disable_graphs else round_graphs,
+                                            number_tokens=numbers, speculative_eagle_topk=shape[1],
+                                            speculative_num_draft_tokens=shape[2], drafter_options=drafter_options)
         if speculative_adaptive:
             from specswap.controller import AdaptiveController
             self.controller = AdaptiveController(self.worker.pool, adaptive_config,
@@ -420,15 +420,17 @@ class Engine:
         return self._dist is None or self._dist.leader
 
     def follow(self) -> None:
-        """A tensor-parallel follower's loop: run every step the leader runs, until its ``shutdown()``."""
+        """A tensor-parallel follower's loop: run every step the leader runs, until its ``shutdown()`` (with an
+        adaptive policy: until every data-parallel leader's); then leave the group (``DistributedGroup.close``)."""
         from specswap.distributed.lockstep import Stopped
         if self.is_leader:
             raise RuntimeError("follow() is for tensor-parallel followers (ranks with tp_rank > 0); this rank leads")
         try:
-            while True:
+            while not self._dist.finished:
                 self._step()
         except Stopped:
-            return
+            pass
+        self._dist.close()
 
     def keepalive_due(self) -> bool:
         """Whether an idle owner of this engine should still call ``step()``: a distributed engine's ranks take
@@ -437,9 +439,14 @@ class Engine:
         return self._dist is not None and self._dist.lockstep_steps
 
     def shutdown(self) -> None:
-        """The leader releases its followers from ``follow()`` (a no-op in one process)."""
+        """A leader ends its group's part in the job and leaves it (a no-op in one process): its followers return
+        from ``follow()``; with an adaptive policy it steps (idle) until every data-parallel leader shut down, and
+        every rank leaves after the same step (``Lockstep.stop``)."""
         if self._dist is not None:
-            self._dist.stop()
+            try:
+                self._dist.stop(self)
+            finally:
+                self._dist.close()
 
     # ---- the loop --------------------------------------------------------------------------------
 

@@ -60,9 +60,11 @@ def wait(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, str
     return results
 
 
-def run(scenario: str, world: int, out: Path, timeout_s: float = 120.0, **kwargs) -> list[dict]:
-    """Run a scenario on ``world`` ranks; every rank must exit 0; their JSON results in rank order."""
-    results = wait(start(scenario, world, out, **kwargs), timeout_s)
+def run(scenario: str, world: int, out: Path, timeout_s: float = 120.0, timeout_s_collectives: float = 10.0,
+        **kwargs) -> list[dict]:
+    """Run a scenario on ``world`` ranks (``timeout_s_collectives``: their ``SPECSWAP_DIST_TIMEOUT``); every rank
+    must exit 0; their JSON results in rank order."""
+    results = wait(start(scenario, world, out, timeout_s_collectives, **kwargs), timeout_s)
     for rank, (code, output) in enumerate(results):
         assert code == 0, f"rank {rank} exited {code}:\n{output[-4000:]}"
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]

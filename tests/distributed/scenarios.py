@@ -314,6 +314,100 @@ def close_group(args):
     return {"store_listening": listening}
 
 
+@scenario
+def slow_start(args):
+    """Data parallel, adaptive: rank 1's start-up takes ``args[1]`` seconds longer than the collectives' timeout
+    allows (``args[0]`` "slow") or fails (``fail``); then a few steps. Each rank reports what it got."""
+    import time
+    import specswap.engine as engine_module
+    from specswap.distributed import RankFailure
+    how, delay = args[0], float(args[1]) if len(args) > 1 else 0.0
+    build = engine_module.SpeculativeWorker
+
+    def late(*call_args, **kwargs):
+        worker = build(*call_args, **kwargs)
+        if RANK == 1:
+            if how == "fail":
+                raise RuntimeError("graph capture failed on purpose")
+            time.sleep(delay)
+        return worker
+    engine_module.SpeculativeWorker = late
+    try:
+        engine = _dp_engine(["NGRAM"], disable_graphs=True)
+        out = engine.generate(DP_TEXTS[RANK % 2][:1], 8)
+    except RankFailure as failure:
+        return {"error": str(failure), "ranks": failure.ranks}
+    except RuntimeError as error:
+        return {"error": str(error), "ranks": None}
+    engine.shutdown()
+    return {"error": None, "tokens": len(out[0].token_ids)}
+
+
+@scenario
+def dp_shutdown(args):
+    """Data parallel, adaptive: rank 0 generates one short request and shuts down; rank 1 generates, then (as a
+    server would, still up) generates again, then shuts down. Every rank must end without a RankFailure."""
+    from specswap.distributed import current_group
+    engine = _dp_engine(["NGRAM"], disable_graphs=True)
+    first = engine.generate(DP_TEXTS[RANK % 2][:1], 8)
+    second = engine.generate(DP_TEXTS[RANK % 2][1:2], 24) if RANK == 1 else []
+    engine.shutdown()
+    return {"tokens": [len(o.token_ids) for o in first + second], "closed": current_group() is None,
+            "agreement_steps": engine.stats()["agreement_steps"]}
+
+
+@scenario
+def grid_hang(args):
+    """tp_size=2 x dp_size=2, adaptive, with graphs: group 0 (ranks 0, 1) decodes, group 1 idles; rank 1 hangs in
+    its 6th step before its round (host work that never ends). Every other rank reports the RankFailure it got."""
+    import time
+    from specswap.distributed import RankFailure
+    from specswap.engine import Engine
+    engine = Engine("tiny", speculative_algorithm="NGRAM", speculative_num_steps=3, speculative_adaptive=True,
+                    speculative_adaptive_config=SWITCHY, max_seq_len=96, max_batch_size=2, dtype="float32",
+                    tp_size=2, dp_size=2, min_dwell_rounds=2)
+    if RANK == 1:
+        forward, count = engine._forward, [0]
+
+        def hanging(fn, *call_args):
+            if fn == engine.worker.decode_round:
+                count[0] += 1
+                if count[0] == 6:
+                    time.sleep(3600)
+            return forward(fn, *call_args)
+        engine._forward = hanging
+    try:
+        if engine.is_leader:
+            if RANK == 0:
+                engine.add_request(DP_TEXTS[0][0], max_new_tokens=60, ignore_eos=True)
+            while True:
+                engine.step()
+        engine.follow()
+    except RankFailure as failure:
+        return {"error": str(failure), "ranks": failure.ranks, "collective": failure.collective}
+    return {"error": None}
+
+
+@scenario
+def exit_without_close(args):
+    """Join, meet once, then rank 0 raises (an error exit, nobody calls close()): at exit, after the group's own
+    handler, rank 0 records whether its store still listens."""
+    import atexit
+    import socket
+
+    def probe():  # registered first: runs after the group's exit handler
+        with socket.socket() as sock:
+            listening = sock.connect_ex((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))) == 0
+        (Path(sys.argv[2]) / "rank0.json").write_text(json.dumps({"store_listening": listening}))
+    if RANK == 0:
+        atexit.register(probe)
+    from specswap.distributed import init_group
+    init_group(dp_size=int(os.environ["WORLD_SIZE"])).barrier()
+    if RANK == 0:
+        raise RuntimeError("an error exit")
+    return {}
+
+
 def main() -> None:
     name, out = sys.argv[1], Path(sys.argv[2])
     result = SCENARIOS[name](sys.argv[3:])

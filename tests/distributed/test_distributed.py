@@ -154,6 +154,17 @@ def test_merge_is_the_same_observation_for_every_rank():
     from specswap.worker.drafter import Shadow
     bins = 4
     rows = torch.zeros(3, Observation.width(bins), dtype=torch.float64)
+    # plain decodes in a drafting tier's place: the slowest round's seconds and its lookups (the policy charges
+    # tier 0 the difference and the drafting tier the lookups); every leader stopping: the job's last step
+    plain = lambda seconds, lookup: RoundResult([[0]], [0], 0, 3, seconds, speculating=[False],  # noqa: E731
+                                                ran_tier=0, lookup_seconds=lookup)
+    Observation.of(3, plain(0.02, 0.005), True, stopping=True).pack(rows[0], bins)
+    Observation.of(3, plain(0.03, 0.012), True).pack(rows[1], bins)
+    Observation.of(3, None, False, stopping=True).pack(rows[2], bins)
+    merged = merge(rows, tp_size=1, bins=bins)
+    assert not merged.result.measured_tier and merged.result.round_seconds == pytest.approx(0.03)
+    assert merged.result.lookup_seconds == pytest.approx(0.012)
+    assert not merged.stopped and merge(rows, tp_size=2, bins=bins).stopped  # ranks 0 and 2 lead at tp_size 2
     Observation(3, True, True, 0.02, False, 2, (3, 1), busy=True).pack(rows[0], bins)
     Observation(3, busy=False).pack(rows[1], bins)                          # no requests: still a row
     Observation(3, True, True, 0.05, True, 1, (0,), Shadow([2], 3), busy=True).pack(rows[2], bins)
@@ -234,6 +245,83 @@ def test_a_rank_with_other_candidate_tiers_is_refused_at_start_up(tmp_path):
     for result in launch.run("config_mismatch", 2, tmp_path, timeout_s=60):
         assert result["field"] == "candidate_tiers", result
         assert "ranks [0] have [0, 1, 3]; ranks [1] have [0, 1, 2]" in result["error"]
+
+
+@pytest.mark.parametrize("how", ["slow", "fail"])
+def test_start_up_waits_for_every_rank_and_names_one_that_failed(tmp_path, how):
+    """Rank 1's start-up (its graph capture) runs 6 s past rank 0's, twice the collectives' 3 s timeout: the
+    barrier after capture, with its own timeout, holds rank 0 until rank 1 is ready, and both generate (before, rank
+    0's first agreement timed out). A rank whose capture raises is named, with its error, by the others."""
+    results = launch.run("slow_start", 2, tmp_path, timeout_s=90, timeout_s_collectives=3.0, args=(how, "6"))
+    if how == "slow":
+        assert [r["error"] for r in results] == [None, None], results
+        assert results[0]["tokens"] == results[1]["tokens"] == 8
+    else:
+        assert results[1]["error"] == "graph capture failed on purpose"
+        assert results[0]["ranks"] == [1], results[0]
+        assert "rank 1 failed to start (graph capture): RuntimeError: graph capture failed on purpose" in \
+            results[0]["error"]
+
+
+def test_a_data_parallel_leader_that_shuts_down_first_waits_for_the_others(tmp_path):
+    """Data parallel with the agreement: rank 0 shuts down while rank 1 still generates. Rank 0 steps on (idle)
+    until rank 1 shuts down too, and both leave after the same step with no RankFailure and the group closed
+    (before, rank 0 left at once and rank 1's next agreement failed)."""
+    first, second = launch.run("dp_shutdown", 2, tmp_path, timeout_s=90, timeout_s_collectives=3.0)
+    assert first["tokens"] == [8] and second["tokens"] == [8, 24]
+    assert first["closed"] and second["closed"]
+    assert first["agreement_steps"] == second["agreement_steps"]
+
+
+def test_a_hang_is_named_among_busy_and_idle_groups_with_graphs(tmp_path):
+    """2 x 2 ranks with graphs, group 0 decoding, group 1 idle: rank 1 hangs before its 6th round. Its leader,
+    inside a replayed round graph, and the idle group's ranks, at the agreement, all name rank 1 alone: the
+    heartbeats compare steps and forwards, which every rank counts alike, not collectives counted from Python (an
+    idle group runs none of the busy group's all-reduces; a replayed graph's are not seen)."""
+    procs = launch.start("grid_hang", 4, tmp_path, timeout_s=TIMEOUT_S)
+    survivors = launch.wait([procs[0], procs[2], procs[3]], 150)
+    procs[1].kill()
+    launch.wait([procs[1]], 10)
+    for rank, (code, output) in zip((0, 2, 3), survivors):
+        assert code == 0, f"rank {rank}: {output[-3000:]}"
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["ranks"] == [1] and "rank 1 hung" in result["error"], (rank, result)
+
+
+def test_the_group_closes_on_an_error_exit(tmp_path):
+    """Rank 0 ends by an uncaught exception, nobody calling close(): the group closes at interpreter exit all the
+    same (rank 0's store stops listening before the interpreter finalizes, where its destruction can abort)."""
+    codes = [code for code, _ in launch.wait(launch.start("exit_without_close", 2, tmp_path), 60)]
+    assert codes == [1, 0]
+    assert json.loads((tmp_path / "rank0.json").read_text()) == {"store_listening": False}
+
+
+def test_the_scheduler_joins_its_thread_before_the_engine_is_shut_down():
+    """``Scheduler.stop()`` returns only once its thread is gone, however long the step it is in takes (it
+    returned after 10 s whatever the thread did, and the caller then shut a distributed engine down beside it),
+    and says whether it is: with a timeout shorter than the step, it is not."""
+    import threading
+    from specswap.server.scheduler import Scheduler
+    release, stepping = threading.Event(), threading.Event()
+
+    class Engine:
+        def stats(self):
+            return {}
+
+        def has_unfinished(self):
+            return True
+
+        def step(self):
+            stepping.set()
+            release.wait()
+            from specswap.engine import StepOutput
+            return StepOutput([], 0)
+    scheduler = Scheduler(Engine())
+    scheduler.start()
+    assert stepping.wait(10)
+    assert scheduler.stop(timeout=0.2) is False
+    threading.Timer(0.3, release.set).start()
+    assert scheduler.stop() is True and not scheduler.alive
 
 
 def test_closing_the_group_shuts_rank_zeros_store_down(tmp_path):

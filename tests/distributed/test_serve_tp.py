@@ -1,5 +1,6 @@
 """``torchrun --nproc-per-node 2 -m specswap.cli serve --tp-size 2``: rank 0 answers HTTP with the tokens one
-process's target-only decoding gives, rank 1 follows, /metrics reports the agreed switches per hour."""
+process's target-only decoding gives, rank 1 follows, /metrics reports the agreed switches per hour, and SIGTERM to
+every rank (what torchrun passes on) ends both with status 0."""
 
 from __future__ import annotations
 
@@ -52,10 +53,16 @@ def test_torchrun_serve_tp2_answers_like_one_process(tmp_path):
         assert answer["choices"][0]["text"] == want
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert "spec_tier_switches_per_hour" in metrics and "spec_agreement_seconds" in metrics
+        # every rank told to stop: the follower waits for its leader, whose drain, scheduler join and shutdown
+        # release it; both exit 0, so torchrun does (before, the follower died of the signal)
+        for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+            os.kill(int(pid), signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.stdout.read()[-3000:]
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

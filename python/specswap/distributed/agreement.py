@@ -8,7 +8,9 @@ tier, whether it ran a round, whether that round measured the active tier or ran
 the round's seconds, whether it sampled, a histogram of its requests' accepted draft counts, at a tree tier
 two of what their chains accepted (``RoundResult.chain_accept_lengths``: the chains drafted to the tree's depth,
 and those cut shorter and accepted whole), its drafter's tier-0 (shadow) checks, at a chain tier its checks one
-draft past the chain (how many, how many accepted), and whether it has unfinished requests. One ``all_gather``
+draft past the chain (how many, how many accepted), a plain round's lookup seconds, whether it has unfinished
+requests and whether its leader is shutting down (``stopping``: when every leader is, every rank leaves after
+that same step, ``Merged.stopped``). One ``all_gather``
 over all ranks hands everyone the same matrix; ``merge`` turns it into one round: the accepted counts of every
 data-parallel group (a tensor-parallel group's ranks report the same round: its first rank speaks for it) as one
 batch, costed at the slowest rank's round time (the ranks' rounds end together), sampled if any sampled. A rank
@@ -32,8 +34,8 @@ from specswap.worker.worker import RoundResult
 __all__ = ["AgreedController", "DEFAULT_MIN_DWELL_ROUNDS", "Observation", "TierDesync", "merge"]
 
 DEFAULT_MIN_DWELL_ROUNDS = 8
-_HEAD = 11  # tier, ran, measured, seconds, sampled, plain requests, has shadow, shadow steps, busy, checks past
-#             the chain, of them accepted
+_HEAD = 13  # tier, ran, measured, seconds, sampled, plain requests, has shadow, shadow steps, busy, checks past
+#             the chain, of them accepted, lookup seconds, stopping
 
 
 class TierDesync(RuntimeError):
@@ -56,6 +58,8 @@ class Observation:
     # a tree round's, per speculating request: (chain accepted, whether its chain was cut short and accepted whole)
     chain: tuple[tuple[int, bool], ...] = ()
     deep: tuple[int, int] = (0, 0)  # a chain round's checks one draft past it: (checked requests, accepted)
+    lookup_seconds: float = 0.0     # a plain decode in a drafting tier's place: the drafter's lookups in it
+    stopping: bool = False          # its leader shuts down (``Lockstep.stop``)
 
     @staticmethod
     def width(bins: int) -> int:
@@ -63,9 +67,9 @@ class Observation:
         return _HEAD + 4 * bins
 
     @classmethod
-    def of(cls, tier: int, result: RoundResult | None, busy: bool) -> "Observation":
+    def of(cls, tier: int, result: RoundResult | None, busy: bool, stopping: bool = False) -> "Observation":
         if result is None or not result.accept_lengths:
-            return cls(tier, busy=busy, shadow=None if result is None else result.shadow)
+            return cls(tier, busy=busy, shadow=None if result is None else result.shadow, stopping=stopping)
         accepted = tuple(a for a, on in zip(result.accept_lengths, result.speculating) if on)
         # a chain cut short at d that accepted fewer than d drafts ended on a failure, as one drafted to the full
         # depth would: only the accepted count and whether it was cut short and accepted whole matter
@@ -76,7 +80,8 @@ class Observation:
         checks = [] if result.deep_checks is None else [c for c, on in zip(result.deep_checks, result.speculating)
                                                           if on and c >= 0]
         return cls(tier, True, result.measured_tier, result.round_seconds, result.sampled,
-                   len(result.accept_lengths), accepted, result.shadow, busy, chain, (len(checks), sum(checks)))
+                   len(result.accept_lengths), accepted, result.shadow, busy, chain, (len(checks), sum(checks)),
+                   result.lookup_seconds, stopping)
 
     def pack(self, out: torch.Tensor, bins: int) -> torch.Tensor:
         """Into ``out`` [width(bins)] float64 (preallocated, reused every step; written through numpy's view)."""
@@ -84,7 +89,8 @@ class Observation:
         view[:] = 0.0
         shadow = self.shadow
         view[:_HEAD] = (self.tier, self.ran, self.measured, self.seconds, self.sampled, self.plain_requests,
-                        shadow is not None, shadow.steps if shadow else 0, self.busy, *self.deep)
+                        shadow is not None, shadow.steps if shadow else 0, self.busy, *self.deep,
+                        self.lookup_seconds, self.stopping)
         for value in self.accepted:
             view[_HEAD + min(value, bins - 1)] += 1
         if shadow is not None:
@@ -102,6 +108,7 @@ class Merged:
     tier: int
     busy: bool
     result: RoundResult | None
+    stopped: bool = False  # every data-parallel group's leader is shutting down: the job's last step
 
 
 def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
@@ -118,11 +125,14 @@ def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
     tier = tiers[0]
     busy = any(row[8] for row in table)
     speakers = table[::tp_size]                      # one rank per data-parallel group
+    stopped = all(row[12] for row in speakers)
     shadow = _shadow(speakers, bins, rank)
     ran = [row for row in speakers if row[1]]
     if not ran:
-        return Merged(tier, busy, None if shadow is None else RoundResult([], [], 0, tier, shadow=shadow))
-    seconds = max(row[3] for row in table if row[1])  # the slowest rank's round, tensor-parallel peers included
+        return Merged(tier, busy, None if shadow is None else RoundResult([], [], 0, tier, shadow=shadow), stopped)
+    # the slowest rank's round, tensor-parallel peers included (and, for a plain decode, that round's lookups)
+    slowest = max((row for row in table if row[1]), key=lambda row: row[3])
+    seconds = slowest[3]
     sampled = any(row[4] for row in ran)
     measured = [row for row in ran if row[2]]
     if measured:
@@ -138,8 +148,8 @@ def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
             result.deep_checks = [1] * hits + [0] * (checked - hits)
     else:  # every rank that ran decoded plainly in the drafting tier's place
         n = int(sum(row[5] for row in ran))
-        result = RoundResult([], [0] * n, 0, tier, seconds, sampled, [False] * n, shadow)
-    return Merged(tier, busy, result)
+        result = RoundResult([], [0] * n, 0, tier, seconds, sampled, [False] * n, shadow, lookup_seconds=slowest[11])
+    return Merged(tier, busy, result, stopped)
 
 
 def _values(rows: list[list[float]], histogram: int, bins: int) -> list[int]:
@@ -163,8 +173,9 @@ def _shadow(speakers: list[list[float]], bins: int, rank: int) -> Shadow | None:
 class AgreedController:
     """An ``AdaptiveController`` whose observations are every rank's, merged (``merge``), one all-gather a step.
 
-    ``end_step(result, busy)`` is called by every rank once per engine step, with its round's result (None when
-    it ran none) and whether it has unfinished requests; ``peers_busy`` is then whether any rank has.
+    ``end_step(result, busy, stopping)`` is called by every rank once per engine step, with its round's result
+    (None when it ran none), whether it has unfinished requests and whether its leader is shutting down;
+    ``peers_busy`` is then whether any rank has, ``stopped`` whether every leader is.
     """
 
     def __init__(self, controller, group, max_steps: int, min_dwell_rounds: int = DEFAULT_MIN_DWELL_ROUNDS):
@@ -178,6 +189,7 @@ class AgreedController:
         self._mine = torch.zeros(width, dtype=torch.float64)
         self._all = torch.zeros(group.world_size * width, dtype=torch.float64)
         self.peers_busy = True  # unknown until the first step: every rank takes part in it
+        self.stopped = False    # every leader shut down: every rank leaves after this step
         self.steps = 0
         self._last_switch_step: int | None = None
         self.agreement_seconds = 0.0  # time spent in the all-gather (waiting for the slowest rank included)
@@ -188,15 +200,15 @@ class AgreedController:
             raise AttributeError(name)
         return getattr(self.controller, name)
 
-    def end_step(self, result: RoundResult | None, busy: bool) -> int | None:
+    def end_step(self, result: RoundResult | None, busy: bool, stopping: bool = False) -> int | None:
         """Agree on this step's observation and feed it; returns the tier switched to (the next round's), or None."""
         self.steps += 1
-        Observation.of(self.controller.current_steps, result, busy).pack(self._mine, self.bins)
+        Observation.of(self.controller.current_steps, result, busy, stopping).pack(self._mine, self.bins)
         start = time.perf_counter()
         self.group.all_gather_into(self._all, self._mine, group="world")
         self.agreement_seconds += time.perf_counter() - start
         merged = merge(self._all.view(self.group.world_size, -1), self.group.tp_size, self.bins, self.group.rank)
-        self.peers_busy = merged.busy
+        self.peers_busy, self.stopped = merged.busy, merged.stopped
         if merged.result is None:
             return None
         dwelling = self._last_switch_step is not None and self.steps - self._last_switch_step <= self.min_dwell_rounds

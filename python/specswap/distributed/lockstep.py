@@ -9,21 +9,28 @@
   makes the same choices (slots, prefill groups, batch) and computes the same tokens from the same logits.
 - Each step, on every rank (with an adaptive policy): the agreement (``agreement.AgreedController``), one
   all-gather, after which every rank's policy has seen the same observation and switched alike.
+- Start-up ends with a barrier after every rank built its graphs (``started``: its own, longer timeout; a rank
+  that failed is named). Shut-down (``stop``): with the agreement, a leader steps on (idle) saying it stops,
+  until every data-parallel leader says so; every rank then leaves after that same step, so no rank is left
+  waiting in a collective. Without it, a leader tells its tensor-parallel followers (one broadcast); data-parallel
+  groups then share no step. Each rank closes its group after (``close``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass, field
 
-from specswap.distributed.group import DistributedGroup
+from specswap.distributed.group import AGREE, BEGIN, FORWARD, DistributedGroup
 
 __all__ = ["Lockstep", "Stopped", "join"]
 
 
-def join(tp_size: int, dp_size: int, timeout_s: float | None, device) -> DistributedGroup:
+def join(tp_size: int, dp_size: int, timeout_s: float | None, device, eager: bool = False) -> DistributedGroup:
     """This process's group (``group.init_group``)."""
     from specswap.distributed.group import init_group
-    return init_group(tp_size, dp_size, timeout_s, device)
+    return init_group(tp_size, dp_size, timeout_s, device, eager=eager)
 
 
 class Stopped(Exception):
@@ -49,6 +56,7 @@ class Lockstep:
         self.agreement = None  # an AgreedController when the engine adapts
         self._rounds_hash = 0  # the tokens of every round so far (tensor-parallel ranks compare it each step)
         self._eager = True  # whether the worker runs eagerly (``prepare``)
+        self.stopping = False  # this group's leader shuts down (``stop``)
 
     def prepare(self, engine, *, tiers, start_tier: int, adaptive_config, disable_graphs: bool,
                 tp_draft: str | None = None) -> None:
@@ -57,6 +65,7 @@ class Lockstep:
         from specswap.distributed.config_check import check_same_config, engine_fingerprint
         from specswap.distributed.tensor_parallel import shard_draft, shard_target
         group = self.group
+        group.enter(AGREE)  # start-up's agreement: a rank still loading is behind it
         check_same_config(group, engine_fingerprint(
             candidate_tiers=tiers, start_tier=start_tier, algorithm=engine.speculative_algorithm,
             target=engine.target, draft=engine.draft, weights=engine.weights, max_batch_size=engine.max_batch_size,
@@ -82,9 +91,24 @@ class Lockstep:
                                           DEFAULT_MIN_DWELL_ROUNDS if min_dwell_rounds is None else min_dwell_rounds)
         return self.agreement
 
+    @contextlib.contextmanager
+    def starting(self, engine, tp_draft: str | None):
+        """Around the build of ``engine``'s worker (its graph capture): the start-up barrier after it, with its own
+        timeout (``DistributedGroup.wait_started``; a failure in it is posted for the other ranks, who name this
+        one, and raised here), then ``attach``."""
+        try:
+            yield
+        except BaseException as error:
+            self.group.wait_started(error)
+            raise
+        self.group.wait_started()
+        self.attach(engine.worker, tp_draft)
+
     def forward(self, fn, *args):
-        """``fn(*args)`` (a prefill or a round); in a tensor-parallel group, a failure inside it (a collective
-        that a replayed graph ran) is diagnosed as a ``RankFailure`` naming the rank, as Python's are."""
+        """``fn(*args)`` (a prefill or a round), counted in the heartbeat's position; in a tensor-parallel group, a
+        failure inside it (a collective that a replayed graph ran) is diagnosed as a ``RankFailure`` naming the
+        rank, as Python's are."""
+        self.group.enter(FORWARD)
         return self.group.guard("forward", fn, *args) if self.group.tp_size > 1 else fn(*args)
 
     # ---- the leader's announcements (tensor-parallel groups) --------------------------------------------
@@ -96,6 +120,7 @@ class Lockstep:
     def begin_step(self, engine) -> None:
         """Leader: broadcast the changes since the last step (and a checksum of its tokens so far); follower: apply
         them (``Stopped`` on shutdown), after checking its tokens against the leader's checksum."""
+        self.group.enter(BEGIN)
         if self.group.tp_size == 1:
             return
         try:
@@ -133,10 +158,36 @@ class Lockstep:
                 request.generator.manual_seed(seed)
             engine._waiting.append(request)
 
-    def stop(self) -> None:
-        """Leader: tell the followers to return from ``follow()``."""
-        if self.group.tp_size > 1 and self.leader:
-            self.group.broadcast_object(_Message(stop=True))
+    def stop(self, engine) -> None:
+        """Leader: end this group's steps, so that no rank is left waiting in a collective. With the agreement,
+        step on (idle, requests still running go on) saying so until every data-parallel leader does; every rank
+        leaves after that step (``finished``). Without it, tell the tensor-parallel followers (one broadcast).
+        Nothing once a collective failed (its ``RankFailure`` already ended the job)."""
+        group = self.group
+        if not self.leader or group.broken or group.closed:
+            return
+        if self.agreement is None:
+            if group.tp_size > 1:
+                group.broadcast_object(_Message(stop=True))
+            return
+        self.stopping = True
+        began, said = time.monotonic(), False
+        while not self.finished:
+            engine._step()
+            if not (engine._waiting or engine._running) and not self.finished:
+                if not said and time.monotonic() - began > 2:
+                    print(f"specswap: rank {group.rank} shuts down once every data-parallel leader does; it steps "
+                          f"(idle) until then", flush=True)
+                    said = True
+                time.sleep(0.01)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every leader shut down (the agreement said so at this step): every rank leaves now."""
+        return self.agreement is not None and self.agreement.stopped
+
+    def close(self) -> None:
+        self.group.close()
 
     # ---- the agreement (every rank, every step) ----------------------------------------------------
 
@@ -144,7 +195,8 @@ class Lockstep:
         if result is not None and self.group.tp_size > 1:  # every round's tokens, hashed alike on every rank
             self._rounds_hash = hash((self._rounds_hash, *map(tuple, result.new_tokens)))
         if self.agreement is not None:
-            self.agreement.end_step(result, busy)
+            self.group.enter(AGREE)
+            self.agreement.end_step(result, busy, self.stopping)
 
     @property
     def lockstep_steps(self) -> bool:
