@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 HEALTH_TIMEOUT = 20.0          # /health_generate: seconds the engine may take to show it is alive
 SHUTDOWN_GRACE = 15            # seconds uvicorn waits for responses still being sent after the drain
 CLIENT_GONE = "the client disconnected"
+PROBES = ("/health", "/health_generate", "/metrics")   # open under --api-key unless --api-key-probes
 
 
 def _error_response(error: APIError) -> Response:
@@ -109,15 +110,16 @@ async def _receive_before(request: Request, deadline: float, closing: asyncio.Ev
 
 
 class _BearerKey:
-    """Every request must carry ``Authorization: Bearer <api_key>``, else 401. A plain ASGI middleware, not
+    """Every request must carry ``Authorization: Bearer <api_key>``, else 401; the probes (``PROBES``: load balancers'
+    health checks and Prometheus send no key) only with ``probes`` (--api-key-probes). A plain ASGI middleware, not
     ``@app.middleware("http")``: Starlette's BaseHTTPMiddleware hides the client's ``http.disconnect`` from the
     route, so ``request.is_disconnected()`` would never turn true and a dropped request would keep its slot."""
 
-    def __init__(self, app, api_key: str):
-        self.app, self.api_key = app, api_key.encode()
+    def __init__(self, app, api_key: str, probes: bool = False):
+        self.app, self.api_key, self.probes = app, api_key.encode(), probes
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
+        if scope["type"] == "http" and (self.probes or scope["path"] not in PROBES):
             header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("latin-1"), self.api_key):
