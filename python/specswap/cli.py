@@ -106,14 +106,16 @@ def _serve_loaded(args: argparse.Namespace, limits, sock) -> int:
                           speculative_num_draft_tokens=args.speculative_num_draft_tokens, tp_size=args.tp_size,
                           dp_size=args.dp_size, dist_timeout=args.dist_timeout, min_dwell_rounds=args.min_dwell_rounds,
                           tp_draft=args.tp_draft, **suffix_options(args))
+    router = None
+    if args.dp_size > 1:  # one endpoint: the groups behind sglang-router (server/router_launch.py), else a port each
+        from specswap.server.router_launch import front_of_groups
+        router = front_of_groups(args, engine._dist.group)  # every rank: a collective
     if not engine.is_leader:  # a tensor-parallel follower: no HTTP, the leader's steps until it shuts down
         rank = engine._dist.group.rank
         print(f"specswap serve: rank {rank} follows its tensor-parallel leader", flush=True)
         _wait_for_leader_on_signals(rank)
         engine.follow()  # returns once its leader shut down, the group closed
         return 0
-    if args.dp_size > 1:  # each data-parallel group's leader serves its own requests, on its own port
-        args.port += engine._dist.group.dp_rank
     server_args = {key: value for key, value in vars(args).items() if key not in ("func", "api_key")}
     app = create_app(engine, args.served_model_name or args.model, api_key=args.api_key, server_args=server_args,
                      limits=limits)
@@ -131,8 +133,12 @@ def _serve_loaded(args: argparse.Namespace, limits, sock) -> int:
               f"{tier['speculative_num_draft_tokens']}): {tier['memory_bytes'] / 2**20:.2f} MiB, built in "
               f"{tier['build_seconds']:.2f} s", flush=True)
     try:
+        if router is not None:
+            router.start()
         serve(app, args.host, args.port, args.log_level, sock=sock)
     finally:
+        if router is not None:
+            router.stop()  # it and its process group: a child left behind would hold --port
         # the scheduler thread owns the engine until it is gone (joined); only then may this thread step it
         if app.state.scheduler.stop() and app.state.scheduler.error is None:
             engine.shutdown()  # its followers released, every leader's last step agreed, the group closed
@@ -198,8 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "EAGLE and draft models), the draft split like the target (shard), or NGRAM's lookups "
                             "on rank 0, broadcast (leader, NGRAM's default)")
     serve.add_argument("--dp-size", type=int, default=1,
-                       help="data-parallel groups (under torchrun), each with its own batch, serving on --port + "
-                            "its index; tier switches agreed by all")
+                       help="data-parallel groups (under torchrun), each with its own batch; one endpoint on --port "
+                            "behind sglang-router (the router extra), else each on --port + its index; tier "
+                            "switches agreed by all (docs/scale-out.md)")
+    from specswap.server.router_launch import add_arguments as add_router_arguments
+    add_router_arguments(serve)
     serve.add_argument("--dist-timeout", type=float, default=None,
                        help="seconds a collective waits for a peer before failing with the rank's name (default 60)")
     serve.add_argument("--min-dwell-rounds", type=int, default=None,

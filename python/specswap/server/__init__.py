@@ -8,6 +8,7 @@ metrics.
     metrics.py    Prometheus registry: tier, draft tokens, accept-length histogram, switches, tokens, queues
     app.py        FastAPI routes: /v1/completions, /v1/chat/completions, /generate, /v1/models, /health,
                   /server_info, /metrics
+    router_routes.py, router_launch.py   what SGLang's router reads; ``--dp-size`` behind it (docs/scale-out.md)
 
 The server imports the engine; the engine never imports the server. Needs ``pip install "specswap[serve]"``.
 """

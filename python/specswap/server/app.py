@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specswap.capability import cpu_capability
 from specswap.sampling import SamplingParams
-from specswap.server import native, protocol
+from specswap.server import native, protocol, router_routes
 from specswap.server.limits import RETRY_AFTER_SECONDS, ServerLimits
 from specswap.server.metrics import CONTENT_TYPE, ServerMetrics
 from specswap.server.protocol import APIError, ParsedRequest
@@ -510,7 +510,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
     @app.get("/model_info")
     async def model_info():
         path = (server_args or {}).get("model") or model_name
-        return {"model_path": path, "tokenizer_path": path, "is_generation": True,
+        return {**router_routes.worker_identity(engine, model_name, server_args),  # what sglang-router reads
+                "model_path": path, "tokenizer_path": path, "is_generation": True,
                 "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": False,
                 "has_audio_understanding": False, "served_model_name": model_name, "max_seq_len": engine.max_seq_len}
 
@@ -552,7 +553,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
     @app.get("/server_info")
     @app.get("/get_server_info")  # SGLang's older name, which its benchmark reads
     async def server_info():
-        info = server_info_dict(scheduler, model_name, engine, server_args, started)
+        info = {**router_routes.worker_identity(engine, model_name, server_args),
+                **server_info_dict(scheduler, model_name, engine, server_args, started)}
         info.update(max_running_requests=engine.max_batch_size, max_queued_requests=limits.max_queued_requests,
                     request_timeout=limits.request_timeout, max_prompts_per_request=limits.max_prompts_per_request,
                     max_prompt_chars=limits.max_prompt_chars, drain_timeout=limits.drain_timeout,
@@ -599,6 +601,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_body_byt
     async def prometheus_metrics():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    router_routes.add_router_routes(app, scheduler=scheduler)  # what SGLang's router reads (docs/scale-out.md)
     return app
 
 
