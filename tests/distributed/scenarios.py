@@ -153,6 +153,40 @@ def tp_sampling(args):
             "aborted": outputs[ids[3]].finish_reason, "generated": generated}
 
 
+@scenario
+def tp_request_fault(args):
+    """TP=2, three greedy requests; the leader's stop check of the second one raises after 4 tokens (a fault of
+    that request alone, injected on the leader only): it ends with finish_reason "error", the leader's decision
+    reaches the follower (an abort, next step), every step's round hash still matches, and the other two equal one
+    process's tokens."""
+    from specswap.engine import Engine
+    engine = Engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_seq_len=160, max_batch_size=4,
+                    dtype="float32", disable_graphs=True, tp_size=int(os.environ["WORLD_SIZE"]))
+    if not engine.is_leader:
+        engine.follow()
+        return {"followed": True, "generated": engine.stats()["generated_tokens"],
+                "faults": engine.stats()["request_faults"]}
+    ids = [engine.add_request(text, max_new_tokens=24) for text in TEXTS[:3]]
+    original = engine._append
+
+    def append(request, tokens):
+        if request.request_id == ids[1] and len(request.token_ids) >= 4:
+            raise RuntimeError("injected fault in one request")
+        original(request, tokens)
+    engine._append = append
+    outputs = {}
+    while engine.has_unfinished():
+        outputs.update((o.request_id, o) for o in engine.step().finished)
+    for _ in range(2):  # the follower applies the abort at the next step's announcement
+        engine.step()
+    engine.shutdown()
+    one = Engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_seq_len=160, max_batch_size=4,
+                 dtype="float32", disable_graphs=True)
+    want = [o.token_ids for o in one.generate([TEXTS[0], TEXTS[2]], 24)]
+    return {"others": [outputs[ids[i]].token_ids for i in (0, 2)], "one_process": want,
+            "faulted": [outputs[ids[1]].finish_reason, outputs[ids[1]].error], "faults": engine.stats()["request_faults"]}
+
+
 # rank 0's prompts repeat themselves (prompt lookup accepts long runs), rank 1's do not
 DP_TEXTS = {0: ["abc abc abc abc abc abc abc abc ", "x = 1\nx = 1\nx = 1\nx = 1\n", "for for for for for ",
                 "aaaa aaaa aaaa aaaa "],

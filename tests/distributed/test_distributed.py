@@ -101,6 +101,16 @@ def test_tp2_sampling_seeds_and_aborts_follow_the_leader(tmp_path):
     assert follower["generated"] == leader["generated"] > 60
 
 
+def test_tp2_a_fault_in_one_request_ends_it_on_every_rank(tmp_path):
+    """A request's own fault on the leader ends that request alone; the follower drops it too (the leader's
+    decision, as an abort), the ranks stay in step (round hashes match: the follower raises otherwise) and the
+    other requests' tokens equal one process's."""
+    leader, follower = launch.run("tp_request_fault", 2, tmp_path, timeout_s=90)
+    assert leader["faulted"][0] == "error" and "injected fault" in leader["faulted"][1]
+    assert leader["others"] == leader["one_process"] and leader["faults"] == 1
+    assert follower["followed"] and follower["faults"] == 0
+
+
 @pytest.mark.parametrize("algorithm,weights", [("NGRAM", "fp32"), ("EAGLE", "fp32"), ("NGRAM", "native"),
                                                ("EAGLE", "native")])
 def test_tp2_gemma_tokens_identical_to_one_process(tmp_path, algorithm, weights):
