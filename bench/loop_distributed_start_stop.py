@@ -58,8 +58,17 @@ def _get(url: str, timeout: float = 2.0, body: dict | None = None) -> tuple[int,
         return answer.status, (json.loads(text) if body is not None else None)
 
 
+def leader_ports(port: int) -> list[int]:
+    """Where the two data-parallel leaders serve: behind sglang-router (the router extra) on ``port`` + 1 and + 2,
+    the router on ``port``; else ``port`` and ``port`` + 1 (``server.router_launch.place_groups``)."""
+    sys.path.insert(0, str(ROOT / "python"))
+    from specswap.server.router_launch import router_installed
+    return [port + 1, port + 2] if router_installed() else [port, port + 1]
+
+
 def one_loop(args: argparse.Namespace) -> dict:
-    port, master = _free_ports(2), _free_ports(1)
+    port, master = _free_ports(4), _free_ports(1)  # the router, two groups, the router's metrics
+    leaders = leader_ports(port)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "python") + os.pathsep +
                os.environ.get("PYTHONPATH", ""))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(master),
@@ -72,22 +81,22 @@ def one_loop(args: argparse.Namespace) -> dict:
     record: dict = {}
     try:
         healthy = set()
-        while len(healthy) < 2:  # both data-parallel leaders: ports port and port + 1
+        while len(healthy) < 2:  # both data-parallel leaders, each on its own port
             if proc.poll() is not None:
                 raise RuntimeError("torchrun exited during start-up")
             if time.monotonic() - began > args.start_timeout:
                 raise RuntimeError(f"the leaders were not healthy within {args.start_timeout} s")
-            for leader in (0, 1):
+            for leader in leaders:
                 try:
-                    if _get(f"http://127.0.0.1:{port + leader}/health")[0] == 200:
+                    if _get(f"http://127.0.0.1:{leader}/health")[0] == 200:
                         healthy.add(leader)
                 except OSError:
                     pass
             time.sleep(0.2)
         record["start_seconds"] = time.monotonic() - began
         served = time.monotonic()
-        for leader in (0, 1):
-            _, answer = _get(f"http://127.0.0.1:{port + leader}/v1/completions", timeout=60,
+        for leader in leaders:
+            _, answer = _get(f"http://127.0.0.1:{leader}/v1/completions", timeout=60,
                              body={"model": args.model, "prompt": "def fibonacci(n):\n    ", "max_tokens": 16,
                                    "temperature": 0})
             assert answer["choices"][0]["text"], answer
