@@ -86,9 +86,12 @@ def test_a_request_with_speculation_off_batched_equals_it_alone(case, sampling):
     assert tier_zero_rounds > 0  # its rounds counted at tier 0
     # the others kept the tier: every round verified STEPS drafts, and they accepted some
     assert info["speculative_num_steps"] == STEPS
-    for out in others:
+    for out in others:  # NGRAM's plain rounds (nothing to look up) verify no drafts: the engine's own count
         meta = out["meta_info"]
-        assert meta["spec_draft_token_num"] == STEPS * meta["spec_verify_ct"] > 0
+        drafted = meta["spec_draft_token_num"]
+        assert 0 < drafted <= STEPS * meta["spec_verify_ct"]
+        if algorithm != "NGRAM":
+            assert drafted == STEPS * meta["spec_verify_ct"]
     if sampling is GREEDY:
         assert sum(out["meta_info"]["spec_accept_token_num"] for out in others) > 0
     assert info["requests_speculation_disabled"] == 2

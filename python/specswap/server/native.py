@@ -21,7 +21,7 @@ from specswap.server.protocol import (APIError, ParsedRequest, _integer, _number
 
 DEFAULT_MAX_NEW_TOKENS = 128   # as SGLang
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids",
-                 "ignore_eos", "sampling_seed", "disable_speculative_decoding")
+                 "ignore_eos", "sampling_seed", "disable_speculative_decoding", "suffix_cache_output")
 # SGLang sampling parameters this server does not implement: accepted at the value that leaves sampling
 # unchanged (what clients send by default), a 400 otherwise
 NEUTRAL_SAMPLING = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
@@ -128,9 +128,11 @@ def _sampling(values: Any, where: str) -> tuple[SamplingParams, str | None]:
         raise _bad(error.message, f"{where}.{error.param}") from error
     ignore_eos = flag(values, "ignore_eos", f"{where}.ignore_eos")
     disable = flag(values, "disable_speculative_decoding", f"{where}.disable_speculative_decoding")
+    cache_output = flag(values, "suffix_cache_output", f"{where}.suffix_cache_output", default=True)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                             top_k=max(top_k, 0), seed=seed, stop=stop, ignore_eos=ignore_eos,
-                            disable_speculative_decoding=disable, min_new_tokens=least, stop_token_ids=stop_ids)
+                            disable_speculative_decoding=disable, min_new_tokens=least, stop_token_ids=stop_ids,
+                            suffix_cache_output=cache_output)
     return params, "max_new_tokens" if values.get("max_new_tokens") is not None else None
 
 

@@ -159,11 +159,11 @@ def request_timeout(body: dict) -> float | None:
     return float(value)
 
 
-def flag(body: dict, name: str, param: str | None = None) -> bool:
-    """A boolean field (absent or null: False)."""
+def flag(body: dict, name: str, param: str | None = None, default: bool = False) -> bool:
+    """A boolean field (absent or null: ``default``)."""
     value = body.get(name)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise _bad(f"'{param or name}' must be a boolean, got {value!r}", param or name)
     return value
@@ -254,6 +254,7 @@ def _common(body: dict, default_max_tokens: int,
     params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, stop=_stop(body), ignore_eos=ignore_eos,
                             disable_speculative_decoding=flag(body, "disable_speculative_decoding"),
+                            suffix_cache_output=flag(body, "suffix_cache_output", default=True),
                             min_new_tokens=min_tokens(body, "min_tokens", max_tokens),
                             stop_token_ids=token_id_list(body, "stop_token_ids"))
     return params, stream, include_usage, max_tokens_param

@@ -144,6 +144,28 @@ class Scheduler:
         self._commands.put(("add", submission))
         return submission.updates
 
+    def call(self, fn) -> asyncio.Future:
+        """Run ``fn(engine)`` on the scheduler thread between steps (a route never touches the engine itself); the
+        returned future gets its result, or its exception (RuntimeError once the loop stopped or died)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if self.error is not None or self._stop.is_set():
+            future.set_exception(RuntimeError("the engine loop is not running"))
+        else:
+            self._commands.put(("call", (fn, loop, future)))
+        return future
+
+    @staticmethod
+    def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any = None,
+                error: BaseException | None = None) -> None:
+        def settle():
+            if not future.done():  # the route may have gone (a cancelled request)
+                future.set_result(result) if error is None else future.set_exception(error)
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
+            pass
+
     def pending(self) -> int:
         """Commands not yet taken by the thread (submitted requests count as waiting)."""
         return self._commands.qsize()
@@ -189,6 +211,14 @@ class Scheduler:
         elif command == "abort_all":
             for request_id in list(self._live):
                 self._abort(request_id, *payload)
+        elif command == "call":
+            fn, loop, future = payload
+            try:
+                result = fn(engine)
+            except Exception as error:  # noqa: BLE001 - the caller's to answer (the engine is unchanged)
+                self._settle(loop, future, error=error)
+            else:
+                self._settle(loop, future, result)
 
     def _abort(self, request_id: int, reason: str, message: str | None) -> None:
         if request_id in self._live:
@@ -267,16 +297,27 @@ class Scheduler:
                 if not finishing and (now - last_snapshot > 0.05 or not engine.has_unfinished()):
                     self.snapshot = engine.stats()
                     last_snapshot = now
+            for command in self._fail_calls(self._drain_commands()):  # the calls answered, the rest left as they were
+                self._commands.put(command)
         except BaseException as error:  # noqa: BLE001 - reported to every waiting client, then re-raised
             self.error = error
             self.died_at = time.monotonic()
-            waiting = [payload for command, payload in self._drain_commands() if command == "add"]
+            commands = self._drain_commands()
+            self._fail_calls(commands)
+            waiting = [payload for command, payload in commands if command == "add"]
             for submission in [*self._live.values(), *waiting]:
                 self._release(submission)  # a drain does not wait for requests a dead engine cannot finish
                 self._send(submission, Update(submission.request_id, finish_reason="error", error=repr(error)))
             self._live.clear()
             logger.critical("specswap serve: the engine failed in shared state (a forward, a graph replay, the "
                             "pool); every in-flight request got a 500 and the server exits", exc_info=error)
+
+    def _fail_calls(self, commands: list) -> list:
+        """Answer the ``call`` commands the stopped loop will never run; returns the other commands."""
+        for command, payload in commands:
+            if command == "call":
+                self._settle(payload[1], payload[2], error=RuntimeError("the engine loop stopped"))
+        return [(command, payload) for command, payload in commands if command != "call"]
 
     def _drain_commands(self) -> list:
         commands = []
