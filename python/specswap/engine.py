@@ -228,7 +228,7 @@ class Engine:
         if tp_draft is not None and tp_size == 1:
             raise ValueError("tp_draft places the drafts of a tensor-parallel engine; pass tp_size > 1 (under "
                              "torchrun) or leave it unset")
-        tp_draft = spec.tp_draft(tp_draft)
+        tp_draft = self.tp_draft = spec.tp_draft(tp_draft)
         if speculative_adaptive_config is not None and not speculative_adaptive:
             raise ValueError("speculative_adaptive_config was given but speculative_adaptive is False; pass "
                              "speculative_adaptive=True to use it (the config is never silently ignored)")
@@ -587,7 +587,14 @@ class Engine:
 
     def flush_cache(self) -> None:
         """Forget what drafts learnt across requests: SUFFIX's global tree of recent outputs (a no-op for the
-        other drafters). Running requests keep their own trees."""
+        other drafters). Running requests keep their own trees. Refused (ValueError) under tensor parallelism with
+        ``tp_draft="replicate"``, where every rank holds trees that a flush on one rank would set apart (at
+        "leader" only the leader holds them)."""
+        from specswap.worker.drafter import Drafter
+        if (self._dist is not None and self._dist.group.tp_size > 1 and self.tp_draft == "replicate"
+                and type(self.worker.drafter).flush_cache is not Drafter.flush_cache):
+            raise ValueError("flush_cache is refused under tensor parallelism with tp_draft 'replicate' (every rank "
+                             "holds its own suffix trees, which must stay alike); use tp_draft 'leader' to flush")
         self.worker.drafter.flush_cache()
 
     def stats(self) -> dict[str, Any]:
