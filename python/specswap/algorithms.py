@@ -9,10 +9,10 @@ A new drafter plugs in with one entry: its Drafter class (``worker.drafter``), b
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["Algorithm", "ALGORITHMS", "NAMES", "SUFFIX_OPTIONS", "algorithm"]
+__all__ = ["Algorithm", "ALGORITHMS", "HYBRID_DRAFTERS", "NAMES", "SUFFIX_OPTIONS", "algorithm"]
 
 # SUFFIX's Engine keywords (flags --suffix-decoding-...), named after vLLM's speculative_config fields
 SUFFIX_OPTIONS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
@@ -33,6 +33,20 @@ class Algorithm:
     # rank drafts alike), "shard" (the draft split like the target), "leader" (the first rank drafts, broadcasts)
     tp_drafts: tuple[str, ...] = ()
     options: tuple[str, ...] = ()  # the Engine keywords its drafter takes (``DrafterContext.options``)
+    parts: tuple[str, str] | None = None  # a hybrid ("EAGLE+SUFFIX"): its model drafter's algorithm, the second's
+
+    def hybrid(self, second: str | None) -> "Algorithm":
+        """This model drafter with ``second`` (``hybrid_drafter``: "SUFFIX") drafting beside it, the better draft
+        verified per request (``worker.hybrid``); None: this algorithm alone. ValueError naming the misfit."""
+        if second is None:
+            return self
+        key = second.upper() if isinstance(second, str) else second
+        if key not in HYBRID_DRAFTERS:
+            raise ValueError(f"hybrid_drafter {second!r} is not supported; valid: {', '.join(HYBRID_DRAFTERS)}")
+        if not self.needs_draft or self.parts is not None:
+            raise ValueError(f"hybrid_drafter {key} drafts beside a draft model or head (speculative_algorithm "
+                             f"{', '.join(HYBRID_MODELS)}); got speculative_algorithm {self.flag}")
+        return ALGORITHMS[f"{self.name}+{key}"]
 
     def tp_draft(self, placement: str | None) -> str | None:
         """``placement`` checked against this algorithm's (None: its default; None without speculation)."""
@@ -49,7 +63,8 @@ class Algorithm:
         chosen = {key: value for key, value in given.items() if value is not None}
         foreign = sorted(set(chosen) - set(self.options))
         if foreign:
-            takers = sorted({entry.flag for entry in ALGORITHMS.values() if set(foreign) & set(entry.options)})
+            takers = sorted({entry.flag for entry in ALGORITHMS.values()
+                             if set(foreign) & set(entry.options) and entry.parts is None})
             raise ValueError(f"{', '.join(foreign)} apply to speculative_algorithm {' or '.join(takers) or 'none'}; "
                              f"got {self.flag}")
         return chosen
@@ -65,7 +80,8 @@ class Algorithm:
 
     def drafter_class(self) -> type:
         module, _, name = self.drafter.partition(":")
-        return getattr(importlib.import_module(module), name)
+        drafter = getattr(importlib.import_module(module), name)
+        return drafter if self.parts is None else drafter.over(*(ALGORITHMS[part] for part in self.parts))
 
 
 ALGORITHMS: dict[str | None, Algorithm] = {entry.name: entry for entry in (
@@ -85,6 +101,15 @@ ALGORITHMS: dict[str | None, Algorithm] = {entry.name: entry for entry in (
               drafter="specswap.worker.drafter:Drafter"),
 )}
 NAMES: tuple[str, ...] = tuple(entry.flag for entry in ALGORITHMS.values())  # EAGLE ... NGRAM SUFFIX NONE
+# hybrids (``Algorithm.hybrid``; not flag names: --speculative-hybrid-drafter names the second): a model drafter and
+# SUFFIX, one process or data parallelism (no tp_draft), SUFFIX's keywords
+HYBRID_DRAFTERS = ("SUFFIX",)
+HYBRID_MODELS = ("EAGLE", "EAGLE3", "STANDALONE")
+for _model in HYBRID_MODELS:
+    for _second in HYBRID_DRAFTERS:
+        ALGORITHMS[f"{_model}+{_second}"] = replace(
+            ALGORITHMS[_model], name=f"{_model}+{_second}", drafter="specswap.worker.hybrid:HybridDrafter",
+            tp_drafts=(), options=ALGORITHMS[_second].options, parts=(_model, _second))
 
 
 def algorithm(name: str | None) -> Algorithm:

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from specswap.algorithms import NAMES, algorithm
+from specswap.algorithms import HYBRID_DRAFTERS, NAMES, algorithm
 from specswap.loading import LoadedModels
 
 __all__ = ["ALGORITHM_CHOICES", "DEFAULT_MODEL", "add_model_arguments", "build_engine", "check_speculative_flags",
@@ -71,12 +71,18 @@ def add_suffix_arguments(parser: argparse.ArgumentParser) -> None:
             ("min-token-prob", float, 0.1, "a draft token's estimated probability below this ends the draft")):
         parser.add_argument(f"--suffix-decoding-{name}", type=kind, default=None,
                             help=f"SUFFIX: {what} (default {default})")
+    parser.add_argument("--speculative-hybrid-drafter", dest="hybrid_drafter", type=str.upper, choices=HYBRID_DRAFTERS,
+                        default=None,
+                        help="SUFFIX drafts beside EAGLE, EAGLE3 or STANDALONE: each round verifies, per request, the "
+                             "suffix draft where its score beats the model's mean accepted drafts (chains only)")
 
 
 def suffix_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The --suffix-decoding-* flags given, as Engine keywords (build_engine's; refused unless SUFFIX)."""
+    """The --suffix-decoding-* flags and --speculative-hybrid-drafter given, as Engine keywords (build_engine's;
+    refused unless SUFFIX or a hybrid)."""
     from specswap.algorithms import SUFFIX_OPTIONS
-    return {key: getattr(args, key) for key in SUFFIX_OPTIONS if getattr(args, key, None) is not None}
+    return {key: getattr(args, key) for key in (*SUFFIX_OPTIONS, "hybrid_drafter")
+            if getattr(args, key, None) is not None}
 
 
 def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> None:
@@ -99,6 +105,15 @@ def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> No
                          "--speculative-adaptive (the config is never silently ignored)")
     if args.speculative_adaptive_config is not None and not Path(args.speculative_adaptive_config).is_file():
         raise FileNotFoundError(f"--speculative-adaptive-config {args.speculative_adaptive_config}: no such file")
+    hybrid = getattr(args, "hybrid_drafter", None)
+    if hybrid is not None:
+        if args.speculative_algorithm is not None:
+            try:
+                algorithm(args.speculative_algorithm).hybrid(hybrid)
+            except ValueError as error:
+                raise ValueError(f"--speculative-hybrid-drafter {hybrid}: {error}") from None
+        if args.speculative_eagle_topk > 1:
+            raise ValueError(f"--speculative-hybrid-drafter {hybrid} drafts chains: --speculative-eagle-topk must be 1")
     # None is "the model's default" (its head, else NGRAM); "NONE" is no speculation
     if adaptive_flag and args.speculative_algorithm is not None and algorithm(args.speculative_algorithm).name is None:
         raise ValueError("--speculative-adaptive needs a --speculative-algorithm (EAGLE, EAGLE3, STANDALONE or "

@@ -138,6 +138,28 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_bos=tokenizer.bos_token_id is not None)
 
 
+def _hybrid_round_graphs(shape, tp_size: int, round_graphs: bool | None, disable_graphs: bool) -> bool | None:
+    """A hybrid's checks (chains, one process per tensor group); its ``round_graphs``: off, said once (the draft
+    is chosen per request on the host, so its rounds run from stage graphs, never as one recorded round)."""
+    if shape[1] > 1:
+        raise ValueError("hybrid_drafter drafts chains: speculative_eagle_topk must be 1 (and the adaptive config "
+                         "without candidate_trees)")
+    if tp_size != 1:
+        raise ValueError("hybrid_drafter runs in one process or under data parallelism (dp_size); tensor "
+                         "parallelism (tp_size > 1) is not supported with it")
+    if round_graphs:
+        raise ValueError("round_graphs=True: a hybrid_drafter chooses each request's draft on the host, so its "
+                         "rounds run from stage graphs, not whole-round graphs")
+    if not disable_graphs and not _HYBRID_SAID:
+        _HYBRID_SAID.append(True)
+        logger.warning("specswap: hybrid drafting runs each round from its stages' graphs, not one whole-round graph "
+                       "(the draft is chosen per request on the host)")
+    return None if disable_graphs else False
+
+
+_HYBRID_SAID: list[bool] = []  # the round-graph line logged once a process
+
+
 def prefill_groups(requests: list, token_budget: int) -> list[list]:
     """Split joining requests, in order, into groups whose padded size (count x longest prompt) fits the
     budget; a prompt longer than the budget goes alone."""
@@ -191,6 +213,10 @@ class Engine:
     or head: every rank runs all of it), "shard" (split like the target), for NGRAM "leader" (the default: the
     first rank looks up and broadcasts) or "replicate" (every rank looks up; the step checksum compares them).
 
+    ``hybrid_drafter="SUFFIX"`` with EAGLE, EAGLE3 or STANDALONE: SUFFIX's trees draft beside the model, and each
+    round verifies, per request, the suffix draft where its score beats the model's mean accepted drafts at the tier,
+    the model's elsewhere (``worker.hybrid``; chains; ``stats()["hybrid"]`` counts the choices).
+
     ``suffix_decoding_max_tree_depth`` (24), ``suffix_decoding_max_cached_requests`` (10000),
     ``suffix_decoding_max_spec_factor`` (1.0), ``suffix_decoding_min_token_prob`` (0.1): SUFFIX's trees, as
     vLLM's speculative_config names them, None for their defaults (``worker.suffix``; docs/suffix.md).
@@ -208,9 +234,10 @@ class Engine:
                  row_costs: str | Mapping[int, float] = "auto", suffix_decoding_max_tree_depth: int | None = None,
                  suffix_decoding_max_cached_requests: int | None = None,
                  suffix_decoding_max_spec_factor: float | None = None,
-                 suffix_decoding_min_token_prob: float | None = None):
+                 suffix_decoding_min_token_prob: float | None = None, hybrid_drafter: str | None = None):
         spec = algorithm(speculative_algorithm)
-        drafter_options = spec.drafter_options(  # SUFFIX's (None: its default), refused for other algorithms
+        drafting = spec.hybrid(hybrid_drafter)  # what the worker drafts with: spec, or a hybrid ("EAGLE+SUFFIX")
+        drafter_options = drafting.drafter_options(  # SUFFIX's (None: its default), refused for other algorithms
             suffix_decoding_max_tree_depth=suffix_decoding_max_tree_depth,
             suffix_decoding_max_cached_requests=suffix_decoding_max_cached_requests,
             suffix_decoding_max_spec_factor=suffix_decoding_max_spec_factor,
@@ -218,6 +245,8 @@ class Engine:
         shape = tree_shape(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
         if shape[1] > 1 and spec.name is None:
             raise ValueError("speculative_eagle_topk > 1 needs a speculative_algorithm (EAGLE, STANDALONE or NGRAM)")
+        if drafting.parts is not None:
+            round_graphs = _hybrid_round_graphs(shape, tp_size, round_graphs, disable_graphs)
         self._dist = None  # a distributed.Lockstep when tp_size or dp_size > 1
         if tp_size != 1 or dp_size != 1:
             from specswap.distributed.lockstep import Lockstep, join
@@ -274,7 +303,7 @@ class Engine:
         if spec.number_tokens and ngram_numbers and self.tokenizer is not None:
             numbers = NumberTokens.from_tokenizer(self.tokenizer)
         with contextlib.nullcontext() if self._dist is None else self._dist.starting(self, tp_draft):  # barrier
-            self.worker = SpeculativeWorker(target, draft, spec.name, speculative_num_steps, max_batch_size,
+            self.worker = SpeculativeWorker(target, draft, drafting.name, speculative_num_steps, max_batch_size,
                                             max_seq_len, tiers=tiers, graphs=not disable_graphs,
                                             round_graphs=None if disable_graphs else round_graphs,
                                             number_tokens=numbers, speculative_eagle_topk=shape[1],

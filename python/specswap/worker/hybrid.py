@@ -1,0 +1,269 @@
+"""Hybrid drafting: a model drafter (EAGLE, EAGLE3, STANDALONE) and SUFFIX's trees side by side, the better draft
+verified per request each round (Arctic Inference's hybrid; ``Engine(..., hybrid_drafter="SUFFIX")``).
+
+Each drafting round (a chain of k), per request: SUFFIX's draft (its best path, at most k tokens, padded as SUFFIX
+pads it) and its score (the sum of its tokens' estimated probabilities, about the drafts it gets accepted) against
+what the model's drafts accepted per round at this tier (an EMA over the requests that verified them, from
+MODEL_PRIOR x k): the suffix draft is verified where its score is higher, the model's elsewhere (and after
+MODEL_REFRESH suffix drafts in a row, so the model's mean stays fresh). The choice
+reads only what the request emitted so far, never this round's draws, so each row's acceptance is exact: a suffix
+row's draft is a point mass (its ``draft_probs`` one-hot) under the model drafter's acceptance (accepted with
+probability p(d), a rejection draws p without d), the model's rows as the model drafter alone, greedy rows by the
+argmax. A batch whose every request takes the suffix draft runs no draft forward. The model drafter's state
+follows the verified tokens whichever draft they came from: EAGLE's draft-extend runs over them; a standalone
+draft's cache keeps, for a suffix row, only what it held before the round and catches up the next.
+
+At tier 0 the model drafter checks tier 1's draft now and then (``ModelDrafter``); where the hybrid would have
+taken the suffix draft at tier 1 the check is that draft's first token instead (a point mass is accepted exactly
+when the emitted token equals it, in law too), so the policy sees what the hybrid would have accepted.
+
+Chains only (a tree tier is refused); the rounds run from stage graphs, not whole-round graphs (the choice is the
+host's; the Engine says so once); one process or data parallelism (the Engine refuses tensor parallelism).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from typing import Any, Sequence
+
+import torch
+
+from specswap.worker.drafter import Drafter, ModelDrafter, PrefillBatch
+from specswap.worker.slots import SlotTable
+from specswap.worker.suffix import SuffixConfig, SuffixDrafter
+from specswap.worker.tiers import Forwards, TierStages
+
+# the model's accepted drafts per round at a tier never yet observed, as a share of the tier's k: where its mean
+# starts
+MODEL_PRIOR = 0.5
+# weight of each model-drafted request-round in the tier's running mean (an EMA)
+MODEL_EMA_ALPHA = 0.05
+# suffix drafts taken in a row at a tier after which a request-round verifies the model's draft instead, so that
+# the model's mean there is never stale (one in 33 at most; the choice stays a function of the history)
+MODEL_REFRESH = 32
+
+
+class HybridDrafter(Drafter):
+    """``model`` (a ``ModelDrafter``) and ``suffix`` (a ``SuffixDrafter``) over one slot table; built through
+    ``over(model_algorithm, second_algorithm)`` (``algorithms.Algorithm.hybrid``)."""
+
+    keyed_sampling = False  # the model's drafts have a law: sampled rounds draw from each request's generator
+    plain_fallback = False
+    drafts_trees = False
+    parts: tuple[Any, Any] = ()  # (the model drafter's Algorithm, the second drafter's), set by ``over``
+
+    def __init__(self, model: ModelDrafter, suffix: SuffixDrafter, slots: SlotTable):
+        self.model_drafter, self.suffix, self.slots = model, suffix, slots
+        self.model, self.cache = model.model, model.cache
+        self.token_map, self.vocab_size = model.token_map, model.vocab_size
+        self.shadow_steps = model.shadow_steps
+        # a drafter without a draft-extend (standalone) keeps its own drafts in its cache: a suffix row rolls back
+        self._rewinds = model.eager_forwards().draft_extend is None
+        size = len(slots.host_tokens)
+        self.expected: dict[int, float] = {}          # tier k -> the model's accepted drafts per round (EMA)
+        self._suffix_streak: dict[int, int] = {}      # tier k -> suffix drafts taken since the model's last
+        self._start = [0] * size                      # per slot: its length when the round began
+        self._chosen: list[str | None] = [None] * size  # per slot this round: "suffix", "model" or None (plain)
+        self._suffix_rows: list[int] = []             # this round's rows verifying the suffix draft
+        self._suffix_index: torch.Tensor | None = None   # [R] those rows
+        self._suffix_tokens: torch.Tensor | None = None  # [R, k] their drafts
+        self._run_model = True                        # whether the model drafts this round (a row takes it)
+        self._point_masses = None                     # the last sampled round's one-hot cells: (draft_probs, index)
+        self._shadow_suffix: dict[int, tuple[int, int]] = {}  # tier-0 checks taken by the suffix draft: slot -> (pos, token)
+        self.counts: Counter[str] = Counter()         # suffix_rounds / model_rounds and what each accepted
+
+    @classmethod
+    @functools.cache
+    def over(cls, model_algorithm, second_algorithm) -> type:
+        """The class drafting with ``model_algorithm``'s drafter beside ``second_algorithm``'s (SUFFIX)."""
+        return type(f"HybridDrafter({model_algorithm.name}+{second_algorithm.name})", (cls,),
+                    {"parts": (model_algorithm, second_algorithm)})
+
+    @classmethod
+    def build(cls, context) -> "HybridDrafter":
+        if not cls.parts:
+            raise TypeError("HybridDrafter is built through HybridDrafter.over(model algorithm, SUFFIX)")
+        model = cls.parts[0].drafter_class().build(context)
+        suffix = SuffixDrafter(context.slots, SuffixConfig.from_options(context.options))  # tier 0: the model's checks
+        return cls(model, suffix, context.slots)
+
+    # ---- what the worker asks of the model drafter ----
+
+    def supports(self, steps: int) -> bool:
+        return self.model_drafter.supports(steps)
+
+    def target_view(self, target: torch.nn.Module) -> torch.nn.Module:
+        return self.model_drafter.target_view(target)
+
+    def enable_deep_checks(self, steps: frozenset[int]) -> None:
+        self.model_drafter.enable_deep_checks(steps)
+
+    def observe_plain_round(self, slot_index, logits, next_tokens, sampling) -> None:
+        self.model_drafter.observe_plain_round(slot_index, logits, next_tokens, sampling)
+
+    def eager_forwards(self) -> Forwards:
+        return self.model_drafter.eager_forwards()
+
+    def stage_graphs(self, context, steps: int, topk: int = 1) -> Forwards:
+        return self.model_drafter.stage_graphs(context, steps, topk)
+
+    def shared_memory_bytes(self) -> int:
+        return self.model_drafter.shared_memory_bytes()
+
+    # ---- requests ----
+
+    def prefill(self, batch: PrefillBatch) -> None:
+        self.model_drafter.prefill(batch)
+        self.suffix.prefill(batch)
+
+    def release(self, slot: int) -> None:
+        self.model_drafter.release(slot)
+        self.suffix.release(slot)
+        self._shadow_suffix.pop(slot, None)
+
+    def flush_cache(self) -> None:
+        self.suffix.flush_cache()
+
+    # ---- the choice ----
+
+    def model_expected(self, steps: int) -> float:
+        """The model's accepted drafts per round at tier ``steps`` so far (MODEL_PRIOR x steps before any)."""
+        return self.expected.get(steps, MODEL_PRIOR * steps)
+
+    def suffix_draft(self, slot: int, steps: int) -> list[int] | None:
+        """The suffix draft of ``steps`` tokens (padded) where its score beats the model's expectation, else None."""
+        if not self.suffix._drafting(slot):
+            return None
+        found = self.suffix._speculate(slot, steps, tree=False)
+        tokens = list(found.token_ids)
+        if not tokens or found.score <= self.model_expected(steps):
+            return None
+        return tokens + tokens[-1:] * (steps - len(tokens))
+
+    def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
+        self.model_drafter.begin_round(tier, slots)  # catch-up, tier-0 checks, checks past the chain
+        self.deep_check_due = self.model_drafter.deep_check_due
+        steps = tier.speculative_num_steps
+        self._suffix_rows = []
+        if not steps:
+            self._suffix_checks(slots)
+            return True
+        table, rows, drafts = self.slots, [], []
+        for row, slot in enumerate(slots):
+            self._start[slot] = table.host_seq_lens[slot]
+            if table.params[slot].disable_speculative_decoding or table.banned_ids(slot):
+                self._chosen[slot] = None  # verifies no draft this round (sampling.PlainRows)
+                continue
+            draft = self.suffix_draft(slot, steps)
+            if draft is not None:
+                self._suffix_streak[steps] = streak = self._suffix_streak.get(steps, 0) + 1
+                if streak > MODEL_REFRESH:
+                    draft = None
+            if draft is None:
+                self._suffix_streak[steps] = 0
+            self._chosen[slot] = "model" if draft is None else "suffix"
+            if draft is not None:
+                rows.append(row)
+                drafts.append(draft)
+        self._suffix_rows = rows
+        self._run_model = len(rows) < len(slots)
+        if rows:
+            device = table.device
+            self._suffix_index = torch.tensor(rows, device=device)
+            self._suffix_tokens = torch.tensor(drafts, dtype=torch.long, device=device)
+        return True
+
+    def draft(self, tier: TierStages, forwards: Forwards, slot_index: torch.Tensor, seq_lens: torch.Tensor,
+              key_length: int, sampling) -> None:
+        if not tier.speculative_num_steps:
+            return
+        if self._point_masses is not None:  # a reduced draft vocabulary's columns outside it stay 0 (sample_draft)
+            self._point_masses[0][self._point_masses[1:]] = 0.0
+            self._point_masses = None
+        if self._run_model:
+            self.model_drafter.draft(tier, forwards, slot_index, seq_lens, key_length, sampling)
+        if not self._suffix_rows:
+            return
+        rows, tokens = self._suffix_index, self._suffix_tokens
+        tier.draft.draft_tokens.index_copy_(0, rows, tokens)
+        if sampling is not None:  # a point mass at each suffix draft: accepted with probability p(d)
+            probs = tier.draft.draft_probs
+            probs.index_fill_(0, rows, 0.0)
+            cells = (rows.unsqueeze(-1), torch.arange(tokens.shape[1], device=tokens.device), tokens)
+            probs[cells] = 1.0
+            self._point_masses = (probs, *cells)
+
+    def extend(self, tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths, next_tokens,
+               key_length) -> None:
+        # over the verified tokens, whichever drafter drafted them (EAGLE's draft-extend)
+        self.model_drafter.extend(tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths,
+                                  next_tokens, key_length)
+
+    def end_round(self, tier: TierStages, slots: Sequence[int]) -> None:
+        self.model_drafter.end_round(tier, slots)
+        self.suffix.end_round(tier, slots)  # the trees take the committed tokens
+        steps = tier.speculative_num_steps
+        if not steps:
+            return
+        model = self.model_drafter
+        for slot in slots:
+            chosen = self._chosen[slot]
+            if chosen is None:
+                continue
+            accepted = self.slots.host_seq_lens[slot] - self._start[slot] - 1
+            self.counts[f"{chosen}_rounds"] += 1
+            self.counts[f"{chosen}_accepted"] += accepted
+            if chosen == "model":
+                mean = self.model_expected(steps)
+                self.expected[steps] = mean + MODEL_EMA_ALPHA * (accepted - mean)
+            elif self._rewinds:  # its cache holds the model's drafts past m-1, not the suffix's: caught up next
+                model.draft_len[slot] = min(model.draft_len[slot], self._start[slot] - model.lag)
+
+    def take_deep_checks(self, accept_lengths: Sequence[int], next_tokens: Sequence[int],
+                         steps: int) -> list[int] | None:
+        checks = self.model_drafter.take_deep_checks(accept_lengths, next_tokens, steps)
+        if checks is not None:
+            for row in self._suffix_rows:  # the model's draft past the chain was not what these rows verified
+                checks[row] = -1
+        return checks
+
+    # ---- tier 0: what the hybrid would have accepted at tier 1 ----
+
+    def _suffix_checks(self, slots: Sequence[int]) -> None:
+        """Where the model drafter checks tier 1 this round, the suffix draft's first token in its place where the
+        hybrid would have verified it."""
+        pending = self.model_drafter._pending
+        for slot in slots:
+            check = pending[slot]
+            if check is None or check[0] != len(self.slots.host_tokens[slot]):
+                continue  # not checked this round
+            self._shadow_suffix.pop(slot, None)
+            if self.slots.params[slot].disable_speculative_decoding:
+                continue
+            draft = self.suffix_draft(slot, 1)
+            if draft is not None:
+                self._shadow_suffix[slot] = (check[0], draft[0])
+
+    def take_shadow(self, slots: Sequence[int], drafting: bool):
+        checked = [slot for slot in slots if self.model_drafter._pending[slot] is not None]
+        shadow = self.model_drafter.take_shadow(slots, drafting)
+        overrides = {slot: self._shadow_suffix.pop(slot) for slot in checked if slot in self._shadow_suffix}
+        if shadow is None or drafting or not overrides:
+            return shadow
+        for index, slot in enumerate(checked):  # the model's settled checks, in these slots' order
+            if slot in overrides:
+                position, token = overrides[slot]
+                tokens = self.slots.host_tokens[slot]
+                shadow.accept_lengths[index] = int(len(tokens) > position and tokens[position] == token)
+        return shadow
+
+    def stats(self) -> dict[str, Any]:
+        """The global tree (SUFFIX's) and the hybrid's choices: request-rounds each drafter's draft was verified in,
+        the drafts each got accepted, and the model's running mean per tier."""
+        counts = self.counts
+        return {**self.suffix.stats(), "hybrid": {
+            "drafter": self.parts[1].name if self.parts else None,
+            "suffix_rounds": counts["suffix_rounds"], "model_rounds": counts["model_rounds"],
+            "suffix_accepted": counts["suffix_accepted"], "model_accepted": counts["model_accepted"],
+            "model_expected": {steps: round(value, 3) for steps, value in sorted(self.expected.items())}}}

@@ -1,0 +1,201 @@
+"""Hybrid drafting (worker.hybrid: a model drafter and SUFFIX, the better draft per request each round): greedy
+output equal to target-only's for EAGLE, EAGLE with a reduced draft vocabulary and STANDALONE, eager and from stage
+graphs, under tier switches (tier 0 included); sampled output exact in law with suffix and model rows in the same
+batches (a biased rule caught); the choice (a repeated prompt takes the suffix draft, a model that is always right
+keeps its own), the choice counted, and tier 0's checks taking the suffix draft where the hybrid would."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from components import require_module
+from spec_helpers import random_eagle_head, random_target, run_to_completion
+from test_worker import (BIASED_VERIFIERS, PROMPTS, VOCAB, chi_square_pvalue, exact_law, pair, sample_continuations,
+                         target_only)
+from specswap.algorithms import algorithm
+from specswap.sampling import LOSSLESS, SamplingParams
+from specswap.worker import SpeculativeWorker
+from specswap.worker.hybrid import MODEL_PRIOR
+from specswap.worker.suffix import INSTALL
+
+require_module("arctic_inference", "arctic-inference's suffix trees (SUFFIX)", INSTALL)
+
+MAX_NEW = 20
+REPEATED = PROMPTS + PROMPTS  # the second copies draft from the first copies' outputs (the global tree)
+
+
+def hybrid_worker(name, steps=3, tiers=(), **options):
+    target, draft, model = pair(name)
+    return SpeculativeWorker(target, draft, f"{model}+SUFFIX", speculative_num_steps=steps, tiers=tiers,
+                             max_seq_len=64, **options), target
+
+
+def choices(worker):
+    stats = worker.drafter.stats()["hybrid"]
+    return stats["suffix_rounds"], stats["model_rounds"]
+
+
+@pytest.mark.parametrize("name", ["eagle_partial", "eagle_token_map", "standalone_copy"])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_greedy_equals_target_only(name, steps):
+    worker, target = hybrid_worker(name, steps)
+    assert run_to_completion(worker, REPEATED, MAX_NEW)[0] == target_only(target, REPEATED, MAX_NEW)
+    suffix_rounds, model_rounds = choices(worker)
+    assert suffix_rounds > 0 and model_rounds > 0  # both drafters' drafts verified (and rejected: rollbacks)
+
+
+@pytest.mark.parametrize("name", ["eagle_partial", "standalone_copy"])
+def test_switching_tiers_every_round_is_lossless(name):
+    worker, target = hybrid_worker(name, 3, tiers=(0, 1, 2, 3))
+    pattern = [3, 0, 1, 0, 0, 2, 3, 1, 0, 3]  # tier 0 leaves the model behind: it catches up
+    tokens, _, used = run_to_completion(worker, REPEATED, MAX_NEW, switch=lambda i: pattern[i % len(pattern)])
+    assert tokens == target_only(target, REPEATED, MAX_NEW)
+    assert {0, 1, 2, 3} <= set(used) and min(choices(worker)) > 0
+
+
+@pytest.mark.parametrize("name", ["eagle_partial", "standalone_copy"])
+def test_stage_graphs_are_lossless(name):
+    worker, target = hybrid_worker(name, 3, tiers=(0, 3), graphs=True, round_graphs=False)
+    tokens, _, _ = run_to_completion(worker, REPEATED, MAX_NEW, switch=lambda i: (3, 3, 0)[i % 3])
+    assert tokens == target_only(target, REPEATED, MAX_NEW) and min(choices(worker)) > 0
+
+
+# k = 1 puts the bonus token into the 3-token window, k = 2 a mid-chain rejection. Every sample's output joins the
+# global tree, so later samples' suffix drafts are verified beside other rows' model drafts in the same batch.
+@pytest.mark.parametrize("model,steps,params,biased", [
+    ("EAGLE", 1, SamplingParams(max_new_tokens=3, temperature=1.0), False),
+    ("EAGLE", 2, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), False),
+    ("STANDALONE", 2, SamplingParams(max_new_tokens=3, temperature=1.0), False),
+    ("EAGLE", 2, SamplingParams(max_new_tokens=3, temperature=1.0), True),
+])
+def test_sampled_continuations_follow_the_target_law(device, model, steps, params, biased):
+    target = random_target(VOCAB, 16, num_layers=1, seed=3, logit_scale=4.0)
+    law = exact_law(target, params)
+    target.to(device)
+    if model == "STANDALONE":
+        draft = random_target(VOCAB, 16, num_layers=1, seed=4, logit_scale=4.0).to(device)
+    else:  # a reduced draft vocabulary: a suffix draft outside it is a point mass where the head has no column
+        draft = random_eagle_head(target, seed=4, token_map=[0, 2, 3, 5]).to(device)
+    worker = SpeculativeWorker(target, draft, f"{model}+SUFFIX", speculative_num_steps=steps, max_batch_size=8,
+                               max_seq_len=16, verifier=BIASED_VERIFIERS["accept_always"] if biased else LOSSLESS)
+    assert not worker.keyed_sampling  # the model's drafts have a law: generator draws, suffix rows as point masses
+    # any choice that reads only the history keeps the law; this one mixes suffix and model rows in every batch
+    speculate = worker.drafter.suffix._speculate
+    table = worker.slots
+
+    def alternate(slot, tokens, tree):
+        found = speculate(slot, tokens, tree)
+        return found if (slot + len(table.host_tokens[slot])) % 2 else SimpleNamespace(token_ids=[], score=0.0)
+    worker.drafter.suffix._speculate = alternate
+    worker.drafter.model_expected = lambda tier: 0.0
+    counts = sample_continuations(worker, params, num_samples=1200 if biased else 4000, seed=11)
+    pvalue = chi_square_pvalue(counts, law)
+    label = f"{model}+SUFFIX k={steps} biased={biased}: chi-square p-value {pvalue:.3g}, choices {choices(worker)}"
+    assert (pvalue < 1e-4) if biased else (pvalue > 1e-3), label
+    assert min(choices(worker)) > 100, label
+
+
+def test_a_model_row_s_law_has_no_mass_left_by_an_earlier_suffix_row_outside_the_draft_vocabulary():
+    """A suffix row's point mass may sit on a token outside the head's reduced vocabulary, a column the model's
+    draws never write: cleared before the next draft, or a later model row's rejection would avoid that token."""
+    target = random_target(VOCAB, 16, num_layers=1, seed=3, logit_scale=4.0)
+    token_map = [0, 2, 3, 5]
+    worker = SpeculativeWorker(target, random_eagle_head(target, seed=4, token_map=token_map), "EAGLE+SUFFIX",
+                               speculative_num_steps=2, max_batch_size=4, max_seq_len=16)
+    drafter, outside = worker.drafter, [t for t in range(VOCAB) if t not in token_map]
+    draft, seen = drafter.draft, []
+
+    def checked(tier, forwards, slot_index, seq_lens, key_length, sampling):
+        draft(tier, forwards, slot_index, seq_lens, key_length, sampling)
+        if sampling is not None:
+            model_rows = [row for row in range(slot_index.shape[0]) if row not in drafter._suffix_rows]
+            seen.append(float(tier.draft.draft_probs[model_rows][..., outside].sum()))
+            placed = tier.draft.draft_probs[drafter._suffix_rows][..., outside].sum()
+            seen[-1] = (seen[-1], float(placed))
+    drafter.draft = checked
+    speculate = drafter.suffix._speculate
+    drafter.suffix._speculate = lambda slot, tokens, tree: speculate(slot, tokens, tree) if len(seen) % 2 else \
+        SimpleNamespace(token_ids=[], score=0.0)  # suffix rows and model rows by turns
+    drafter.model_expected = lambda tier: 0.0
+    sample_continuations(worker, SamplingParams(max_new_tokens=3, temperature=1.0), num_samples=400, seed=5)
+    assert any(placed > 0 for _, placed in seen)  # suffix rows did put mass outside the draft vocabulary
+    assert all(left == 0 for left, _ in seen)
+
+
+def test_a_repeated_prompt_takes_the_suffix_draft_and_a_right_model_keeps_its_own():
+    # a head that drafts at random: the first copy of a prompt verifies its drafts (no suffix match yet); the
+    # second copy's suffix draft, from the first's output, scores above what the head gets accepted
+    target = pair("eagle_partial")[0]
+    worker = SpeculativeWorker(target, random_eagle_head(target, seed=9), "EAGLE+SUFFIX", speculative_num_steps=3,
+                               max_seq_len=64)
+    prompt = [[7, 3, 11, 5]]
+    first = run_to_completion(worker, prompt, 24)
+    after_first = choices(worker)
+    second = run_to_completion(worker, prompt, 24)
+    assert first[0] == second[0] == target_only(target, prompt, 24)
+    suffix_rounds, model_rounds = (now - then for now, then in zip(choices(worker), after_first))
+    assert suffix_rounds > model_rounds and sum(second[1][0]) > sum(first[1][0]), (first[1], second[1])
+    # a head that is always right: its tier's mean reaches k, which no suffix score (at most k) beats
+    exact, _ = hybrid_worker("eagle_exact", 3)
+    run_to_completion(exact, REPEATED, MAX_NEW)
+    suffix_rounds, model_rounds = choices(exact)
+    assert exact.drafter.model_expected(3) > 2.5 and model_rounds > 5 * suffix_rounds
+
+
+def test_the_rule_compares_the_suffix_score_with_the_model_s_mean_at_the_tier():
+    worker, _ = hybrid_worker("eagle_partial", 3)
+    drafter = worker.drafter
+    assert drafter.model_expected(3) == MODEL_PRIOR * 3  # before any model round at tier 3
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+    worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=8)])
+    worker.slots.host_tokens[0] = list(prompt)  # the context ends in a match: 4, 5 follow
+    found = drafter.suffix._speculate(0, 3, tree=False)
+    assert found.score > 0 and list(found.token_ids)
+    drafter.expected[3] = found.score  # a tie goes to the model
+    assert drafter.suffix_draft(0, 3) is None
+    drafter.expected[3] = found.score - 0.01
+    draft = drafter.suffix_draft(0, 3)
+    assert draft[:len(found.token_ids)] == list(found.token_ids) and len(draft) == 3
+
+
+def test_tier_zero_checks_take_the_suffix_draft_where_the_hybrid_would():
+    """At tier 0 the model checks tier 1 (one draft); where the suffix draft beats the model's mean at tier 1 the
+    check is the suffix draft's first token. A random head's checks are mostly wrong; on a repeated prompt the
+    suffix draft's are right, so the hybrid's checks accept more than the model's alone on the same text."""
+    target = pair("eagle_partial")[0]
+    head = random_eagle_head(target, seed=9)
+    settled = {}
+    for name in ("EAGLE", "EAGLE+SUFFIX"):
+        worker = SpeculativeWorker(target, head, name, speculative_num_steps=1, tiers=(0, 1), max_seq_len=64)
+        assert worker.drafter.shadow_steps == 1
+        run_to_completion(worker, [[7, 3, 11, 5]], 24)  # its output in the global tree
+        shadows = []
+        worker.prefill([0], [[7, 3, 11, 5]], [SamplingParams(max_new_tokens=24)])
+        worker.decode_round([0])  # a drafting round: the next CONFIRM_ROUNDS tier-0 rounds are all checked
+        worker.pool.activate(0)
+        for _ in range(12):
+            result = worker.decode_round([0])
+            if result.shadow is not None:
+                assert result.shadow.steps == 1
+                shadows += result.shadow.accept_lengths
+        settled[name] = shadows
+    assert len(settled["EAGLE"]) == len(settled["EAGLE+SUFFIX"]) >= 8
+    assert sum(settled["EAGLE+SUFFIX"]) > sum(settled["EAGLE"]) + 3, settled
+
+
+def test_hybrids_are_named_and_misfits_refused():
+    assert algorithm("EAGLE").hybrid("suffix").name == "EAGLE+SUFFIX"
+    assert algorithm("STANDALONE").hybrid(None).name == "STANDALONE"
+    assert algorithm("EAGLE3+SUFFIX").parts == ("EAGLE3", "SUFFIX")
+    with pytest.raises(ValueError, match="hybrid_drafter SUFFIX drafts beside a draft model or head"):
+        algorithm("NGRAM").hybrid("SUFFIX")
+    with pytest.raises(ValueError, match="hybrid_drafter 'NGRAM' is not supported; valid: SUFFIX"):
+        algorithm("EAGLE").hybrid("NGRAM")
+    target, draft, _ = pair("eagle_partial")
+    with pytest.raises(ValueError, match="drafts chains only"):
+        SpeculativeWorker(target, draft, "EAGLE+SUFFIX", speculative_num_steps=2, speculative_eagle_topk=2,
+                          max_seq_len=64)
+    with pytest.raises(ValueError, match="needs an EAGLE head"):
+        SpeculativeWorker(target, None, "EAGLE+SUFFIX", max_seq_len=64)
