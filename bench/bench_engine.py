@@ -395,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a draft checkpoint for one algorithm, e.g. EAGLE3=DIR (an EAGLE-3 head, which has no "
                              "zoo default); others default to the zoo's <model>-eagle / <model>-draft")
     parser.add_argument("--algorithm", nargs="+", default=["EAGLE"],
-                        choices=[name for name in algorithms_registry.NAMES if name != "NONE"],
+                        choices=[name for name in algorithms_registry.NAMES
+                                 if algorithms_registry.algorithm(name).name is not None],  # the drafters
                         help="one or more drafters, each with its static tiers and adaptive")
     parser.add_argument("--static-steps", type=int, nargs="+", default=[1, 3, 7])
     parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS, choices=WORKLOADS,
