@@ -1,17 +1,31 @@
 """The one loader of adaptive-policy settings: a JSON file, a dict or an AdaptiveConfig.
 
 Nothing is silently ignored: an unknown key, a value of the wrong type or out of
-range raises ValueError naming the key and what would be valid.
+range raises ValueError naming the key and what would be valid; so does a key
+only the goodput policy reads in a config that names no policy.
 
-``"candidate_trees": "auto"`` asks for tree shapes chosen from the verify's
-measured cost per row count (``worker.row_cost.auto_trees``), which exists only
-once the Engine has loaded its target: ``read_adaptive_config`` reads such a
-config (trees empty, the flag set) and ``with_candidate_trees`` fills them in;
-``load_adaptive_config`` refuses "auto", naming the Engine.
+Which policy runs:
+
+- no config (``Engine(speculative_adaptive=True)``, ``--speculative-adaptive``
+  alone): the default, ``DEFAULT_POLICY`` for the drafter's kind (a model
+  drafter: configs/goodput-eagle.json's keys; a lookup, NGRAM or SUFFIX:
+  configs/goodput.json's), goodput with tier 0, its chains ``"auto"``;
+- a config: what it says over the fields' defaults, which are SGLang's
+  (``"policy": "sglang"``, tiers 1/3/7), so a config that names no policy is
+  read as SGLang reads its file: the EMA thresholds.
+
+``"auto"`` (``candidate_steps``, ``candidate_trees``) asks for tiers chosen
+from the verify's measured cost per row count (``worker.row_cost.auto_steps``,
+``auto_trees``), which exists only once the Engine has loaded its target:
+``engine_adaptive_config`` reads such a config into an ``AdaptiveSetting`` and
+its ``for_machine(row_costs)`` fills them in. ``read_adaptive_config`` reads
+``"candidate_trees": "auto"`` (trees empty, the flag set) for
+``with_candidate_trees``; ``load_adaptive_config`` refuses "auto", naming the
+Engine.
 """
-
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -33,7 +47,21 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 POLICIES = _CHOICES["policy"]
 ACCEPTANCE_MODELS = _CHOICES["acceptance_model"]
 VALID_KEYS = tuple(_SCHEMA)
-AUTO_TREES = "auto"
+AUTO = "auto"
+AUTO_TREES = AUTO
+# the keys only the goodput policy reads (candidate_trees aside: the C++ check refuses trees under sglang)
+GOODPUT_ONLY = tuple(field["name"] for field in FIELDS
+                     if field["doc"].startswith("goodput only") and field["name"] != "candidate_trees")
+# The default policy, by drafter kind (True: a model drafter, False: a lookup): the tuned configs' keys,
+# configs/goodput-eagle.json and configs/goodput.json (tests/core/test_default_policy.py holds them equal), the
+# chains chosen for the machine ("auto"); without a row-cost table their own (DEFAULT_STEPS).
+_TUNED = {"policy": "goodput", "acceptance_model": "positional", "probe_interval": 100, "refresh_interval": 50,
+          "blind_zero_margin": 0.25}
+DEFAULT_POLICY: dict[bool, dict[str, Any]] = {
+    True: {**_TUNED, "candidate_steps": AUTO},
+    False: {**_TUNED, "candidate_steps": AUTO, "noise_margin": 1.0, "collapse_evidence": 4.6},
+}
+DEFAULT_STEPS: dict[bool, list[int]] = {True: [0, 1, 2, 3], False: [0, 1, 3, 7]}
 
 
 def _is_int(value: Any) -> bool:
@@ -42,8 +70,8 @@ def _is_int(value: Any) -> bool:
 
 def _check_value(key: str, value: Any, where: str) -> Any:
     kind, valid = _SCHEMA[key]
-    if kind == "trees":
-        valid += f", or {AUTO_TREES!r} (shapes from the measured row costs, chosen by the Engine)"
+    if kind in ("trees", "steps"):
+        valid += f", or {AUTO!r} (from the measured row costs, chosen by the Engine)"
     bad = ValueError(f"{where}{key} must be {valid}, got {value!r} ({type(value).__name__})")
     if kind == "choice":
         if not isinstance(value, str) or value not in _CHOICES[key]:
@@ -58,6 +86,10 @@ def _check_value(key: str, value: Any, where: str) -> Any:
                 isinstance(tree, (list, tuple)) and len(tree) == 3 and all(_is_int(v) for v in tree) for tree in value):
             raise bad
         return [[int(v) for v in tree] for tree in value]
+    if kind == "text":
+        if not isinstance(value, str):
+            raise bad
+        return value
     if kind == "integer":
         if not _is_int(value):
             raise bad
@@ -71,17 +103,22 @@ def _check_value(key: str, value: Any, where: str) -> Any:
     return value
 
 
-def _auto_trees_refused(where: str) -> ValueError:
-    return ValueError(f"{where}candidate_trees {AUTO_TREES!r} is chosen by the Engine from the target's measured "
+def _auto_trees_refused(where: str, key: str = "candidate_trees") -> ValueError:
+    return ValueError(f"{where}{key} {AUTO!r} is chosen by the Engine from the target's measured "
                       f"row costs: give this config to Engine(speculative_adaptive_config=...) (or specswap serve / "
-                      f"bench), or list the trees")
+                      f"bench), or list the {'trees' if key == 'candidate_trees' else 'tiers'}")
 
 
 def config_from_dict(values: Mapping[str, Any], *, where: str = "") -> AdaptiveConfig:
     """Build a validated AdaptiveConfig from a flat mapping of policy keys."""
-    if isinstance(values, Mapping) and values.get("candidate_trees") == AUTO_TREES:
-        raise _auto_trees_refused(where)
+    for key in _auto_keys(values):
+        raise _auto_trees_refused(where, key)
     return _from_dict(values, where)
+
+
+def _auto_keys(values: Any) -> list[str]:
+    return [key for key in ("candidate_steps", "candidate_trees")
+            if isinstance(values, Mapping) and values.get(key) == AUTO]
 
 
 def _from_dict(values: Mapping[str, Any], where: str) -> AdaptiveConfig:
@@ -99,24 +136,34 @@ def _from_dict(values: Mapping[str, Any], where: str) -> AdaptiveConfig:
             )
         checked[key] = _check_value(key, value, where)
     try:
-        return AdaptiveConfig(**checked)
+        config = AdaptiveConfig(**checked)
     except ValueError as exc:  # range errors from the C++ validator name the key
         raise ValueError(f"{where}{exc}") from None
+    read_only_by_goodput = [key for key in checked if key in GOODPUT_ONLY]
+    if "policy" not in checked and read_only_by_goodput:
+        raise ValueError(f"{where}{', '.join(read_only_by_goodput)}: only the goodput policy reads "
+                         f"{'it' if len(read_only_by_goodput) == 1 else 'them'}, and a config that names no policy "
+                         f"runs SGLang's ('policy': 'sglang', its file format); add \"policy\": \"goodput\" (or "
+                         f"\"sglang\" and drop {'it' if len(read_only_by_goodput) == 1 else 'them'})")
+    return config
 
 
 def load_adaptive_config(source: ConfigSource = None) -> AdaptiveConfig:
-    """Return a validated AdaptiveConfig from None (defaults), a dict, a JSON file or an AdaptiveConfig."""
+    """Return a validated AdaptiveConfig from None (the fields' defaults: SGLang's policy and tiers; the Engine's
+    default policy is ``engine_adaptive_config``'s), a dict, a JSON file or an AdaptiveConfig."""
     config, auto, where = _read(source)
-    if auto:
-        raise _auto_trees_refused(where)
+    for key in auto:
+        raise _auto_trees_refused(where, key)
     return config
 
 
 def read_adaptive_config(source: ConfigSource = None) -> tuple[AdaptiveConfig, bool]:
     """``load_adaptive_config`` where ``"candidate_trees": "auto"`` is allowed: (the validated config, its trees
     empty when "auto", whether it said "auto"). "auto" needs the goodput policy, as any tree does."""
-    config, auto, _ = _read(source)
-    return config, auto
+    config, auto, where = _read(source)
+    if "candidate_steps" in auto:
+        raise _auto_trees_refused(where, "candidate_steps")
+    return config, "candidate_trees" in auto
 
 
 def with_candidate_trees(config: AdaptiveConfig, trees: Any) -> AdaptiveConfig:
@@ -126,18 +173,70 @@ def with_candidate_trees(config: AdaptiveConfig, trees: Any) -> AdaptiveConfig:
     return _from_dict(values, "")
 
 
-def _read(source: ConfigSource) -> tuple[AdaptiveConfig, bool, str]:
+def _read(source: ConfigSource, model_drafter: bool | None = None) -> tuple[AdaptiveConfig, list[str], str]:
+    """(the config, its keys that said "auto", where). "auto" chains stand as ``DEFAULT_STEPS`` of the drafter's kind
+    (a lookup's when unknown) until ``AdaptiveSetting.for_machine``; "auto" trees as none."""
     if source is None or isinstance(source, AdaptiveConfig):
-        return _load_object(source), False, ""
+        return _load_object(source), [], ""
     values, where = (source, "") if isinstance(source, Mapping) else _read_file(source)
-    if isinstance(values, Mapping) and values.get("candidate_trees") == AUTO_TREES:
-        rest = {key: value for key, value in values.items() if key != "candidate_trees"}
-        config = _from_dict(rest, where)
-        if config.policy != "goodput":
-            raise ValueError(f"{where}candidate_trees {AUTO_TREES!r} needs policy 'goodput' (SGLang's thresholds are "
-                             f"per step count, not per tree), got policy {config.policy!r}")
-        return config, True, where
-    return _from_dict(values, where), False, where
+    auto = _auto_keys(values)
+    if not auto:
+        return _from_dict(values, where), [], where
+    rest = {key: value for key, value in values.items() if key not in auto}
+    if "candidate_steps" in auto:
+        rest["candidate_steps"] = DEFAULT_STEPS[bool(model_drafter)]
+    config = _from_dict(rest, where)
+    if config.policy != "goodput":
+        raise ValueError(f"{where}{' and '.join(auto)} {AUTO!r} needs policy 'goodput' (SGLang's thresholds are "
+                         f"per step count, not priced by cost), got policy {config.policy!r}")
+    return config, auto, where
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveSetting:
+    """What an Engine's adaptive config asks for, read before its target loads (``engine_adaptive_config``):
+    ``config`` validated, its "auto" chains standing as ``DEFAULT_STEPS`` and "auto" trees as none until
+    ``for_machine`` fills them in from the row costs."""
+
+    config: AdaptiveConfig
+    steps_auto: bool
+    trees_auto: bool
+    model_drafter: bool
+    default: bool  # no config was given: the default policy
+
+    def for_machine(self, row_costs: Any) -> AdaptiveConfig:
+        """The config with its "auto" chains (``worker.row_cost.auto_steps``) and trees (``auto_trees``) chosen
+        from ``row_costs`` (a ``RowCosts``; None: the fallback tiers and shapes)."""
+        if not (self.steps_auto or self.trees_auto):
+            return self.config
+        from specswap.worker.row_cost import auto_steps, auto_trees
+        values = self.config.to_dict()
+        if self.steps_auto:
+            values["candidate_steps"] = auto_steps(row_costs, self.model_drafter)
+        if self.trees_auto:
+            values["candidate_trees"] = auto_trees(row_costs, values["candidate_steps"])
+        return _from_dict(values, "")
+
+    def describe(self, config: AdaptiveConfig, row_costs: Any) -> str:
+        """One line: which policy runs, over which tiers, and why."""
+        what = "the default policy" if self.default else "the adaptive config"
+        kind = "a model drafter" if self.model_drafter else "a lookup drafter"
+        tiers = list(config.candidate_steps) + [list(tree) for tree in config.candidate_trees]
+        if not (self.steps_auto or self.trees_auto):
+            return f"{what}: {config.policy}, tiers {tiers}"
+        basis = ("chosen from the verify's row costs" if row_costs is not None else
+                 "the tuned config's: no row costs; each tier priced by its own timings")
+        return f"{what}: {config.policy} for {kind}, tiers {tiers} ({basis})"
+
+
+def engine_adaptive_config(source: ConfigSource, *, model_drafter: bool) -> AdaptiveSetting:
+    """The Engine's reading of ``speculative_adaptive_config``: None is the default policy (``DEFAULT_POLICY`` of
+    the drafter's kind: a model drafter's, or a lookup's for NGRAM / SUFFIX); a path, dict or AdaptiveConfig is
+    read as ``load_adaptive_config`` reads it, "auto" allowed in ``candidate_steps`` and ``candidate_trees``."""
+    default = source is None
+    config, auto, _ = _read(DEFAULT_POLICY[bool(model_drafter)] if default else source, model_drafter)
+    return AdaptiveSetting(config, "candidate_steps" in auto, "candidate_trees" in auto, bool(model_drafter),
+                           default)
 
 
 def _load_object(source: Any) -> AdaptiveConfig:

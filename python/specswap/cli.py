@@ -185,7 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=DefaultsFormatter)
     add_model_arguments(serve, default_algorithm="NONE")
     serve.add_argument("--speculative-adaptive", action="store_true",
-                       help="let the adaptive controller pick the draft steps per round")
+                       help="let the adaptive controller pick the draft steps per round; with no config the cost-aware "
+                            "goodput policy runs (tier 0 = speculation off among its tiers, chosen from this "
+                            "machine's measured verify costs): on a CPU a deeper verify costs more, which SGLang's "
+                            "EMA ('policy': 'sglang') ignores")
     serve.add_argument("--disable-cuda-graph", action="store_true", help="run every stage eagerly instead of replaying the graphs captured at start-up")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=int, default=30000, help="port to listen on, bound before the model loads")

@@ -43,7 +43,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
                         help="tokens a tree's verify reads, the root included (default steps x topk + 1; a chain: "
                              "steps + 1)")
     parser.add_argument("--speculative-adaptive-config", default=None,
-                        help="adaptive policy JSON (docs/policy.md); needs --speculative-adaptive")
+                        help="adaptive policy JSON (docs/policy.md); needs --speculative-adaptive (none: the goodput "
+                             "default; a config naming no policy runs SGLang's EMA)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                         help="compute dtype (auto: bf16 where the CPU has native bf16, else fp32)")
     parser.add_argument("--weights", default="auto", choices=["auto", "native", "bf16", "fp32"],

@@ -182,7 +182,8 @@ class Engine:
     ``model``: a checkpoint directory, a zoo name ("tiny"), or a LlamaForCausalLM already built (then
     ``draft`` must be a built model too and ``tokenizer`` may be given; ``dtype``/``device`` are not
     applied). With a zoo name and no ``draft``, "<name>-eagle" (EAGLE) or "<name>-draft" (STANDALONE)
-    is used. ``speculative_adaptive_config`` (path or dict) requires ``speculative_adaptive=True``.
+    is used. ``speculative_adaptive_config`` (path or dict) requires ``speculative_adaptive=True``; without one the
+    default policy runs: goodput with tier 0, its tiers chosen for this machine (``adaptive_config``).
     ``disable_graphs=True`` (``--disable-cuda-graph``) runs the worker eagerly instead of replaying the
     stage graphs captured at start-up. ``weights`` ("auto", "native", "bf16", "fp32"): "native" keeps a GGUF
     model's matrices in the file's block formats, computed by ggml's CPU kernels ("auto": native for GGUF models
@@ -266,10 +267,10 @@ class Engine:
                              "'NGRAM'); got None")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an int >= 1; got {max_batch_size!r}")
-        adaptive_config, trees_auto = None, False
-        if speculative_adaptive:  # validated before any weights load
-            from specswap.adaptive_config import read_adaptive_config
-            adaptive_config, trees_auto = read_adaptive_config(speculative_adaptive_config)
+        adaptive = None  # adaptive_config.AdaptiveSetting: its "auto" tiers are chosen once the row costs are known
+        if speculative_adaptive:  # validated before any weights load; None: the default policy for this drafter
+            from specswap.adaptive_config import engine_adaptive_config
+            adaptive = engine_adaptive_config(speculative_adaptive_config, model_drafter=spec.needs_draft)
         from specswap.worker.row_cost import check_request
         check_request(row_costs)
         target, draft, self.tokenizer, self.weights = self._load(model, draft, speculative_algorithm, device, dtype,
@@ -287,8 +288,9 @@ class Engine:
         if self._dist is None:  # CPU weights before costs are measured and graphs captured (distributed: sharded)
             place_on_huge_pages(target, draft)
         self.row_costs = None  # worker.row_cost.RowCosts: the goodput policy's prior and "auto" trees
+        adaptive_config = None if adaptive is None else adaptive.config
         if adaptive_config is not None and adaptive_config.policy == "goodput":
-            adaptive_config = self._follow_row_costs(row_costs, adaptive_config, trees_auto)
+            adaptive_config = self._follow_row_costs(row_costs, adaptive)
 
         self.controller = None
         tiers = () if adaptive_config is None else (  # the chains and the trees the policy chooses among, by key
@@ -332,18 +334,14 @@ class Engine:
         self._busy_seconds = 0.0
         self._request_faults = 0  # requests ended by a fault of their own (_fail)
 
-    def _follow_row_costs(self, request, config, trees_auto):
+    def _follow_row_costs(self, request, adaptive):
         """The verify's row costs (measured, cached or given; None when skipped or failed, said once) into
-        ``self.row_costs``, and the config with ``"candidate_trees": "auto"`` expanded from them."""
-        from specswap.adaptive_config import with_candidate_trees
-        from specswap.worker.row_cost import auto_trees, resolve_row_costs
+        ``self.row_costs``, and the config with its "auto" chains and trees chosen from them (one log line)."""
+        from specswap.worker.row_cost import resolve_row_costs
         self.row_costs = resolve_row_costs(request, self.target, self.weights, distributed=self._dist is not None)
-        if not trees_auto:
-            return config
-        trees = auto_trees(self.row_costs, config.candidate_steps)
-        logger.info("specswap: candidate_trees 'auto' -> %s (%s)", trees,
-                    "from the measured row costs" if self.row_costs is not None else "fixed shapes, no row costs")
-        return with_candidate_trees(config, trees)
+        config = adaptive.for_machine(self.row_costs)
+        logger.info("specswap: %s", adaptive.describe(config, self.row_costs))
+        return config
 
     # ---- loading ---------------------------------------------------------------------------------
 

@@ -140,17 +140,18 @@ def _check_schema(result, modes, phases=("low", "high", "low", "high")):
         assert mode["trace"] and all(len(row) == 4 for row in mode["trace"])
 
 
-def test_bench_in_process_writes_json_schema_and_plot(tmp_path, capsys):
+def test_bench_in_process_writes_json_schema_and_plot(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPECSWAP_ROW_COSTS", "off")  # the default's tiers without a table: 1, 3, 7 for a lookup
     args = _args(tmp_path, "--speculative-adaptive-config", _config(tmp_path), "--repeats", "2")
     assert run_from_args(args, loaded_models("NGRAM")) == 0
     result = json.loads((tmp_path / "results.json").read_text())
-    _check_schema(result, ["baseline", "static1", "static3", "adaptive"])
+    _check_schema(result, ["baseline", "static1", "static3", "static7", "adaptive"])
     assert result["prompt_set"] == "report"  # the default: prompts kept apart from tuning
     assert result["command"] and result["cpu"] and result["commit"]  # provenance the docs' citations need
     assert result["modes"]["baseline"]["overall"]["accept_length"] == 1.0
     assert result["modes"]["adaptive"]["overall"]["requests"] == 2 * 4 * 2  # 2 per phase, 4 phases, 2 repeats
     assert result["modes"]["static3"]["rounds_per_tier"].keys() == {"3"}
-    assert result["oracle"]["candidates"] == ["static1", "static3"]
+    assert result["oracle"]["candidates"] == ["static1", "static3", "static7", "baseline"]
     assert len(result["oracle"]["phases"]) == 4
     assert {"adaptive_vs_baseline", "adaptive_vs_best_static", "adaptive_vs_oracle"} <= set(result["ratios"])
     assert [p["mode"] for p in result["phase_ratios"]] == [p["mode"] for p in result["oracle"]["phases"]]
@@ -203,29 +204,33 @@ def test_cli_errors_are_reported_before_loading_anything(tmp_path, capsys):
     assert main(["bench", "--requests-per-phase", "0"]) == 2
 
 
-def test_the_oracle_includes_the_baseline_when_tier_0_is_a_candidate(tmp_path):
-    """Adaptive with tier 0 among its candidates may turn speculation off: the oracle it is measured against may
-    too, or a low phase where nothing pays would hide what adaptive loses there. Tree modes are static modes."""
-    from specswap.bench.cli import oracle_candidates
+def test_the_oracle_s_candidates_do_not_depend_on_the_adaptive_config(tmp_path, monkeypatch):
+    """The oracle switches among speculation off and every static mode, whatever the config names: the default
+    policy may turn speculation off, so the oracle may too, and the static modes hold each chain the default may
+    choose on this machine (its row costs) beside the config's own chains and trees. Tree modes are static modes."""
+    from specswap.bench.cli import machine_tiers, oracle_candidates
+    from specswap.worker import row_cost
 
     modes = {name: {} for name in ("baseline", "static1", "static3", "tree3x2x6", "adaptive")}
-    with_zero, without = tmp_path / "zero.json", tmp_path / "plain.json"
-    with_zero.write_text(json.dumps({"policy": "goodput", "candidate_steps": [0, 1, 3]}))
-    without.write_text(json.dumps({"policy": "goodput", "candidate_steps": [1, 3]}))
-    assert oracle_candidates(modes, str(with_zero)) == ["static1", "static3", "tree3x2x6", "baseline"]
-    assert oracle_candidates(modes, str(without)) == ["static1", "static3", "tree3x2x6"]
-    auto = tmp_path / "auto.json"  # "candidate_trees": "auto" (the Engine fills it) reads as its chains
-    auto.write_text(json.dumps({"policy": "goodput", "candidate_steps": [0, 1, 3], "candidate_trees": "auto"}))
-    assert oracle_candidates(modes, str(auto)) == oracle_candidates(modes, str(with_zero))
-    from specswap.bench.cli import candidate_trees
-    trees = tmp_path / "trees.json"
+    assert oracle_candidates(modes) == ["static1", "static3", "tree3x2x6", "baseline"]
+    assert oracle_candidates({"static1": {}, "adaptive": {}}) == ["static1"]
+    models = loaded_models("NGRAM")
+    table = {1: 1.0, 2: 1.084, 4: 1.157, 6: 1.239, 8: 1.327}  # the AMX Xeon's: a lookup's default is 0, 1, 3, 7
+    monkeypatch.setattr(row_cost, "resolve_row_costs", lambda *a, **k: row_cost.RowCosts(table, "given"))
+    without_zero, trees, sglang = tmp_path / "plain.json", tmp_path / "trees.json", tmp_path / "sglang.json"
+    without_zero.write_text(json.dumps({"policy": "goodput", "candidate_steps": [2, 4]}))
     trees.write_text(json.dumps({"policy": "goodput", "candidate_steps": [0, 1], "candidate_trees": [[3, 2, 6]]}))
-    assert candidate_trees(str(trees)) == [(3, 2, 6)] and candidate_trees(str(auto)) == [] == candidate_trees(None)
+    sglang.write_text(json.dumps({"candidate_steps": [1, 3]}))
+    assert machine_tiers(models, None) == ([1, 3, 7], [])
+    assert machine_tiers(models, str(without_zero)) == ([1, 2, 3, 4, 7], [])
+    assert machine_tiers(models, str(trees)) == ([1, 3, 7], [(3, 2, 6)])
+    assert machine_tiers(models, str(sglang)) == ([1, 3, 7], [])
+    assert machine_tiers(loaded_models(None), None) == ([], [])
     baseline_wins_low = {
         "baseline": _mode(_phase("low", 100, 1.0), _phase("high", 100, 1.0)),
         "static1": _mode(_phase("low", 100, 2.0), _phase("high", 100, 0.5)),
     }
-    best = report.oracle(baseline_wins_low, oracle_candidates(baseline_wins_low, str(with_zero)))
+    best = report.oracle(baseline_wins_low, oracle_candidates(baseline_wins_low))
     assert [p["mode"] for p in best["phases"]] == ["baseline", "static1"]
 
 

@@ -228,5 +228,5 @@ def test_tiny_goodput_measures_the_row_costs_once(tiny, tmp_path, monkeypatch, c
     assert sum("SPECSWAP_ROW_COSTS=off" in r.getMessage() for r in caplog.records) == 1
     monkeypatch.delenv(row_cost.ENV)
     monkeypatch.setenv("SPECSWAP_CACHE_DIR", str(tmp_path / "other"))
-    sglang = make(tiny, "EAGLE", speculative_adaptive=True)
+    sglang = make(tiny, "EAGLE", speculative_adaptive=True, speculative_adaptive_config={"policy": "sglang"})
     assert sglang.row_costs is None and not (tmp_path / "other").exists()

@@ -31,15 +31,17 @@ def expected_captures(worker, tiers) -> int:
 
 def test_every_stage_of_every_tier_for_buckets_1_2_4_8():
     before = capture_count()
-    graphed = Engine("tiny", speculative_adaptive=True, max_batch_size=8, max_seq_len=512, dtype="float32")
+    sglang = {"policy": "sglang"}  # tiers 1, 3, 7 and switches on acceptance alone
+    graphed = Engine("tiny", speculative_adaptive=True, speculative_adaptive_config=sglang, max_batch_size=8,
+                     max_seq_len=512, dtype="float32")
     captured = capture_count() - before
     worker = graphed.worker
     assert worker.speculative_algorithm == "EAGLE" and worker.graph_context.batch_buckets == (1, 2, 4, 8)
     tiers = graphed.controller.candidate_steps
     assert len(tiers) >= 2 and worker.round_graphs_enabled  # the tiny pair runs every kind of graph
     assert captured == expected_captures(worker, tiers)
-    eager = Engine("tiny", speculative_adaptive=True, max_batch_size=8, max_seq_len=512, dtype="float32",
-                   disable_graphs=True)
+    eager = Engine("tiny", speculative_adaptive=True, speculative_adaptive_config=sglang, max_batch_size=8,
+                   max_seq_len=512, dtype="float32", disable_graphs=True)
     prompts = ["def main():\n", "The licence grants", "import os\nimport sys\n", "x = 1\n" * 20] * 2
     graphed_out = [r.token_ids for r in graphed.generate(prompts, max_new_tokens=48)]
     eager_out = [r.token_ids for r in eager.generate(prompts, max_new_tokens=48)]

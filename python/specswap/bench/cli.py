@@ -11,9 +11,6 @@ from typing import Any
 from specswap.bench import provenance, report
 from specswap.bench.workloads import DEFAULT_PROMPT_SET, PROMPT_SETS, WORKLOADS, build_workload
 
-DEFAULT_STATIC_STEPS = (1, 3, 7)
-
-
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="transition", choices=list(WORKLOADS),
                         help="low, high, transition (low, high, low, high); where other requests' outputs matter "
@@ -33,8 +30,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="warm-up requests per mode, on a throwaway engine with the same settings (0: none)")
     parser.add_argument("--modes", nargs="+", default=None,
                         help="subset of: baseline, static<k>, tree<steps>x<topk>x<num_draft_tokens> (a static draft "
-                             "tree, e.g. tree3x2x6), adaptive (default: baseline, one static mode per candidate chain and "
-                             "per candidate tree of the adaptive config, adaptive)")
+                             "tree, e.g. tree3x2x6), adaptive (default: baseline, a static mode per chain the default "
+                             "policy may choose here and per chain and tree of the adaptive config, adaptive)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the modes this many times, interleaved; figures pool every repeat")
     parser.add_argument("--seed", type=int, default=0, help="request i of a mode is seeded with seed + i")
@@ -47,28 +44,34 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def candidate_steps(config_path: str | None, with_zero: bool = False) -> list[int]:
-    """The adaptive config's candidate tiers (the static modes to compare against; tier 0 only ``with_zero``)."""
-    if config_path is None:
-        return list(DEFAULT_STATIC_STEPS)
-    from specswap.adaptive_config import read_adaptive_config  # "candidate_trees": "auto" allowed: the Engine fills it
-    return [int(k) for k in read_adaptive_config(config_path)[0].candidate_steps if with_zero or int(k) > 0]
+def machine_tiers(models, config_path: str | None) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The static modes (chains > 0, trees) every in-process run compares against: each chain the default policy
+    may choose on this machine for this drafter (``auto_steps`` from the target's row costs: the table the Engine
+    reads, from the same cache), and beside them the adaptive config's chains and trees (its "auto" ones filled in
+    as the Engine fills them). None without speculation."""
+    if models.speculative_algorithm is None:
+        return [], []
+    from specswap.adaptive_config import engine_adaptive_config
+    from specswap.algorithms import algorithm
+    from specswap.worker.row_cost import resolve_row_costs
+
+    model_drafter = algorithm(models.speculative_algorithm).needs_draft
+    costs = resolve_row_costs("auto", models.target, models.weights)
+    chains = set(engine_adaptive_config(None, model_drafter=model_drafter).for_machine(costs).candidate_steps)
+    trees: list[tuple[int, int, int]] = []
+    if config_path is not None:
+        config = engine_adaptive_config(config_path, model_drafter=model_drafter).for_machine(costs)
+        chains |= set(config.candidate_steps)
+        trees = [tuple(int(v) for v in tree) for tree in config.candidate_trees]
+    return sorted(int(k) for k in chains if k > 0), trees
 
 
-def candidate_trees(config_path: str | None) -> list[tuple[int, int, int]]:
-    """The adaptive config's candidate trees (static modes too; none for "auto", which the Engine fills in from
-    the machine's row costs: name them with --modes tree<steps>x<topk>x<num_draft_tokens>)."""
-    if config_path is None:
-        return []
-    from specswap.adaptive_config import read_adaptive_config
-    return [tuple(int(v) for v in tree) for tree in read_adaptive_config(config_path)[0].candidate_trees]
-
-
-def oracle_candidates(modes: dict[str, Any], config_path: str | None) -> list[str]:
-    """The modes the oracle switches among: every static chain and tree, and the baseline when tier 0 (no
-    speculation) is one of adaptive's candidates: adaptive may pick it, so the oracle may too."""
+def oracle_candidates(modes: dict[str, Any]) -> list[str]:
+    """The modes the oracle switches among, whatever the adaptive config: every static chain and tree, and the
+    baseline (speculation off: the default policy may turn it off, so the oracle may too; a config without tier 0
+    is measured against it as well)."""
     names = [name for name in modes if name.startswith(("static", "tree"))]
-    if "baseline" in modes and 0 in candidate_steps(config_path, with_zero=True):
+    if "baseline" in modes:
         names.append("baseline")
     return names
 
@@ -207,9 +210,9 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
             algorithm = None if args.speculative_algorithm is None else args.speculative_algorithm
             models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device,
                              args.draft_quantization, args.weights)
-        steps = candidate_steps(args.speculative_adaptive_config)
+        steps, trees = machine_tiers(models, args.speculative_adaptive_config) if args.modes is None else ([], [])
         modes = mode_settings(args.modes, models.speculative_algorithm, steps, args.speculative_num_steps,
-                              args.speculative_adaptive_config, candidate_trees(args.speculative_adaptive_config))
+                              args.speculative_adaptive_config, trees)
         from specswap.cli_flags import suffix_options
         for settings in modes.values():  # --suffix-decoding-* to every drafting mode (the Engine refuses a misfit)
             if settings.get("speculative_algorithm") is not None:
@@ -221,8 +224,7 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
         with progress:
             result["modes"] = run_in_process(models, args, modes, phases, progress)
     result["wall_s"] = time.perf_counter() - start
-    result["oracle"] = report.oracle(result["modes"], oracle_candidates(result["modes"],
-                                                                       args.speculative_adaptive_config))
+    result["oracle"] = report.oracle(result["modes"], oracle_candidates(result["modes"]))
     result["ratios"] = report.ratios(result["modes"], result["oracle"])
     result["phase_ratios"] = report.phase_ratios(result["modes"], result["oracle"])
     return result

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["RowCosts", "ROW_COUNTS", "ENV", "Measurement", "measure_row_costs", "check_costs", "fingerprint",
            "machine", "cache_key",
            "cache_path", "load_row_costs", "check_request", "resolve_row_costs", "auto_trees", "AUTO_TREE_BOUND",
-           "AUTO_TREE_MAX_NODES"]
+           "AUTO_TREE_MAX_NODES", "auto_steps", "fallback_steps", "round_cost", "DRAFT_COSTS", "AUTO_MAX_STEPS"]
 
 ROW_COUNTS = (1, 2, 4, 6, 8)
 PREFIX = 32            # tokens already in the KV cache when the rows are timed
@@ -404,3 +405,64 @@ def auto_trees(costs: RowCosts | None, candidate_steps: Sequence[int], *, bound:
         if fits:
             trees.append([depth, AUTO_TREE_TOPK, max(fits)])
     return trees
+
+
+# ---- "candidate_steps": "auto" (the default policy's tiers) ------------------------------------------------------
+
+# What a drafting round costs beyond its verify, over one plain decode: (per round, per draft step). A model drafter
+# (EAGLE, EAGLE-3, a draft model) from its measured static tiers at batch 1, one thread, greedy code, round cost
+# less the verify's rows (results/eagle-code-xeon.json, eagle-humaneval-avx512-native.json, eagle-code-avx2-native
+# .json: per-round 0.04-0.27 and per step 0.04-0.17); a lookup drafter (NGRAM, SUFFIX) drafts for next to nothing.
+DRAFT_COSTS = {True: (0.10, 0.12), False: (0.02, 0.0)}
+AUTO_MAX_STEPS = 7      # the deepest chain "auto" considers
+AUTO_DRAFTING_TIERS = 3  # tier 1 and two more, as configs/goodput.json and goodput-eagle.json (and SGLang's 1/3/7)
+# the acceptance "auto" must serve: geometric rates (a model drafter's, up to 0.9; a lookup's up to 0.95) and, for a
+# lookup, bursts (a first draft accepted at p, then each next at q: a match runs on)
+_RATES = {True: [i / 20 for i in range(2, 19)], False: [i / 20 for i in range(2, 20)]}
+_BURSTS = [(p / 10, q) for p in range(1, 11) for q in (0.97, 1.0)]
+
+
+def fallback_steps(model_drafter: bool) -> list[int]:
+    """The tiers without a row-cost table (skipped, failed, tp/dp > 1, a GPU): the tuned configs' own
+    (``adaptive_config.DEFAULT_STEPS``: configs/goodput-eagle.json's for a model drafter, configs/goodput.json's for a
+    lookup); the policy then prices them by its start-up probes' timings."""
+    from specswap.adaptive_config import DEFAULT_STEPS
+    return list(DEFAULT_STEPS[bool(model_drafter)])
+
+
+def round_cost(costs: RowCosts, steps: int, model_drafter: bool) -> float:
+    """A round at chain ``steps`` over a plain decode (1 row): the drafter's (``DRAFT_COSTS``) plus the verify's
+    extra rows."""
+    if steps == 0:
+        return 1.0
+    per_round, per_step = DRAFT_COSTS[bool(model_drafter)]
+    return costs.at(steps + 1) + per_round + per_step * steps
+
+
+def _tokens(steps: int, model_drafter: bool) -> list[float]:
+    """Expected tokens a round at ``steps`` yields under each acceptance ``auto`` must serve."""
+    out = [sum(rate ** i for i in range(steps + 1)) for rate in _RATES[bool(model_drafter)]]
+    if not model_drafter:
+        out += [1.0 + p * sum(q ** i for i in range(steps)) for p, q in _BURSTS]
+    return out
+
+
+def auto_steps(costs: RowCosts | None, model_drafter: bool, *, max_steps: int = AUTO_MAX_STEPS,
+               drafting_tiers: int = AUTO_DRAFTING_TIERS) -> list[int]:
+    """The chains ``"candidate_steps": "auto"`` (the default policy's) stands for on this machine: tier 0, tier 1
+    and the ``drafting_tiers - 1`` deeper chains (up to ``max_steps``) whose best leaves the least goodput (expected
+    tokens over ``round_cost``) below the best of every chain 0..max_steps, at the worst acceptance among those a
+    drafter of this kind meets (loss rounded to 0.1%, ties to the shallower set). Without a table:
+    ``fallback_steps``."""
+    if costs is None:
+        return fallback_steps(model_drafter)
+    deeper = range(2, max_steps + 1)
+    rates = [[tokens / round_cost(costs, k, model_drafter) for tokens in _tokens(k, model_drafter)]
+             for k in range(max_steps + 1)]
+    best = [max(column) for column in zip(*rates)]
+
+    def loss(tiers: Sequence[int]) -> float:
+        return round(max(1.0 - max(rates[k][i] for k in tiers) / top for i, top in enumerate(best)), 3)
+
+    sets = [[0, 1, *extra] for extra in itertools.combinations(deeper, max(0, drafting_tiers - 1))]
+    return min(sets, key=lambda tiers: (loss(tiers), tiers))
