@@ -18,7 +18,7 @@
 
 #include "cpu_ops/simd_math.h"
 
-namespace specswap::quant {
+namespace specswap::cpu_ops {
 namespace simd_math {
 namespace {
 
@@ -119,8 +119,8 @@ at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, c10::s
 }
 
 }  // namespace
-}  // namespace specswap::quant
+}  // namespace specswap::cpu_ops
 
 TORCH_LIBRARY_FRAGMENT(specswap, m) { m.def("gated_activation(Tensor gate, Tensor up, str activation) -> Tensor"); }
 
-TORCH_LIBRARY_IMPL(specswap, CPU, m) { m.impl("gated_activation", &specswap::quant::gated_activation); }
+TORCH_LIBRARY_IMPL(specswap, CPU, m) { m.impl("gated_activation", &specswap::cpu_ops::gated_activation); }

@@ -24,7 +24,7 @@
 #include <limits>
 #include <vector>
 
-namespace specswap::quant {
+namespace specswap::cpu_ops {
 namespace {
 
 #define SPECSWAP_ATTN_AVX2 __attribute__((target("avx2")))
@@ -216,11 +216,11 @@ at::Tensor invariant_attention(const at::Tensor& q, const at::Tensor& key_buffer
 
 }  // namespace
 
-}  // namespace specswap::quant
+}  // namespace specswap::cpu_ops
 
 TORCH_LIBRARY_FRAGMENT(specswap, m) {
   m.def("invariant_attention(Tensor q, Tensor key_buffer, Tensor value_buffer, Tensor slots, Tensor mask, float scale) "
         "-> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(specswap, CPU, m) { m.impl("invariant_attention", &specswap::quant::invariant_attention); }
+TORCH_LIBRARY_IMPL(specswap, CPU, m) { m.impl("invariant_attention", &specswap::cpu_ops::invariant_attention); }

@@ -12,7 +12,7 @@
 
 #include <cmath>
 
-namespace specswap::quant {
+namespace specswap::cpu_ops {
 namespace {
 
 template <typename T>
@@ -77,10 +77,10 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
 }
 
 }  // namespace
-}  // namespace specswap::quant
+}  // namespace specswap::cpu_ops
 
 TORCH_LIBRARY_FRAGMENT(specswap, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, float offset) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(specswap, CPU, m) { m.impl("rms_norm", &specswap::quant::rms_norm); }
+TORCH_LIBRARY_IMPL(specswap, CPU, m) { m.impl("rms_norm", &specswap::cpu_ops::rms_norm); }

@@ -39,7 +39,7 @@
 
 #include "cpu_ops/simd_math.h"
 
-namespace specswap::quant {
+namespace specswap::cpu_ops {
 namespace {
 
 const float* row_of(const at::Tensor& x, const char* op) {
@@ -369,7 +369,7 @@ at::Tensor indices_at_least(const at::Tensor& x, double threshold) {
 }
 
 }  // namespace
-}  // namespace specswap::quant
+}  // namespace specswap::cpu_ops
 
 TORCH_LIBRARY_FRAGMENT(specswap, m) {
   m.def("first_argmax(Tensor x) -> int");
@@ -380,8 +380,8 @@ TORCH_LIBRARY_FRAGMENT(specswap, m) {
 }
 
 TORCH_LIBRARY_IMPL(specswap, CPU, m) {
-  m.impl("first_argmax", &specswap::quant::first_argmax);
-  m.impl("argmax_rows", &specswap::quant::argmax_rows);
-  m.impl("indices_at_least", &specswap::quant::indices_at_least);
-  m.impl("accept_chain", &specswap::quant::accept_chain);
+  m.impl("first_argmax", &specswap::cpu_ops::first_argmax);
+  m.impl("argmax_rows", &specswap::cpu_ops::argmax_rows);
+  m.impl("indices_at_least", &specswap::cpu_ops::indices_at_least);
+  m.impl("accept_chain", &specswap::cpu_ops::accept_chain);
 }

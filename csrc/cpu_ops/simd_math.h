@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace specswap::quant::simd_math {
+namespace specswap::cpu_ops::simd_math {
 
 // Whether the operators built on these functions (invariant_attention, gated_activation) run their AVX2 forms:
 // where the CPU has AVX2, unless set_simd(false) (tests compare the forms). set_simd returns the previous setting.
@@ -65,4 +65,4 @@ __attribute__((target("avx2"))) inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-}  // namespace specswap::quant::simd_math
+}  // namespace specswap::cpu_ops::simd_math

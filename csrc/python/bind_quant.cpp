@@ -37,7 +37,7 @@ int64_t parallel_threads_used(int64_t tasks) {
 void bind_quant(py::module_& m) {
   m.def("parallel_threads_used", &parallel_threads_used, py::arg("tasks"),
         "Distinct intra-op threads one at::parallel_for over `tasks` tasks ran on (a build check).");
-  m.def("simd_math_set", &quant::simd_math::set_simd, py::arg("enabled"),
+  m.def("simd_math_set", &cpu_ops::simd_math::set_simd, py::arg("enabled"),
         "The AVX2 forms of invariant_attention and gated_activation on (default where AVX2 exists) or off; same "
         "bits. Returns the previous setting.");
 #ifdef SPECSWAP_WITH_GGML
