@@ -1,0 +1,125 @@
+"""bench/suffix_replay.py: its counting on synthetic streams (drafters whose drafts are known), and its SUFFIX and
+NGRAM replays against what the worker itself accepts on the same requests (a tiny target that falls into loops,
+requests one at a time in one slot, the global tree kept across them)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import load_script
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
+
+replay_script = load_script("suffix_replay")
+
+
+class Scripted:
+    """Drafts ``drafts[i]`` (a chain; [] for none) at its i-th call, over every request."""
+
+    def __init__(self, drafts):
+        self.drafts, self.calls, self.fed, self.started = list(drafts), 0, [], []
+
+    def start(self, prompt):
+        self.started.append(prompt)
+
+    def draft(self, tokens):
+        drafts = self.drafts[self.calls]
+        self.calls += 1
+        return replay_script.chain(drafts) if drafts else ([], [])
+
+    def feed(self, new):
+        self.fed.append(new)
+
+    def stop(self):
+        pass
+
+
+def test_counting_on_a_synthetic_stream():
+    # output [10, 11, 12, 13, 14, 15]: the prefill emits 10; round 1 drafts [11, 12, 99] (2 accepted, bonus 13);
+    # round 2 drafts nothing (plain decode: 14); round 3 drafts [15, 16, 17] where one token is left (1 accepted)
+    drafter = Scripted([[11, 12, 99], [], [15, 16, 17]])
+    tally = replay_script.replay([([1, 2], [10, 11, 12, 13, 14, 15])], drafter)
+    assert (tally.requests, tally.tokens, tally.verifies, tally.plain_rounds, tally.accepted) == (1, 5, 2, 1, 3)
+    assert drafter.fed == [[10], [11, 12, 13], [14], [15]]
+    assert drafter.started == [[1, 2]]
+    figures = tally.figures()
+    assert figures["accepted_per_verify"] == 1.5 and figures["tokens_per_verify"] == 2.5
+    assert figures["verify_share"] == round(2 / 3, 3) and figures["tokens_per_round"] == round(5 / 3, 3)
+
+
+def test_tree_acceptance_takes_the_deepest_matching_path():
+    # root -> 5 (1) -> 6 (2) -> 9 (3); root -> 5 (4, a copy) -> 7 (5) -> 8 (6): the second branch matches deeper
+    nodes, parents = [5, 6, 9, 5, 7, 8], [0, 1, 2, 0, 4, 5]
+    assert replay_script.accepted_length(nodes, parents, [5, 7, 8, 1]) == 3
+    assert replay_script.accepted_length(nodes, parents, [5, 6, 1]) == 2
+    assert replay_script.accepted_length(nodes, parents, [4]) == 0
+    assert replay_script.accepted_length(nodes, parents, [5, 7]) == 2  # the stream ends: no deeper match
+
+
+def test_suffix_replay_drafts_from_the_global_tree():
+    """The second request's output repeats the first's: the global tree drafts it from the start."""
+    output = [30, 31, 32, 33, 34, 35, 36, 37, 38]
+    requests = [([1, 2, 3], output), ([4, 5, 6], output)]
+    per_request = [replay_script.replay([r], replay_script.SuffixReplay(replay_script.Shape(3), 24, 2.0, 0.1))
+                   for r in requests]
+    both = replay_script.replay(requests, replay_script.SuffixReplay(replay_script.Shape(3), 24, 2.0, 0.1))
+    assert per_request[0].accepted == per_request[1].accepted == 0  # alone, nothing repeats
+    # request 2 after 30: [31, 32] (a match of 1 x spec factor 2, padded: 2 accepted), after 33: [34, 35, 36]
+    # (3 accepted), after 37: 38 (1 accepted, the stream's last token)
+    assert (both.verifies, both.plain_rounds, both.accepted) == (3, 8, 6)
+
+
+def worker_trace(algorithm, shape, prompts, max_new_tokens, options=None):
+    """Each prompt served alone in slot 0 of one worker, one after another: (prompt, output, accept lengths, whether
+    each round verified)."""
+    from spec_helpers import attention_pair
+    from specswap.sampling import SamplingParams
+    from specswap.worker import SpeculativeWorker
+    target = attention_pair()[0]
+    steps, topk, nodes = shape
+    worker = SpeculativeWorker(target, None, algorithm, speculative_num_steps=steps, speculative_eagle_topk=topk,
+                               speculative_num_draft_tokens=nodes, max_seq_len=128, **(options or {}))
+    served = []
+    for prompt in prompts:
+        params = SamplingParams(max_new_tokens=max_new_tokens)
+        tokens = list(worker.prefill([0], [prompt], [params]))
+        rounds = []
+        while len(tokens) < max_new_tokens:
+            result = worker.decode_round([0])
+            tokens += result.new_tokens[0]
+            rounds.append((result.accept_lengths[0], result.measured_tier))
+        worker.release(0)
+        served.append((prompt, tokens, rounds))
+    return served
+
+
+@pytest.mark.parametrize("algorithm,shape", [("SUFFIX", (3, 1, 4)), ("SUFFIX", (3, 2, 6)), ("NGRAM", (3, 1, 4)),
+                                             ("NGRAM", (3, 2, 6))])
+def test_replay_accepts_what_the_worker_accepts(algorithm, shape):
+    if algorithm == "SUFFIX":
+        pytest.importorskip("arctic_inference")
+    prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [1, 2, 3], [9, 9, 9, 9, 2]]
+    served = worker_trace(algorithm, shape, prompts, 24)
+    steps, topk, nodes = shape
+    replay_shape = replay_script.Shape(steps, topk, nodes if topk > 1 else 0)
+    drafter = replay_script.SuffixReplay(replay_shape, 24, 1.0, 0.1) if algorithm == "SUFFIX" \
+        else replay_script.NgramReplay(replay_shape, None)
+    trace = []
+    tally = replay_script.replay([(prompt, output) for prompt, output, _ in served], drafter, trace)
+    rounds = [accepted if verified else None for _, _, request_rounds in served for accepted, verified in request_rounds]
+    assert trace == rounds  # round by round: None a plain decode, else the drafts accepted
+    assert tally.accepted == sum(a for a in rounds if a) > 0 and None in rounds
+
+
+def test_suffix_pads_as_the_worker_does():
+    """Prompt [3, 4], then 3: the match "3" (length 1 x spec factor 1) drafts [4]. A chain pads it with its last
+    token ([4, 4, 4]: 3 accepted where 4 repeats); a tree pads with the request's last token under the root (3:
+    accepted where 3 comes next)."""
+    suffix = replay_script.SuffixReplay
+    trace = []
+    replay_script.replay([([3, 4], [3, 4, 4, 4, 4])], suffix(replay_script.Shape(3), 24, 1.0, 0.1), trace)
+    assert trace == [3]
+    trace = []
+    replay_script.replay([([3, 4], [3, 3, 9])], suffix(replay_script.Shape(2, 2, 6), 24, 1.0, 0.1), trace)
+    assert trace == [1]
