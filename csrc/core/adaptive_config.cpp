@@ -40,8 +40,8 @@ template <class T> void check(const ConfigField<T>& field, const T& value) {
       const std::string error = tree_shape_error(shape, AdaptiveConfig::kMaxSteps);
       if (!error.empty()) throw std::invalid_argument(std::string(field.name) + ": " + error);
     }
-  } else if constexpr (std::is_same_v<T, bool>) {
-    // any value is valid
+  } else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string>) {
+    // any value is valid (python_policy's form: validate())
   } else if constexpr (std::is_integral_v<T>) {
     if (!field.bounds.contains(value)) invalid(field.name, valid_words(field), std::to_string(value));
   } else {
@@ -92,9 +92,17 @@ AcceptanceModel acceptance_model_from_name(const std::string& name) {
 
 void AdaptiveConfig::validate() const {
   for_each_config_field([this](const auto& field) { check(field, this->*field.member); });
-  if (!candidate_trees.empty() && policy != PolicyKind::kGoodput) {
-    throw std::invalid_argument("candidate_trees needs policy 'goodput' (SGLang's thresholds are per step count, "
-                                "not per tree), got policy '" + std::string(policy_name(policy)) + "'");
+  if (!candidate_trees.empty() && policy == PolicyKind::kSglang) {
+    throw std::invalid_argument("candidate_trees needs policy 'goodput' or 'python' (SGLang's thresholds are per "
+                                "step count, not per tree), got policy 'sglang'");
+  }
+  if (!python_policy.empty() && policy != PolicyKind::kPython) {
+    throw std::invalid_argument("python_policy names the class of policy 'python', got policy '" +
+                                std::string(policy_name(policy)) + "'");
+  }
+  const auto colon = python_policy.find(':');
+  if (!python_policy.empty() && (colon == 0 || colon == std::string::npos || colon + 1 == python_policy.size())) {
+    invalid("python_policy", "'module:Class'", "'" + python_policy + "'");
   }
 }
 

@@ -21,7 +21,7 @@ using TreeShapes = std::vector<TierShape>;
 
 inline constexpr int kMaxAdaptiveSteps = 64;
 
-enum class PolicyKind { kSglang, kGoodput };
+enum class PolicyKind { kSglang, kGoodput, kPython };
 // goodput's acceptance model: one alpha for every draft position (geometric,
 // the default) or one acceptance rate per draft position (positional).
 enum class AcceptanceModel { kGeometric, kPositional };
@@ -29,7 +29,7 @@ enum class AcceptanceModel { kGeometric, kPositional };
 // The names of a choice, in enumerator order (the enumerators are 0..n-1).
 template <class E> struct EnumNames;
 template <> struct EnumNames<PolicyKind> {
-  static constexpr std::array<const char*, 2> names{"sglang", "goodput"};
+  static constexpr std::array<const char*, 3> names{"sglang", "goodput", "python"};
   static constexpr const char* key = "policy";
 };
 template <> struct EnumNames<AcceptanceModel> {
@@ -96,9 +96,10 @@ template <class F> void for_each_config_field(F&& f) {
   std::apply([&](const auto&... field) { (f(field), ...); }, kAdaptiveConfigFields);
 }
 
-// What a field's kind is called in the schema: choice, steps, trees, integer, number or bool.
+// What a field's kind is called in the schema: choice, steps, trees, text, integer, number or bool.
 template <class T> constexpr const char* field_kind() {
   if constexpr (std::is_enum_v<T>) return "choice";
+  else if constexpr (std::is_same_v<T, std::string>) return "text";
   else if constexpr (std::is_same_v<T, std::vector<int>>) return "steps";
   else if constexpr (std::is_same_v<T, TreeShapes>) return "trees";
   else if constexpr (std::is_same_v<T, bool>) return "bool";
@@ -126,6 +127,8 @@ template <class T> std::string valid_words(const ConfigField<T>& field) {
     return "a list of [speculative_num_steps in [1, " + std::to_string(kMaxAdaptiveSteps) +
            "], speculative_eagle_topk in [2, 99], speculative_num_draft_tokens in [steps + 1, 1 + topk + "
            "(steps - 1) * topk^2], at most 99] trees";
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return "a string";
   } else if constexpr (std::is_same_v<T, bool>) {
     return "true or false";
   } else if constexpr (std::is_integral_v<T>) {

@@ -7,15 +7,17 @@
 // schema. A new field is one row here (plus the policy code that reads it).
 //
 // type: PolicyKind / AcceptanceModel (a choice, named by EnumNames<>),
-// std::vector<int> (step counts), TreeShapes (tree shapes, core/tier_key.h), int,
-// double (always finite) or bool.
+// std::vector<int> (step counts), TreeShapes (tree shapes, core/tier_key.h), std::string,
+// int, double (always finite) or bool.
 // bounds: the valid range (Bounds in adaptive_config.h); Bounds{} for none.
 // A default or bounds containing a comma goes in parentheses.
 // No include guard: the includer defines X.
 #define SPECSWAP_ADAPTIVE_CONFIG_FIELDS(X)                                                         \
   X(PolicyKind, policy, PolicyKind::kSglang, Bounds{},                                              \
     "the policy: 'sglang' (EMA of accepted drafts against the thresholds tier - 0.5) or "          \
-    "'goodput' (argmax expected tokens / cost per round)")                                          \
+    "'goodput' (argmax expected tokens / cost per round) or 'python' (a class of python_policy's)")  \
+  X(std::string, python_policy, std::string{}, Bounds{},                                          \
+    "policy 'python' only: the policy's class, 'module:Class' (docs/policy.md)")                    \
   X(std::vector<int>, candidate_steps, (std::vector<int>{1, 3, 7}), Bounds::closed(0, kMaxAdaptiveSteps), \
     "the step counts (tiers) the policy chooses among")                                             \
   X(TreeShapes, candidate_trees, (TreeShapes{}), Bounds{},                                        \

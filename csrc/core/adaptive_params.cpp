@@ -6,7 +6,6 @@
 #include <string>
 #include <utility>
 
-#include "core/sglang_policy.h"
 
 namespace specswap {
 namespace {
@@ -52,67 +51,76 @@ std::pair<std::vector<int>, std::size_t> initial_tiers(int initial_steps, const 
 
 }  // namespace
 
-AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_steps, AdaptiveConfig config)
-    : AdaptiveSpeculativeParams(config, initial_tiers(initial_steps, config)) {}
+AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_steps, AdaptiveConfig config,
+                                                     const PolicyFactory& policy)
+    : AdaptiveSpeculativeParams(config, initial_tiers(initial_steps, config), policy) {}
 
 AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(AdaptiveConfig config,
-                                                     std::pair<std::vector<int>, std::size_t> tiers)
+                                                     std::pair<std::vector<int>, std::size_t> tiers,
+                                                     const PolicyFactory& policy)
     : config_(std::move(config)),
       candidates_(std::move(tiers.first)),
       index_(tiers.second),
       ema_(static_cast<double>(tier_shape(candidates_[index_])[0] - 1)),
-      goodput_(config_, candidates_, index_) {}
+      policy_(policy ? policy(config_, candidates_, index_) : make_policy(config_, candidates_, index_)) {
+  if (!policy_) throw std::invalid_argument("the policy factory built no policy");
+}
 
-bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
-  // Idle batches neither move the EMA nor use up warmup.
-  if (accept_lengths.empty()) return false;
-  long long total = 0;
-  for (int accepted : accept_lengths) total += accepted;
-  const double batch_mean = static_cast<double>(total) / static_cast<double>(accept_lengths.size());
-  ema_ = (1.0 - config_.ema_alpha) * ema_ + config_.ema_alpha * batch_mean;
-  ++num_batches_;
-  const std::size_t before = index_;
+std::pair<std::vector<int>, std::size_t> AdaptiveSpeculativeParams::candidate_tiers(int initial_steps,
+                                                                                    const AdaptiveConfig& config) {
+  return initial_tiers(initial_steps, config);
+}
 
-  if (config_.policy == PolicyKind::kSglang) {
-    const auto warmup = static_cast<std::uint64_t>(config_.warmup_batches);
-    const auto interval = static_cast<std::uint64_t>(config_.update_interval);
-    if (num_batches_ <= warmup) return false;
-    if ((num_batches_ - warmup) % interval != 0) return false;
-    index_ = sglang_tier(candidates_, index_, ema_, config_);
-  } else {
-    index_ = goodput_.update(accept_lengths, round_seconds, sampled);
+bool AdaptiveSpeculativeParams::observe(const RoundObservation& round) {
+  if (round.has_verify() && round.plain_requests > 0) {
+    throw std::invalid_argument("a round is a verify or a plain decode in the tier's place, not both (" +
+                                std::to_string(round.accept_lengths.size()) + " accept lengths and plain_requests " +
+                                std::to_string(round.plain_requests) + ")");
   }
+  if (round.chain_accept_lengths.size() != round.chain_depths.size()) {
+    throw std::invalid_argument("chain: " + std::to_string(round.chain_accept_lengths.size()) +
+                                " accept lengths but " + std::to_string(round.chain_depths.size()) +
+                                " depths; give one of each per request");
+  }
+  const std::size_t before = index_;
+  if (round.has_verify()) {
+    // Idle batches neither move the EMA nor use up warmup.
+    long long total = 0;
+    for (int accepted : round.accept_lengths) total += accepted;
+    const double batch_mean = static_cast<double>(total) / static_cast<double>(round.accept_lengths.size());
+    ema_ = (1.0 - config_.ema_alpha) * ema_ + config_.ema_alpha * batch_mean;
+    ++num_batches_;
+  }
+  const std::size_t next = policy_->observe(round, PolicyState{index_, ema_, num_batches_});
+  if (next >= candidates_.size()) {
+    throw std::logic_error("the policy chose candidate " + std::to_string(next) + " of " +
+                           std::to_string(candidates_.size()));
+  }
+  if (next != before && !round.has_verify()) {
+    throw std::logic_error("the policy moved to tier " + std::to_string(candidates_[next]) +
+                           " on a round without a verify; a policy moves on verifies only");
+  }
+  index_ = next;
   return index_ != before;
 }
 
+bool AdaptiveSpeculativeParams::update(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
+  RoundObservation round;
+  round.accept_lengths = accept_lengths;
+  round.round_seconds = round_seconds;
+  round.sampled = sampled;
+  return observe(round);
+}
+
 void AdaptiveSpeculativeParams::set_row_costs(RowCosts row_costs) {
-  goodput_.set_row_costs(row_costs);
+  policy_->set_row_costs(row_costs);
   row_costs_ = std::move(row_costs);
-}
-
-void AdaptiveSpeculativeParams::shadow(std::span<const int> accept_lengths, int steps) {
-  if (config_.policy == PolicyKind::kGoodput) goodput_.shadow(accept_lengths, steps);
-}
-
-void AdaptiveSpeculativeParams::tree_chain(std::span<const int> accept_lengths, std::span<const int> depths) {
-  if (accept_lengths.size() != depths.size()) {
-    throw std::invalid_argument("tree_chain: " + std::to_string(accept_lengths.size()) + " accept lengths but " +
-                                std::to_string(depths.size()) + " depths; give one of each per request");
-  }
-  if (config_.policy == PolicyKind::kGoodput) goodput_.tree_chain(accept_lengths, depths);
-}
-
-void AdaptiveSpeculativeParams::deep_checks(std::span<const int> outcomes) {
-  if (config_.policy == PolicyKind::kGoodput) goodput_.deep_checks(outcomes);
-}
-
-void AdaptiveSpeculativeParams::plain_round(int batch_size, double round_seconds, bool sampled) {
-  if (config_.policy == PolicyKind::kGoodput) goodput_.plain_round(batch_size, round_seconds, sampled);
 }
 
 std::vector<double> AdaptiveSpeculativeParams::cost_estimates(int batch_size, bool sampled) const {
   std::vector<double> out(candidates_.size());
-  goodput_.costs().estimate(batch_size > 0 ? table_of(batch_size, sampled) : goodput_.last_table(), out.data());
+  const GoodputPolicy& estimates = policy_->estimates();
+  estimates.costs().estimate(batch_size > 0 ? table_of(batch_size, sampled) : estimates.last_table(), out.data());
   return out;
 }
 

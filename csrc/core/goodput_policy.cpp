@@ -99,6 +99,14 @@ std::uint64_t GoodputPolicy::startup_probe_batches() const noexcept {
   return static_cast<std::uint64_t>(config_.probe_rounds) * tiers;
 }
 
+std::size_t GoodputPolicy::observe(const RoundObservation& round, const PolicyState& /*state*/) {
+  shadow(round.shadow_accept_lengths, round.shadow_steps);
+  plain_round(round.plain_requests, round.round_seconds, round.sampled);
+  tree_chain(round.chain_accept_lengths, round.chain_depths);
+  deep_checks(round.deep_checks);
+  return round.has_verify() ? update(round.accept_lengths, round.round_seconds, round.sampled) : index_;
+}
+
 std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
   if (++num_batches_ == 1) probe_batches_ = startup_probe_batches();
   const auto warmup = static_cast<std::uint64_t>(config_.warmup_batches);
@@ -106,7 +114,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   const std::size_t before = index_;
   const std::uint64_t shadowed_requests = std::exchange(shadow_requests_, 0);
 
-  observe(accept_lengths, round_seconds, sampled);
+  learn_verify(accept_lengths, round_seconds, sampled);
   ++batches_on_tier_;
   if (num_batches_ <= probe_batches_) {
     // Start-up probing: the initial tier first, then the others ascending,
@@ -246,7 +254,7 @@ void GoodputPolicy::observe_tree(std::span<const int> accept_lengths, bool sampl
   recovered_seen_[slot] = 1;
 }
 
-void GoodputPolicy::observe(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
+void GoodputPolicy::learn_verify(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
   if (tree_[index_]) {
     observe_tree(accept_lengths, sampled);
   } else {

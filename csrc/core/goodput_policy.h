@@ -11,59 +11,30 @@
 
 #include "core/acceptance_cost.h"
 #include "core/adaptive_config.h"
+#include "core/policy.h"
 
 namespace specswap {
 
-class GoodputPolicy {
+class GoodputPolicy final : public Policy {
  public:
   // candidates: tier keys (core/tier_key.h: a chain's step count, a tree's encoded shape), unique, ordered
   // by verified drafts; initial_index into them. A chain's expected tokens come from the acceptance
   // estimates; a tree's are its chain's (same depth) times the tree's measured gain over it.
   GoodputPolicy(const AdaptiveConfig& config, std::vector<int> candidates, std::size_t initial_index);
 
-  // One non-empty verify made at the current tier (accepted drafts per
-  // request; round_seconds NaN or <= 0: untimed). Returns the candidate
-  // index to run next. No allocation.
-  std::size_t update(std::span<const int> accept_lengths, double round_seconds, bool sampled);
-
-  // What drafts of `steps` tokens would have accepted per request, measured
-  // against the tokens the requests went on to emit (deterministic drafts:
-  // prompt lookup). They feed the acceptance estimates as a verify at `steps`
-  // would, with no timing and no batch counted. At tier 0 they stand in for
-  // its blind spot: tier 0 decides on them as any tier does, and a drafter
-  // that sent one (or announced them: expect_shadows) is never probed out of
-  // tier 0. No allocation.
-  void shadow(std::span<const int> accept_lengths, int steps);
-  // A tree tier's verify, read as its chain's (the path of first children: what the chain of the tree's depth
-  // would have drafted): per request, the drafts on it accepted and its depth in the tree (drafted up to there:
-  // a request whose chain was cut there and accepted all of it reached no failure). Feeds the acceptance
-  // estimates as a verify at that chain would, with no timing and no batch counted, so that the chains (and
-  // the trees, predicted from them) follow the workload while a tree runs. Ignored off a tree tier. Call it
-  // before update() with the same round's verify. No allocation.
-  void tree_chain(std::span<const int> accept_lengths, std::span<const int> depths);
-  // A chain tier's check one draft past it, per request of the round: 1 or 0 for a request that accepted
-  // every draft and whose next draft (what the chain one step deeper would have drafted) the emitted bonus
-  // token accepted or rejected, -1 for one not checked. Feeds that position's rates alone
-  // (AcceptanceEstimate::observe_position); once checks came at the current tier (and no sampled round since:
-  // drafters check greedy rounds only), its decisions price the deeper tiers with that position's own rate, not
-  // the deepest verified one standing in for it (greedy acceptance rises along a draft: 0.69 / 0.71 / 0.93 at
-  // positions 1-3 on EAGLE's greedy tuning workload). Ignored at tier 0 and at tree tiers. Call before update()
-  // with the same round. No allocation.
-  void deep_checks(std::span<const int> outcomes);
-  // A plain decode the worker ran in place of the current drafting tier
-  // (NGRAM: no request had a match): a tier-0 round, so it times tier 0
-  // beside the running tier (no acceptance, no batch counted, the level
-  // untouched). Ignored at tier 0 (it times itself) and without tier 0 among
-  // the candidates. No allocation.
-  void plain_round(int batch_size, double round_seconds, bool sampled) noexcept;
+  // One round, its parts in this order: the shadows (shadow()), a plain decode (plain_round()), a tree round's
+  // chain (tree_chain()) and a chain round's checks past it (deep_checks()), then the verify (update()). Returns
+  // the candidate index to run next (it moves on a verify only). No allocation.
+  std::size_t observe(const RoundObservation& round, const PolicyState& state) override;
   // The verify's measured relative cost per row count (empty: none): tiers
   // never timed are then priced cost_prior_slope per draft step plus the
   // verify at their row count (a chain's steps + 1, a tree's nodes), instead
   // of 1 + cost_prior_slope per verified draft. Allocates: at start-up.
-  void set_row_costs(const RowCosts& row_costs);
+  void set_row_costs(const RowCosts& row_costs) override;
   // The drafter will send shadow observations at tier 0 (it is not blind there): blind_zero_margin is off,
   // tier 0 runs no probes, and with row costs set start-up probing runs the initial tier alone.
-  void expect_shadows() noexcept { shadow_seen_ = true; }
+  void expect_shadows() noexcept override { shadow_seen_ = true; }
+  const GoodputPolicy& estimates() const noexcept override { return *this; }
 
   std::size_t index() const noexcept { return index_; }
   // The estimate decisions use (EMA weight config.ema_alpha).
@@ -77,6 +48,38 @@ class GoodputPolicy {
   int last_table() const noexcept { return last_table_; }
 
  private:
+  // One non-empty verify made at the current tier (accepted drafts per
+  // request; round_seconds NaN or <= 0: untimed). Returns the candidate
+  // index to run next.
+  std::size_t update(std::span<const int> accept_lengths, double round_seconds, bool sampled);
+  // What drafts of `steps` tokens would have accepted per request, measured
+  // against the tokens the requests went on to emit (deterministic drafts:
+  // prompt lookup). They feed the acceptance estimates as a verify at `steps`
+  // would, with no timing and no batch counted. At tier 0 they stand in for
+  // its blind spot: tier 0 decides on them as any tier does, and a drafter
+  // that sent one (or announced them: expect_shadows) is never probed out of
+  // tier 0.
+  void shadow(std::span<const int> accept_lengths, int steps);
+  // A tree tier's verify, read as its chain's (the path of first children: what the chain of the tree's depth
+  // would have drafted): per request, the drafts on it accepted and its depth in the tree (drafted up to there:
+  // a request whose chain was cut there and accepted all of it reached no failure). Feeds the acceptance
+  // estimates as a verify at that chain would, with no timing and no batch counted, so that the chains (and
+  // the trees, predicted from them) follow the workload while a tree runs. Ignored off a tree tier.
+  void tree_chain(std::span<const int> accept_lengths, std::span<const int> depths);
+  // A chain tier's check one draft past it, per request of the round: 1 or 0 for a request that accepted
+  // every draft and whose next draft (what the chain one step deeper would have drafted) the emitted bonus
+  // token accepted or rejected, -1 for one not checked. Feeds that position's rates alone
+  // (AcceptanceEstimate::observe_position); once checks came at the current tier (and no sampled round since:
+  // drafters check greedy rounds only), its decisions price the deeper tiers with that position's own rate, not
+  // the deepest verified one standing in for it (greedy acceptance rises along a draft: 0.69 / 0.71 / 0.93 at
+  // positions 1-3 on EAGLE's greedy tuning workload). Ignored at tier 0 and at tree tiers.
+  void deep_checks(std::span<const int> outcomes);
+  // A plain decode the worker ran in place of the current drafting tier
+  // (NGRAM: no request had a match): a tier-0 round, so it times tier 0
+  // beside the running tier (no acceptance, no batch counted, the level
+  // untouched). Ignored at tier 0 (it times itself) and without tier 0 among
+  // the candidates.
+  void plain_round(int batch_size, double round_seconds, bool sampled) noexcept;
   int current_steps() const noexcept { return candidates_[index_]; }
   // Expected tokens per round at candidate j: a chain's from `estimate`; a tree's its chain's plus the part of
   // the chain's shortfall (depth + 1 tokens at most, less the chain's) that the tree recovers in rounds of the
@@ -105,7 +108,8 @@ class GoodputPolicy {
   // The goodput a decision from the current tier credits candidate j with: tier 0's discounted by
   // blind_zero_margin from a drafting tier while the drafter is blind there.
   double credited(std::size_t j, double goodput) const noexcept;
-  void observe(std::span<const int> accept_lengths, double round_seconds, bool sampled);
+  // A verify's acceptance (or a tree's gain) and its cost.
+  void learn_verify(std::span<const int> accept_lengths, double round_seconds, bool sampled);
   // Both acceptance estimates take a verify's (or shadow's) accepted lengths at `steps`; `drafted` (empty: all
   // `steps`) cuts a request's drafts shorter.
   // `own`: the current tier's verify (not shadows), which the collapse test watches.

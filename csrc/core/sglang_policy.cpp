@@ -1,5 +1,7 @@
 #include "core/sglang_policy.h"
 
+#include <cstdint>
+
 namespace specswap {
 
 std::size_t sglang_tier(const std::vector<int>& candidates, std::size_t index, double ema,
@@ -13,6 +15,18 @@ std::size_t sglang_tier(const std::vector<int>& candidates, std::size_t index, d
     ++index;
   }
   return index;
+}
+
+SglangPolicy::SglangPolicy(const AdaptiveConfig& config, const std::vector<int>& candidates, std::size_t index)
+    : ModelFreePolicy(config, candidates, index), config_(config), candidates_(candidates) {}
+
+std::size_t SglangPolicy::observe(const RoundObservation& round, const PolicyState& state) {
+  if (!round.has_verify()) return state.index;
+  const auto warmup = static_cast<std::uint64_t>(config_.warmup_batches);
+  const auto interval = static_cast<std::uint64_t>(config_.update_interval);
+  if (state.num_batches <= warmup) return state.index;
+  if ((state.num_batches - warmup) % interval != 0) return state.index;
+  return sglang_tier(candidates_, state.index, state.ema, config_);
 }
 
 }  // namespace specswap

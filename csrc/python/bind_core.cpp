@@ -1,12 +1,15 @@
-// The C++ core for Python: runtime states and the state pool, AdaptiveConfig
-// (every member, default and check from the table in
-// core/adaptive_config_fields.h) and the adaptive policy.
+// The C++ core for Python, one section each: runtime states and the state
+// pool, AdaptiveConfig (every member, default and check from the table in
+// core/adaptive_config_fields.h), the round observation, and the adaptive
+// policy (a policy written in Python included).
 #include <pybind11/stl.h>
 
 #include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -170,9 +173,243 @@ py::dict row_costs_dict(const RowCosts& costs) {
   return out;
 }
 
-}  // namespace
+// ---- the policy's input: one round --------------------------------------------------------
+// A RoundObservation that owns its numbers: Python builds one a round and reads one in a Python policy.
+struct OwnedObservation {
+  std::vector<int> accept_lengths, chain_accept_lengths, chain_depths, deep_checks, shadow_accept_lengths;
+  double round_seconds = RoundObservation::kNoTiming;
+  bool sampled = false;
+  int shadow_steps = 0;
+  int plain_requests = 0;
 
-void bind_core(py::module_& m) {
+  RoundObservation view() const {
+    RoundObservation round;
+    round.accept_lengths = accept_lengths;
+    round.round_seconds = round_seconds;
+    round.sampled = sampled;
+    round.chain_accept_lengths = chain_accept_lengths;
+    round.chain_depths = chain_depths;
+    round.deep_checks = deep_checks;
+    round.shadow_accept_lengths = shadow_accept_lengths;
+    round.shadow_steps = shadow_steps;
+    round.plain_requests = plain_requests;
+    return round;
+  }
+
+  static OwnedObservation of(const RoundObservation& round) {
+    auto copy = [](std::span<const int> values) { return std::vector<int>(values.begin(), values.end()); };
+    return {copy(round.accept_lengths), copy(round.chain_accept_lengths), copy(round.chain_depths),
+            copy(round.deep_checks), copy(round.shadow_accept_lengths), round.round_seconds, round.sampled,
+            round.shadow_steps, round.plain_requests};
+  }
+};
+
+py::object seconds_or_none(double seconds) {
+  return std::isnan(seconds) ? py::object(py::none()) : py::object(py::float_(seconds));
+}
+
+void bind_observation(py::module_& m) {
+  using Ints = std::vector<int>;
+  py::class_<OwnedObservation>(m, "RoundObservation",
+      "Everything one round tells the policy (AdaptiveSpeculativeParams.observe): a verify at the current tier, "
+      "or a plain decode in its place, and the drafter's tier-0 checks; each part empty where the round had none.")
+      .def(py::init([](Ints accept_lengths, std::optional<double> round_seconds, bool sampled,
+                       Ints chain_accept_lengths, Ints chain_depths, Ints deep_checks, Ints shadow_accept_lengths,
+                       int shadow_steps, int plain_requests) {
+             return OwnedObservation{std::move(accept_lengths), std::move(chain_accept_lengths),
+                                     std::move(chain_depths), std::move(deep_checks),
+                                     std::move(shadow_accept_lengths),
+                                     round_seconds.value_or(RoundObservation::kNoTiming), sampled, shadow_steps,
+                                     plain_requests};
+           }),
+           py::kw_only(), py::arg("accept_lengths") = Ints{}, py::arg("round_seconds") = py::none(),
+           py::arg("sampled") = false, py::arg("chain_accept_lengths") = Ints{}, py::arg("chain_depths") = Ints{},
+           py::arg("deep_checks") = Ints{}, py::arg("shadow_accept_lengths") = Ints{}, py::arg("shadow_steps") = 0,
+           py::arg("plain_requests") = 0)
+      .def_readonly("accept_lengths", &OwnedObservation::accept_lengths,
+                    "The verify: accepted drafts (bonus excluded) of each request that speculated; [] for none.")
+      .def_property_readonly("round_seconds", [](const OwnedObservation& o) { return seconds_or_none(o.round_seconds); },
+                             "The verify's or plain decode's wall time (None: untimed).")
+      .def_readonly("sampled", &OwnedObservation::sampled, "The round sampled (not all-greedy).")
+      .def_readonly("chain_accept_lengths", &OwnedObservation::chain_accept_lengths,
+                    "At a tree tier, per verified request: the drafts on its first-child path accepted.")
+      .def_readonly("chain_depths", &OwnedObservation::chain_depths, "... and that path's depth.")
+      .def_readonly("deep_checks", &OwnedObservation::deep_checks,
+                    "At a chain tier, per verified request: 1 / 0 its next draft accepted / rejected, -1 unchecked.")
+      .def_readonly("shadow_accept_lengths", &OwnedObservation::shadow_accept_lengths,
+                    "What drafts of shadow_steps tokens would have accepted per request (tier-0 checks).")
+      .def_readonly("shadow_steps", &OwnedObservation::shadow_steps)
+      .def_readonly("plain_requests", &OwnedObservation::plain_requests,
+                    "Requests of a plain decode run in the drafting tier's place (0: none).")
+      .def("__repr__", [](const OwnedObservation& o) {
+        return "RoundObservation(accept_lengths=" + py::repr(py::cast(o.accept_lengths)).cast<std::string>() +
+               ", round_seconds=" + py::repr(seconds_or_none(o.round_seconds)).cast<std::string>() +
+               ", shadow_accept_lengths=" + py::repr(py::cast(o.shadow_accept_lengths)).cast<std::string>() +
+               ", plain_requests=" + std::to_string(o.plain_requests) + ")";
+      });
+}
+
+// ---- a policy written in Python ------------------------------------------------------------
+// Its object's observe(RoundObservation) returns the tier to run next (a Tier or its key), or None to stay.
+class PythonPolicy final : public ModelFreePolicy {
+ public:
+  PythonPolicy(py::object policy, const AdaptiveConfig& config, const std::vector<int>& candidates,
+               std::size_t index)
+      : ModelFreePolicy(config, candidates, index), policy_(std::move(policy)), candidates_(candidates) {
+    if (!py::hasattr(policy_, "observe") || !PyCallable_Check(policy_.attr("observe").ptr())) {
+      throw py::type_error("a Python policy needs a method observe(round) -> tier or None; " +
+                           py::repr(policy_).cast<std::string>() + " has none");
+    }
+  }
+  ~PythonPolicy() override {
+    if (!Py_IsInitialized()) {
+      policy_.release();  // interpreter gone: leak rather than crash
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    policy_ = py::object();
+  }
+
+  std::size_t observe(const RoundObservation& round, const PolicyState& state) override {
+    py::gil_scoped_acquire gil;
+    const py::object choice = policy_.attr("observe")(OwnedObservation::of(round));
+    if (choice.is_none()) return state.index;
+    const py::object key = py::hasattr(choice, "key") ? choice.attr("key") : choice;
+    if (!py::isinstance<py::int_>(key) || py::isinstance<py::bool_>(key)) {
+      throw py::type_error("a Python policy's observe() returns a Tier, a tier key or None, got " +
+                           py::repr(choice).cast<std::string>());
+    }
+    const int wanted = key.cast<int>();
+    for (std::size_t j = 0; j < candidates_.size(); ++j) {
+      if (candidates_[j] == wanted) return j;
+    }
+    throw std::invalid_argument("the Python policy chose tier " + std::to_string(wanted) +
+                                ", not a candidate (" + py::repr(py::cast(candidates_)).cast<std::string>() + ")");
+  }
+
+ private:
+  py::object policy_;
+  std::vector<int> candidates_;
+};
+
+// policy(tiers, start) -> an object with observe(): tiers the candidates' keys in order, start the initial key.
+AdaptiveSpeculativeParams::PolicyFactory python_factory(const py::object& policy, const AdaptiveConfig& config) {
+  if (policy.is_none()) return {};
+  if (config.policy != PolicyKind::kPython) {
+    throw std::invalid_argument(std::string("a policy object is for policy 'python'; the config's is '") +
+                                policy_name(config.policy) + "'");
+  }
+  return [policy](const AdaptiveConfig& config, const std::vector<int>& candidates, std::size_t index) {
+    py::gil_scoped_acquire gil;
+    return std::make_unique<PythonPolicy>(policy(candidates, candidates[index]), config, candidates, index);
+  };
+}
+
+// ---- the policy's driver ---------------------------------------------------------------------
+void def_policy_statistics(py::class_<AdaptiveSpeculativeParams>& cls) {
+  cls.def_property_readonly("current_steps", &AdaptiveSpeculativeParams::current_steps)
+      .def_property_readonly("ema", &AdaptiveSpeculativeParams::ema)
+      .def_property_readonly("alpha", &AdaptiveSpeculativeParams::alpha,
+                             "Per-token acceptance estimate (goodput's model; 0.5 before any draft).")
+      .def_property_readonly("num_batches", &AdaptiveSpeculativeParams::num_batches)
+      .def_property_readonly("candidate_steps", &AdaptiveSpeculativeParams::candidate_steps)
+      .def_property_readonly("config", &AdaptiveSpeculativeParams::config)
+      .def_static("expected_tokens", &AdaptiveSpeculativeParams::expected_tokens,
+                  py::arg("alpha"), py::arg("steps"),
+                  "Expected tokens per round at `steps` drafts, bonus included.")
+      .def("model_tokens", py::overload_cast<int>(&AdaptiveSpeculativeParams::model_tokens, py::const_), py::arg("steps"),
+           "Expected tokens per round at `steps` under the configured acceptance model, as goodput's "
+           "decisions price it now (positional: the positions observed at the current tier and the checks "
+           "past it, the deepest of them standing in beyond).")
+      .def("position_acceptance", &AdaptiveSpeculativeParams::position_acceptance, py::arg("position"),
+           "Positional model: acceptance rate of draft position 1..64 given the earlier ones were accepted.")
+      .def("cost_estimates", [](const AdaptiveSpeculativeParams& params, int batch_size, bool sampled) {
+             const auto costs = params.cost_estimates(batch_size, sampled);
+             py::dict out;
+             for (std::size_t j = 0; j < costs.size(); ++j) out[py::int_(params.candidate_steps()[j])] = costs[j];
+             return out;
+           },
+           py::arg("batch_size") = 0, py::arg("sampled") = false,
+           "Tier -> seconds per round for this batch size and kind of round (batch_size 0: the last "
+           "round's table), measured or estimated.")
+      .def("measured_costs", [](const AdaptiveSpeculativeParams& params) {
+             const auto table = params.measured_costs();
+             py::dict out;
+             for (const char* kind : {"greedy", "sampled"}) out[kind] = py::dict();
+             for (std::size_t t = 0; t < table.size(); ++t) {
+               py::dict row;
+               for (std::size_t j = 0; j < table[t].size(); ++j) {
+                 if (!std::isnan(table[t][j])) row[py::int_(params.candidate_steps()[j])] = table[t][j];
+               }
+               const int bucket = static_cast<int>(t) % AdaptiveSpeculativeParams::kNumBuckets;
+               const char* kind = static_cast<int>(t) < AdaptiveSpeculativeParams::kNumBuckets ? "greedy" : "sampled";
+               if (py::len(row)) out[kind].cast<py::dict>()[py::int_(1 << bucket)] = row;
+             }
+             return out;
+           },
+           "{'greedy'|'sampled': {smallest batch size of a bucket: {tier: EMA of measured seconds per round}}}.");
+}
+
+void bind_policy(py::module_& m) {
+  py::class_<AdaptiveSpeculativeParams> cls(m, "AdaptiveSpeculativeParams",
+      "The adaptive policy (config.policy): sglang's EMA thresholds, goodput's argmax E(k)/cost(k), or a policy "
+      "written in Python; fed one observe() a round.");
+  cls.def(py::init([](int initial_steps, py::object config, py::object policy) {
+            AdaptiveConfig cfg = config.is_none() ? AdaptiveConfig{} : config.cast<AdaptiveConfig>();
+            const auto factory = python_factory(policy, cfg);
+            return AdaptiveSpeculativeParams(initial_steps, std::move(cfg), factory);
+          }),
+          py::arg("initial_steps"), py::arg("config") = py::none(), py::arg("policy") = py::none(),
+          "policy: for config policy 'python', policy(tiers, start) -> an object whose observe(RoundObservation) "
+          "returns the tier to run next (a Tier or its key) or None; tiers are the candidates' keys, start the "
+          "initial one's.")
+      .def_static("candidate_tiers", &AdaptiveSpeculativeParams::candidate_tiers, py::arg("initial_steps"),
+                  py::arg("config"),
+                  "(the candidates' keys in the policy's order, the initial tier's index among them) for this "
+                  "config started at initial_steps.")
+      .def("observe", [](AdaptiveSpeculativeParams& params, const OwnedObservation& round) {
+             return params.observe(round.view());
+           },
+           py::arg("round"),
+           "Feed one round (RoundObservation): its shadows, a plain decode in the tier's place, or a verify made "
+           "at current_steps with its chain and checks past it. True only if the tier changed (on a verify only).")
+      .def("update", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths,
+                        std::optional<double> round_seconds, bool sampled) {
+             return params.update(accept_lengths,
+                                  round_seconds.value_or(AdaptiveSpeculativeParams::kNoTiming), sampled);
+           },
+           py::arg("accept_lengths"), py::arg("round_seconds") = py::none(), py::arg("sampled") = false,
+           "observe() of a round that is a verify alone: accepted draft tokens per request (bonus excluded) at "
+           "current_steps, the round's wall time in seconds (None: untimed), whether it sampled.")
+      .def("shadow", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths, int steps) {
+             RoundObservation round;
+             round.shadow_accept_lengths = accept_lengths;
+             round.shadow_steps = steps;
+             params.observe(round);
+           },
+           py::arg("accept_lengths"), py::arg("steps"),
+           "observe() of a round that is the drafter's tier-0 checks alone: what drafts of `steps` tokens would "
+           "have accepted per request.")
+      .def("set_row_costs", [](AdaptiveSpeculativeParams& params, std::optional<std::map<int, double>> costs) {
+             params.set_row_costs(row_costs_from(costs.value_or(std::map<int, double>{})));
+           },
+           py::arg("row_costs"),
+           "The verify's cost per row count ({rows: cost}, 1 among the rows; divided by the cost at 1), measured "
+           "at start-up: goodput prices tiers never timed as cost_prior_slope per draft step plus the verify at "
+           "their row count, interpolated between the counts given (None or {}: back to 1 + cost_prior_slope * k). "
+           "ValueError on a bad table.")
+      .def_property_readonly("row_costs", [](const AdaptiveSpeculativeParams& params) {
+             return row_costs_dict(params.row_costs());
+           },
+           "The row costs set_row_costs() gave, divided by the cost at 1 row ({} if none).")
+      .def("expect_shadows", &AdaptiveSpeculativeParams::expect_shadows,
+           "The drafter sends shadow observations at tier 0 (every built-in drafter): it is not blind there, so "
+           "goodput does not hold tier 0 back by blind_zero_margin and never probes out of tier 0.");
+  def_policy_statistics(cls);
+}
+
+// ---- states and the pool ----------------------------------------------------------------------
+void bind_states(py::module_& m) {
   py::class_<RowCosts>(m, "RowCosts",
       "The verify's relative cost per row count, as the goodput policy reads it (docs/policy.md).")
       .def(py::init([](const std::map<int, double>& table) {
@@ -221,7 +458,9 @@ void bind_core(py::module_& m) {
         "A tier's key in the state pool and the policy: a chain's step count, a tree's encoded shape.");
   m.def("tier_shape", [](int key) { return tier_shape(key); }, py::arg("key"),
         "(speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens) of a tier key.");
+}
 
+void bind_pool(py::module_& m) {
   py::class_<StatePool>(m, "StatePool",
       "One prebuilt runtime state per tier; acquire() is one atomic load and "
       "activate() one atomic store.")
@@ -257,108 +496,16 @@ void bind_core(py::module_& m) {
         }
         return out;
       }, "Per tier: steps, active, activations, seconds_active.");
+}
 
+}  // namespace
+
+void bind_core(py::module_& m) {
+  bind_states(m);
+  bind_pool(m);
   bind_config(m);
-
-  py::class_<AdaptiveSpeculativeParams>(m, "AdaptiveSpeculativeParams",
-      "The adaptive policy (config.policy): sglang's EMA thresholds or goodput's "
-      "argmax E(k)/cost(k).")
-      .def(py::init([](int initial_steps, py::object config) {
-             AdaptiveConfig cfg = config.is_none() ? AdaptiveConfig{} : config.cast<AdaptiveConfig>();
-             return AdaptiveSpeculativeParams(initial_steps, std::move(cfg));
-           }),
-           py::arg("initial_steps"), py::arg("config") = py::none())
-      .def("update", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths,
-                        std::optional<double> round_seconds, bool sampled) {
-             return params.update(accept_lengths,
-                                  round_seconds.value_or(AdaptiveSpeculativeParams::kNoTiming), sampled);
-           },
-           py::arg("accept_lengths"), py::arg("round_seconds") = py::none(), py::arg("sampled") = false,
-           "Feed one verify (accepted draft tokens per request, bonus excluded) made at "
-           "current_steps, the round's wall time in seconds (None: untimed) and whether it "
-           "sampled (not all-greedy); True only if the step count changed.")
-      .def("shadow", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths, int steps) {
-             params.shadow(accept_lengths, steps);
-           },
-           py::arg("accept_lengths"), py::arg("steps"),
-           "What deterministic drafts of `steps` tokens would have accepted per request, measured against "
-           "the tokens emitted since; taken at tier 0 by goodput (sglang ignores it), never a switch by itself.")
-      .def("tree_chain", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths,
-                            const std::vector<int>& depths) { params.tree_chain(accept_lengths, depths); },
-           py::arg("accept_lengths"), py::arg("depths"),
-           "A tree tier's verify read as its chain's (its first-child path): per request, the drafts on it "
-           "accepted and its depth in the tree; feeds goodput's chain estimates (sglang ignores it; ignored "
-           "off a tree tier). Call before update() with the same round. Never a switch.")
-      .def("deep_checks", [](AdaptiveSpeculativeParams& params, const std::vector<int>& outcomes) {
-             params.deep_checks(outcomes);
-           },
-           py::arg("outcomes"),
-           "A chain tier's checks one draft past it, per request: 1 / 0 when the emitted bonus token accepted / "
-           "rejected the next draft of a request that accepted every draft, -1 when not checked; feeds goodput's "
-           "rate of that position (sglang ignores it; ignored at tier 0 and tree tiers). Call before update() "
-           "with the same round. Never a switch.")
-      .def("plain_round", &AdaptiveSpeculativeParams::plain_round, py::arg("batch_size"),
-           py::arg("round_seconds"), py::arg("sampled") = false,
-           "A plain decode of batch_size requests the worker ran in place of the current drafting tier (NGRAM: "
-           "nothing to look up), timed: goodput learns it as tier 0's cost beside the running tier's (sglang "
-           "ignores it); never a switch.")
-      .def("set_row_costs", [](AdaptiveSpeculativeParams& params, std::optional<std::map<int, double>> costs) {
-             params.set_row_costs(row_costs_from(costs.value_or(std::map<int, double>{})));
-           },
-           py::arg("row_costs"),
-           "The verify's cost per row count ({rows: cost}, 1 among the rows; divided by the cost at 1), measured "
-           "at start-up: goodput prices tiers never timed as cost_prior_slope per draft step plus the verify at "
-           "their row count, interpolated between the counts given (None or {}: back to 1 + cost_prior_slope * k). "
-           "ValueError on a bad table.")
-      .def_property_readonly("row_costs", [](const AdaptiveSpeculativeParams& params) {
-             return row_costs_dict(params.row_costs());
-           },
-           "The row costs set_row_costs() gave, divided by the cost at 1 row ({} if none).")
-      .def("expect_shadows", &AdaptiveSpeculativeParams::expect_shadows,
-           "The drafter sends shadow observations at tier 0 (every built-in drafter): it is not blind there, so "
-           "goodput does not hold tier 0 back by blind_zero_margin and never probes out of tier 0.")
-      .def_property_readonly("current_steps", &AdaptiveSpeculativeParams::current_steps)
-      .def_property_readonly("ema", &AdaptiveSpeculativeParams::ema)
-      .def_property_readonly("alpha", &AdaptiveSpeculativeParams::alpha,
-                             "Per-token acceptance estimate (goodput's model; 0.5 before any draft).")
-      .def_property_readonly("num_batches", &AdaptiveSpeculativeParams::num_batches)
-      .def_property_readonly("candidate_steps", &AdaptiveSpeculativeParams::candidate_steps)
-      .def_property_readonly("config", &AdaptiveSpeculativeParams::config)
-      .def_static("expected_tokens", &AdaptiveSpeculativeParams::expected_tokens,
-                  py::arg("alpha"), py::arg("steps"),
-                  "Expected tokens per round at `steps` drafts, bonus included.")
-      .def("model_tokens", py::overload_cast<int>(&AdaptiveSpeculativeParams::model_tokens, py::const_), py::arg("steps"),
-           "Expected tokens per round at `steps` under the configured acceptance model, as goodput's "
-           "decisions price it now (positional: the positions observed at the current tier and the checks "
-           "past it, the deepest of them standing in beyond).")
-      .def("position_acceptance", &AdaptiveSpeculativeParams::position_acceptance, py::arg("position"),
-           "Positional model: acceptance rate of draft position 1..64 given the earlier ones were accepted.")
-      .def("cost_estimates", [](const AdaptiveSpeculativeParams& params, int batch_size, bool sampled) {
-             const auto costs = params.cost_estimates(batch_size, sampled);
-             py::dict out;
-             for (std::size_t j = 0; j < costs.size(); ++j) out[py::int_(params.candidate_steps()[j])] = costs[j];
-             return out;
-           },
-           py::arg("batch_size") = 0, py::arg("sampled") = false,
-           "Tier -> seconds per round for this batch size and kind of round (batch_size 0: the last "
-           "round's table), measured or estimated.")
-      .def("measured_costs", [](const AdaptiveSpeculativeParams& params) {
-             const auto table = params.measured_costs();
-             py::dict out;
-             for (const char* kind : {"greedy", "sampled"}) out[kind] = py::dict();
-             for (std::size_t t = 0; t < table.size(); ++t) {
-               py::dict row;
-               for (std::size_t j = 0; j < table[t].size(); ++j) {
-                 if (!std::isnan(table[t][j])) row[py::int_(params.candidate_steps()[j])] = table[t][j];
-               }
-               const int bucket = static_cast<int>(t) % AdaptiveSpeculativeParams::kNumBuckets;
-               const char* kind = static_cast<int>(t) < AdaptiveSpeculativeParams::kNumBuckets ? "greedy" : "sampled";
-               if (py::len(row)) out[kind].cast<py::dict>()[py::int_(1 << bucket)] = row;
-             }
-             return out;
-           },
-           "{'greedy'|'sampled': {smallest batch size of a bucket: {tier: EMA of measured seconds per round}}}.");
-
+  bind_observation(m);
+  bind_policy(m);
 }
 
 }  // namespace specswap::python

@@ -16,6 +16,7 @@ _EXPORTS = {
     "SpecRuntimeState": "specswap._core",
     "AdaptiveConfig": "specswap._core",
     "AdaptiveSpeculativeParams": "specswap._core",
+    "RoundObservation": "specswap._core",
     "cpu_capability": "specswap.capability",
     "load_adaptive_config": "specswap.adaptive_config",
     "AdaptiveController": "specswap.controller",

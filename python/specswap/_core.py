@@ -17,6 +17,7 @@ StatePool = _C.StatePool
 SpecRuntimeState = _C.SpecRuntimeState
 AdaptiveConfig = _C.AdaptiveConfig
 AdaptiveSpeculativeParams = _C.AdaptiveSpeculativeParams
+RoundObservation = _C.RoundObservation  # one round as the policy reads it (AdaptiveSpeculativeParams.observe)
 adaptive_config_schema = _C.adaptive_config_schema
 tier_key = _C.tier_key      # a tier's key in the pool and the policy: a chain's steps, a tree's encoded shape
 tier_shape = _C.tier_shape  # key -> (speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
@@ -26,6 +27,7 @@ __all__ = [
     "SpecRuntimeState",
     "AdaptiveConfig",
     "AdaptiveSpeculativeParams",
+    "RoundObservation",
     "adaptive_config_schema",
     "tier_key",
     "tier_shape",

@@ -1,19 +1,22 @@
-"""The adaptive controller: the policy (C++) over a worker's state pool (C++).
+"""The adaptive controller: the policy (C++, or a Python class behind it) over a worker's state pool (C++).
 
 The worker builds one runtime state per tier at start-up and registers it in
 its pool; the controller is handed that pool. After each round its owner (the
-engine) hands it the round's result, ``observe(result)``; when the policy
-moves, the controller activates the new tier in the pool (one atomic store),
-and the worker's next round acquires it. A switch is visible here and only
-here; nothing is built or called back after start-up.
+engine) hands it the round's result, ``observe(result)``, which reaches the
+policy as one ``RoundObservation``; when the policy moves, the controller
+activates the new tier in the pool (one atomic store), and the worker's next
+round acquires it. A switch is visible here and only here; nothing is built or
+called back after start-up.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import importlib
+from typing import Any, Callable, Mapping
 
-from specswap._core import AdaptiveSpeculativeParams, StatePool
+from specswap._core import AdaptiveSpeculativeParams, RoundObservation, StatePool
 from specswap.adaptive_config import ConfigSource, load_adaptive_config
+from specswap.tier import Tier
 
 
 # the most of a verify's own seconds that the lookups of the plain rounds before it may add to it
@@ -26,16 +29,20 @@ class AdaptiveController:
     ``shadows``: the drafter reports what its drafts would have accepted at tier 0 (``RoundResult.shadow``), so
     the policy expects such observations (NGRAM). ``row_costs``: the verify's relative cost per row count
     ({rows: cost}, ``worker.row_cost``), which the goodput policy prices untimed tiers from (``set_row_costs``).
+    ``policy``: under ``"policy": "python"``, the policy's class (instead of the config's ``python_policy``):
+    ``policy(tiers, start)`` with the candidate ``Tier``s in the policy's order and the start-up one, whose
+    ``observe(round)`` gets every round's ``RoundObservation`` and returns the tier to run next or None
+    (docs/policy.md).
     """
 
     def __init__(self, pool: StatePool, config: ConfigSource = None, shadows: bool = False,
-                 row_costs: Mapping[int, float] | None = None):
+                 row_costs: Mapping[int, float] | None = None, policy: Callable[..., Any] | None = None):
         self.pool = pool
         self.config = load_adaptive_config(config)
         start = pool.active_steps
         if start is None:
             raise ValueError("the state pool has no active tier; activate the start-up tier before adapting")
-        self.params = AdaptiveSpeculativeParams(int(start), self.config)
+        self.params = AdaptiveSpeculativeParams(int(start), self.config, python_policy(self.config, policy))
         if shadows:
             self.params.expect_shadows()
         missing = [steps for steps in self.params.candidate_steps if steps not in pool]
@@ -80,38 +87,49 @@ class AdaptiveController:
         return self.params.alpha
 
     def observe(self, result) -> int | None:
-        """Feed one round's result (``worker.RoundResult``): the drafter's tier-0 checks (shadow observations),
-        then the verify of the active tier (its accepted draft counts, bonus excluded, of the requests that
-        speculated; the round's wall time; whether it sampled; at a tree tier, what its chain would have
-        accepted, ``RoundResult.chain_accept_lengths``; at a chain tier, its checks one draft past the chain,
-        ``RoundResult.deep_checks``), or, for a plain decode run in the drafting tier's
-        place, that decode's cost less the drafter's lookup as tier 0's. The lookups of such plain decodes are a
-        cost of the drafting tier (tier 0 does not pay them), so they are added to its next verify's seconds:
-        its predicted goodput is then the one being at it yields, plain rounds included. Returns the tier the
-        pool switched to, or None when it stays; the switch applies from the next round."""
-        if result.shadow is not None:
-            self.params.shadow(result.shadow.accept_lengths, result.shadow.steps)
+        """Feed one round's result (``worker.RoundResult``) to the policy as one ``RoundObservation``: the
+        drafter's tier-0 checks (shadow observations) and either the verify of the active tier (its accepted draft
+        counts, bonus excluded, of the requests that speculated; the round's wall time; whether it sampled; at a
+        tree tier, what its chain would have accepted, ``RoundResult.chain_accept_lengths``; at a chain tier, its
+        checks one draft past the chain, ``RoundResult.deep_checks``), or, for a plain decode run in the drafting
+        tier's place, that decode's cost less the drafter's lookup as tier 0's. The lookups of such plain decodes
+        are a cost of the drafting tier (tier 0 does not pay them), so they are added to its next verify's
+        seconds: its predicted goodput is then the one being at it yields, plain rounds included. A result with
+        no request (``accept_lengths`` empty) gives its shadows alone. Returns the tier the pool switched to, or
+        None when it stays; the switch applies from the next round."""
         if self._carried_tier != result.tier:
             self._carried_seconds, self._carried_tier = 0.0, result.tier
-        if not result.measured_tier:
-            self.params.plain_round(len(result.accept_lengths), result.round_seconds - result.lookup_seconds,
-                                    result.sampled)
+        shadow = {} if result.shadow is None else {"shadow_accept_lengths": result.shadow.accept_lengths,
+                                                   "shadow_steps": result.shadow.steps}
+        if not result.accept_lengths:
+            round_ = RoundObservation(**shadow)
+        elif not result.measured_tier:
+            round_ = RoundObservation(plain_requests=len(result.accept_lengths), sampled=result.sampled,
+                                      round_seconds=result.round_seconds - result.lookup_seconds, **shadow)
             self._carried_seconds += result.lookup_seconds
+        else:
+            round_ = self._verify(result, shadow)
+        if not self.params.observe(round_):
             return None
+        self.pool.activate(self.params.current_steps)
+        return self.params.current_steps
+
+    def _verify(self, result, shadow: dict[str, Any]) -> RoundObservation:
+        """A round that verified the active tier, as the policy reads it: the requests that speculated only."""
         # at most a quarter of the verify's own time: well below the cost model's outlier bar (1.6x), which
         # would drop the round (a long run of plain rounds then charges the tier less than it cost)
         seconds = result.round_seconds + min(self._carried_seconds, CARRY_LIMIT * result.round_seconds)
         self._carried_seconds = 0.0
-        accepted = [a for a, speculated in zip(result.accept_lengths, result.speculating) if speculated]
+        on = [i for i, speculated in enumerate(result.speculating) if speculated]
+        parts = {}
         if result.chain_accept_lengths is not None:  # a tree round: what its chain would have accepted
-            on = [i for i, speculated in enumerate(result.speculating) if speculated]
-            self.params.tree_chain([result.chain_accept_lengths[i] for i in on], [result.chain_depths[i] for i in on])
+            parts["chain_accept_lengths"] = [result.chain_accept_lengths[i] for i in on]
+            parts["chain_depths"] = [result.chain_depths[i] for i in on]
         if result.deep_checks is not None:  # a chain round's checks one draft past it
-            self.params.deep_checks([c for c, speculated in zip(result.deep_checks, result.speculating) if speculated])
-        if not accepted or not self.params.update(accepted, seconds, result.sampled):
-            return None
-        self.pool.activate(self.params.current_steps)
-        return self.params.current_steps
+            parts["deep_checks"] = [c for c, speculated in zip(result.deep_checks, result.speculating) if speculated]
+        accepted = [a for a, speculated in zip(result.accept_lengths, result.speculating) if speculated]
+        return RoundObservation(accept_lengths=accepted, round_seconds=seconds, sampled=result.sampled, **parts,
+                                **shadow)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -128,3 +146,25 @@ class AdaptiveController:
             "row_costs": self.row_costs,  # rows -> the verify's relative cost (the untimed tiers' prior), {} if none
             "tiers": [row for row in self.pool.stats() if row["speculative_num_steps"] in self.candidate_steps],
         }
+
+
+def python_policy(config, policy: Callable[..., Any] | None) -> Callable[[list[int], int], Any] | None:
+    """The factory ``AdaptiveSpeculativeParams`` builds a ``"policy": "python"`` policy with: ``policy``, or the class
+    the config's ``python_policy`` names ("module:Class"), called with ``Tier``s. None for the C++ policies."""
+    if config.policy != "python":
+        if policy is not None:
+            raise ValueError(f"policy= is for the adaptive config's \"policy\": \"python\"; this config's is "
+                             f"{config.policy!r}")
+        return None
+    if policy is not None and config.python_policy:
+        raise ValueError(f"give the Python policy once: policy={policy!r} and python_policy "
+                         f"{config.python_policy!r} both name one")
+    if policy is None:
+        if not config.python_policy:
+            raise ValueError('"policy": "python" needs "python_policy": "module:Class" (or AdaptiveController(policy=))')
+        module, _, name = config.python_policy.partition(":")
+        try:
+            policy = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"python_policy {config.python_policy!r}: {exc}") from exc
+    return lambda tiers, start: policy([Tier.from_key(key) for key in tiers], Tier.from_key(start))

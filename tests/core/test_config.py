@@ -35,6 +35,7 @@ def test_full_file_round_trip(tmp_path):
         "refresh_interval": 30,
         "blind_zero_margin": 0.05,
         "acceptance_model": "positional",
+        "python_policy": "",
     }
     config = load_adaptive_config(write(tmp_path, values))
     assert config.to_dict() == values
@@ -162,7 +163,7 @@ def test_schema_is_the_config_table():
     kinds = {field["name"]: field["kind"] for field in schema}
     assert kinds["policy"] == "choice" and kinds["candidate_steps"] == "steps" and kinds["ema_alpha"] == "number"
     by_name = {field["name"]: field for field in schema}
-    assert by_name["policy"]["choices"] == ["sglang", "goodput"]
+    assert by_name["policy"]["choices"] == ["sglang", "goodput", "python"]
     assert (by_name["ema_alpha"]["low"], by_name["ema_alpha"]["low_open"], by_name["ema_alpha"]["high"]) == (0, True, 1)
     # every keyword of the constructor is a field, and the C++ check says the schema's words
     for field in schema:

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from specswap import AdaptiveConfig, AdaptiveSpeculativeParams
+from specswap import AdaptiveConfig, AdaptiveSpeculativeParams, RoundObservation
 
 expected_tokens = AdaptiveSpeculativeParams.expected_tokens
 
@@ -372,9 +372,10 @@ def run_shadowed(params, alpha, cost, rounds, rng, batch=4, shadow_steps=7):
     for _ in range(rounds):
         steps = params.current_steps
         tiers.append(steps)
-        if steps == 0:
-            params.shadow([geometric(alpha, shadow_steps, rng) for _ in range(batch)], shadow_steps)
-        params.update([geometric(alpha, steps, rng) for _ in range(batch)], cost(steps))
+        shadow = [geometric(alpha, shadow_steps, rng) for _ in range(batch)] if steps == 0 else []
+        params.observe(RoundObservation(shadow_accept_lengths=shadow, shadow_steps=shadow_steps,
+                                        accept_lengths=[geometric(alpha, steps, rng) for _ in range(batch)],
+                                        round_seconds=cost(steps)))
     return tiers
 
 
@@ -408,9 +409,9 @@ def test_a_drafter_with_shadows_is_never_probed_out_of_tier_zero():
         for round_index in range(300):
             steps = params.current_steps
             tiers.append(steps)
-            if steps == 0 and shadows and round_index % 16 == 0:
-                params.shadow([0, 0], 7)
-            params.update([geometric(0.05, steps, rng) for _ in range(2)], cost(steps))
+            shadow = [0, 0] if steps == 0 and shadows and round_index % 16 == 0 else []
+            params.observe(RoundObservation(shadow_accept_lengths=shadow, shadow_steps=7, round_seconds=cost(steps),
+                                            accept_lengths=[geometric(0.05, steps, rng) for _ in range(2)]))
         return tiers
 
     assert set(settle(shadows=True)) == {0}
@@ -446,7 +447,7 @@ def test_plain_rounds_in_a_drafting_tier_s_place_time_tier_zero_beside_it():
             tiers.append(steps)
             seconds = cost[steps] * (1.4 if steps == 0 and round_index < 6 else 1.0)
             if plain and steps:
-                params.plain_round(4, cost[0])
+                params.observe(RoundObservation(plain_requests=4, round_seconds=cost[0]))
             params.update([geometric(0.03, steps, rng) for _ in range(4)], seconds)
         return params, tiers
 
@@ -460,15 +461,15 @@ def test_plain_rounds_in_a_drafting_tier_s_place_time_tier_zero_beside_it():
 def test_plain_rounds_are_ignored_at_tier_zero_without_tier_zero_and_by_sglang():
     at_zero = goodput(0, **quiet(candidate_steps=[0, 1]))
     at_zero.update([0] * 4, 1.0)
-    at_zero.plain_round(4, 5.0)  # tier 0 times itself: a plain round there is its own verify
+    at_zero.observe(RoundObservation(plain_requests=4, round_seconds=5.0))  # tier 0 times itself: a plain round there is its own verify
     assert at_zero.cost_estimates(4)[0] == pytest.approx(1.0)
     no_zero = goodput(1, **quiet(candidate_steps=[1, 3]))
     no_zero.update([1] * 4, 1.0)
     before = no_zero.cost_estimates(4)
-    no_zero.plain_round(4, 0.1)
+    no_zero.observe(RoundObservation(plain_requests=4, round_seconds=0.1))
     assert no_zero.cost_estimates(4) == before
     sglang = AdaptiveSpeculativeParams(1, AdaptiveConfig(policy="sglang", candidate_steps=[0, 1]))
-    sglang.plain_round(4, 1.0)
+    sglang.observe(RoundObservation(plain_requests=4, round_seconds=1.0))
     assert sglang.current_steps == 1 and sglang.num_batches == 0
 
 
@@ -493,17 +494,17 @@ def test_blind_zero_margin_holds_a_blind_drafter_off_tier_zero_unless_it_clearly
 def test_shadow_observations_are_ignored_off_tier_zero_and_by_sglang():
     params = goodput(3, **quiet(ema_alpha=1.0))
     params.update([3, 3])
-    params.shadow([0, 0, 0, 0], 7)  # at tier 3 the verifies are the observations
+    params.observe(RoundObservation(shadow_accept_lengths=[0, 0, 0, 0], shadow_steps=7))  # at tier 3 the verifies are the observations
     assert params.alpha == pytest.approx(1.0)
     sglang = AdaptiveSpeculativeParams(3, AdaptiveConfig(policy="sglang"))
-    sglang.shadow([7, 7], 7)
+    sglang.observe(RoundObservation(shadow_accept_lengths=[7, 7], shadow_steps=7))
     assert sglang.num_batches == 0 and sglang.current_steps == 3
     at_zero = goodput(0, **quiet(ema_alpha=1.0))
-    at_zero.shadow([7, 0], 7)  # 7 successes, 1 failure: a batch seen at depth 7, none counted
+    at_zero.observe(RoundObservation(shadow_accept_lengths=[7, 0], shadow_steps=7))  # 7 successes, 1 failure: a batch seen at depth 7, none counted
     assert at_zero.alpha == pytest.approx(7 / 8) and at_zero.num_batches == 0
     assert at_zero.position_acceptance(1) < at_zero.position_acceptance(2)  # position 1 saw the one failure
     with pytest.raises(TypeError):
-        at_zero.shadow([1], "seven")
+        at_zero.observe(RoundObservation(shadow_accept_lengths=[1], shadow_steps="seven"))
 
 
 def test_position_dependent_acceptance_does_not_flap():
@@ -618,11 +619,11 @@ def test_a_check_past_the_chain_moves_that_position_alone():
     alpha = 5 / 6
     before = [params.position_acceptance(i) for i in (1, 2)]
     # the requests that accepted both drafts: one's next draft accepted, one's rejected; -1: not checked
-    params.deep_checks([1, -1, 0])
+    params.observe(RoundObservation(deep_checks=[1, -1, 0]))
     assert params.position_acceptance(3) == pytest.approx((1 + alpha) / (2 + 1))
     assert [params.position_acceptance(i) for i in (1, 2)] == before
     assert params.alpha == pytest.approx(alpha)
-    params.deep_checks([-1, -1, -1])  # nothing checked: nothing moves
+    params.observe(RoundObservation(deep_checks=[-1, -1, -1]))  # nothing checked: nothing moves
     assert params.position_acceptance(3) == pytest.approx((1 + alpha) / (2 + 1))
 
 
@@ -630,7 +631,7 @@ def test_checks_are_ignored_at_tier_zero_and_at_trees():
     for initial, candidates, trees in ((0, [0, 1, 2], []), (20204, [1, 2], [[2, 2, 4]])):
         params = goodput(initial, **quiet(ema_alpha=1.0, acceptance_model="positional", candidate_steps=candidates,
                                           candidate_trees=trees))
-        params.deep_checks([1, 1])
+        params.observe(RoundObservation(deep_checks=[1, 1]))
         assert [params.position_acceptance(i) for i in (1, 2, 3)] == [0.5] * 3
 
 
@@ -655,9 +656,8 @@ def _rising_greedy_trace(checks, seed=5, sampled=False):
                 a += 1
             accepted.append(a)
             outcomes.append(int(rng.random() < rates[steps]) if a == steps < 3 else -1)
-        if checks:
-            params.deep_checks(outcomes)
-        params.update(accepted, cost[steps] * 1e-3, sampled)
+        params.observe(RoundObservation(accept_lengths=accepted, round_seconds=cost[steps] * 1e-3, sampled=sampled,
+                                        deep_checks=outcomes if checks else []))
     return tiers[50:100], tiers[100:]
 
 
@@ -684,7 +684,7 @@ def test_checks_past_the_chain_price_the_deeper_tiers_until_a_sampled_round():
     stand_in = params.model_tokens(3)
     h1, h2 = params.position_acceptance(1), params.position_acceptance(2)
     assert stand_in == pytest.approx(1 + h1 + h1 * h2 + h1 * h2 * h2)
-    params.deep_checks([0, -1])  # the request that accepted both: its third draft rejected
+    params.observe(RoundObservation(deep_checks=[0, -1]))  # the request that accepted both: its third draft rejected
     h3 = params.position_acceptance(3)
     assert h3 < h2 and params.model_tokens(3) == pytest.approx(1 + h1 + h1 * h2 + h1 * h2 * h3)
     for sampled in (False, True):  # a greedy round: still read; a sampled one: the stand-in again
@@ -743,9 +743,10 @@ def test_one_lucky_lookup_at_tier_zero_is_not_a_phase():
         tiers = []
         for round_index in range(rounds):
             tiers.append(params.current_steps)
-            if params.current_steps == 0 and round_index % 4 == 0:
-                params.shadow(shadow if round_index == lucky_at else [0], 7)
-            params.update([0, 0], 1.0 + 0.03 * params.current_steps)
+            checks = (shadow if round_index == lucky_at else [0]) if params.current_steps == 0 and round_index % 4 == 0 \
+                else []
+            params.observe(RoundObservation(shadow_accept_lengths=checks, shadow_steps=7, accept_lengths=[0, 0],
+                                            round_seconds=1.0 + 0.03 * params.current_steps))
         return tiers
 
     for seed_round in (40, 80, 120):

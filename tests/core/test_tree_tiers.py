@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from specswap import AdaptiveConfig, AdaptiveSpeculativeParams
+from specswap import AdaptiveConfig, AdaptiveSpeculativeParams, RoundObservation
 from specswap._core import SpecRuntimeState, StatePool, tier_key, tier_shape
 from specswap.adaptive_config import load_adaptive_config
 
@@ -69,9 +69,9 @@ def _run(params, tokens_per_round, seconds, rounds, rng, chain_tokens=None, samp
         def draw(mean):
             return [min(depth, max(0, round(mean + rng.uniform(-0.5, 0.5)))) for _ in range(4)]
 
-        if key == TREE_KEY and chain_tokens is not None:
-            params.tree_chain(draw(chain_tokens), [depth] * 4)
-        params.update(draw(tokens_per_round(key)), seconds(key), sampled)
+        chain = draw(chain_tokens) if key == TREE_KEY and chain_tokens is not None else []
+        params.observe(RoundObservation(accept_lengths=draw(tokens_per_round(key)), round_seconds=seconds(key),
+                                        sampled=sampled, chain_accept_lengths=chain, chain_depths=[depth] * len(chain)))
     return used
 
 
@@ -162,7 +162,7 @@ def test_tree_chain_needs_a_depth_per_request_and_is_ignored_off_a_tree():
     params = AdaptiveSpeculativeParams(3, AdaptiveConfig(policy="goodput", candidate_steps=[1, 3],
                                                          candidate_trees=[list(TREE)]))
     with pytest.raises(ValueError, match="2 accept lengths but 1 depths"):
-        params.tree_chain([1, 2], [3])
+        params.observe(RoundObservation(chain_accept_lengths=[1, 2], chain_depths=[3]))
     alpha = params.alpha
-    params.tree_chain([3, 3, 3, 3], [3, 3, 3, 3])  # at chain 3: its own verifies are what it learns from
+    params.observe(RoundObservation(chain_accept_lengths=[3] * 4, chain_depths=[3] * 4))  # at chain 3: its own verifies are what it learns from
     assert params.alpha == alpha

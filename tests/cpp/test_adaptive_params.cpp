@@ -9,6 +9,129 @@
 
 using namespace specswap;
 
+namespace {
+
+// validate()'s message ("" if valid).
+std::string message(const AdaptiveConfig& config) {
+  try {
+    config.validate();
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// One observe() carries a whole round: shadows, a tree round's chain, checks past a chain, a plain decode.
+void check_one_observe_per_round() {
+  AdaptiveConfig goodput;
+  goodput.policy = PolicyKind::kGoodput;
+  goodput.candidate_steps = {0, 1, 3};
+  goodput.candidate_trees = {{3, 2, 6}};
+  goodput.probe_rounds = 0;
+  goodput.warmup_batches = 1000;
+  goodput.acceptance_model = AcceptanceModel::kPositional;
+  goodput.ema_alpha = 1.0;
+  // at tier 0 the shadows are the acceptance observations
+  AdaptiveSpeculativeParams zero(0, goodput);
+  const std::vector<int> all_three{3, 3, 3, 3};
+  RoundObservation shadows;
+  shadows.shadow_accept_lengths = all_three;
+  shadows.shadow_steps = 3;
+  CHECK(!zero.observe(shadows) && zero.num_batches() == 0 && zero.alpha() == 1.0);
+  // at a tree, the verify's chain moves the chains' estimates (alone it would not: a tree's verify is its gain)
+  auto tree_alpha = [&](std::vector<int> chain) {
+    AdaptiveSpeculativeParams tree(30206, goodput);
+    const std::vector<int> accepted{3, 3}, depths(chain.size(), 3);
+    RoundObservation round;
+    round.accept_lengths = accepted;
+    round.round_seconds = 1.0;
+    round.chain_accept_lengths = chain;
+    round.chain_depths = depths;
+    tree.observe(round);
+    return tree.alpha();
+  };
+  CHECK(tree_alpha({0, 0}) < tree_alpha({}) && tree_alpha({}) < tree_alpha({3, 3}));
+  // at chain 1, a check past it reaches position 2 alone
+  AdaptiveSpeculativeParams one(1, goodput);
+  const std::vector<int> accepted{1, 1}, checks{0, 0};
+  RoundObservation checked;
+  checked.accept_lengths = accepted;
+  checked.deep_checks = checks;
+  one.observe(checked);
+  CHECK(one.position_acceptance(1) == 1.0 && one.position_acceptance(2) < 0.5);
+  // a plain decode in tier 3's place times tier 0 beside it, no batch counted
+  AdaptiveSpeculativeParams three(3, goodput);
+  RoundObservation plain;
+  plain.plain_requests = 4;
+  plain.round_seconds = 0.5;
+  CHECK(!three.observe(plain) && three.num_batches() == 0 && three.measured_costs()[2][0] == 0.5);
+  // a round is a verify or a plain decode; a chain's lengths and depths match
+  plain.accept_lengths = accepted;
+  CHECK(throws([&] { three.observe(plain); }));
+  const std::vector<int> two{1, 1}, three_depths{3, 3, 3};
+  RoundObservation uneven;
+  uneven.accept_lengths = two;
+  uneven.chain_accept_lengths = two;
+  uneven.chain_depths = three_depths;
+  CHECK(throws([&] { three.observe(uneven); }));
+}
+
+// A Policy of one's own behind the same driver: one that alternates tiers 1 and 3 on each verify.
+class Alternate final : public ModelFreePolicy {
+ public:
+  Alternate(const AdaptiveConfig& config, const std::vector<int>& candidates, std::size_t index)
+      : ModelFreePolicy(config, candidates, index), candidates_(candidates) {}
+  std::size_t observe(const RoundObservation& round, const PolicyState& state) override {
+    ++rounds;
+    if (!round.has_verify()) return moves_without_verify ? index_of(3) : state.index;
+    return candidates_[state.index] == 1 ? index_of(3) : index_of(1);
+  }
+  int rounds = 0;
+  bool moves_without_verify = false;
+
+ private:
+  std::size_t index_of(int key) const {
+    for (std::size_t j = 0; j < candidates_.size(); ++j) {
+      if (candidates_[j] == key) return j;
+    }
+    return candidates_.size();
+  }
+  std::vector<int> candidates_;
+};
+
+void check_a_policy_of_ones_own() {
+  AdaptiveConfig python;
+  python.policy = PolicyKind::kPython;
+  CHECK(throws([&] { AdaptiveSpeculativeParams none(1, python); }));  // the built-in factory cannot build it
+  Alternate* policy = nullptr;
+  AdaptiveSpeculativeParams params(1, python, [&](const AdaptiveConfig& config, const std::vector<int>& candidates,
+                                                  std::size_t index) {
+    auto made = std::make_unique<Alternate>(config, candidates, index);
+    policy = made.get();
+    return made;
+  });
+  const std::vector<int> accepted{0};
+  std::vector<int> trace;
+  for (int i = 0; i < 4; ++i) {
+    CHECK(params.update(accepted));
+    trace.push_back(params.current_steps());
+  }
+  CHECK((trace == std::vector<int>{3, 1, 3, 1}) && params.num_batches() == 4 && params.alpha() == 0.5);
+  RoundObservation idle;
+  CHECK(!params.observe(idle) && policy->rounds == 5);  // every round reaches it; a round without a verify stays
+  policy->moves_without_verify = true;
+  CHECK(throws([&] { params.observe(idle); }));  // a policy moves on verifies only
+  python.python_policy = "policies:Alternate";
+  CHECK(message(python).empty());
+  python.python_policy = "Alternate";
+  CHECK(message(python) == "python_policy must be 'module:Class', got 'Alternate'");
+  python.policy = PolicyKind::kSglang;
+  python.python_policy = "policies:Alternate";
+  CHECK(message(python) == "python_policy names the class of policy 'python', got policy 'sglang'");
+}
+
+}  // namespace
+
 int main() {
   AdaptiveConfig fast;
   fast.ema_alpha = 1.0;
@@ -94,15 +217,7 @@ int main() {
   // the field table: every row is walked once, in order, and a check says the row's valid words
   std::vector<std::string> names;
   for_each_config_field([&](const auto& field) { names.emplace_back(field.name); });
-  CHECK(names.size() == 18 && names.front() == "policy" && names.back() == "acceptance_model");
-  const auto message = [](const AdaptiveConfig& config) -> std::string {
-    try {
-      config.validate();
-    } catch (const std::invalid_argument& error) {
-      return error.what();
-    }
-    return "";
-  };
+  CHECK(names.size() == 19 && names.front() == "policy" && names.back() == "acceptance_model");
   AdaptiveConfig worded;
   worded.ema_alpha = 1.5;
   CHECK(message(worded) == "ema_alpha must be a number in (0, 1], got 1.5");
@@ -131,8 +246,8 @@ int main() {
   CHECK(tier_shape(7) == (TierShape{7, 1, 8}) && is_tree_key(30206) && !is_tree_key(64));
   worded = AdaptiveConfig{};
   worded.candidate_trees = {{3, 2, 6}};
-  CHECK(message(worded) == "candidate_trees needs policy 'goodput' (SGLang's thresholds are per step count, not per "
-                           "tree), got policy 'sglang'");
+  CHECK(message(worded) == "candidate_trees needs policy 'goodput' or 'python' (SGLang's thresholds are per step "
+                           "count, not per tree), got policy 'sglang'");
   worded.policy = PolicyKind::kGoodput;
   CHECK(message(worded).empty());
   worded.candidate_trees = {{3, 2, 3}};
@@ -176,5 +291,8 @@ int main() {
   over_trees.set_row_costs(RowCosts{});
   untimed = over_trees.cost_estimates(1);
   CHECK(over_trees.row_costs().empty() && untimed[4] == 1.0 + 0.1 * 5 && untimed[5] == 1.0 + 0.1 * 7);
+
+  check_one_observe_per_round();
+  check_a_policy_of_ones_own();
   return 0;
 }

@@ -1,7 +1,11 @@
 """Tier switches agreed by every rank: one small all-gather per engine step.
 
-The rule: every rank feeds its own copy of the (deterministic, C++) policy the *same* observation, the merge of
-every rank's round, so every copy makes the same decision at the same step, with no rank deciding for the others.
+The rule: every rank feeds its own copy of the policy the *same* observation, the merge of every rank's round,
+through the controller's one ``observe``, so every copy makes the same decision at the same step, with no rank
+deciding for the others. That needs a deterministic policy: the C++ ones are; a Python policy
+(``"policy": "python"``) must decide from the merged observations alone (no clock, no unseeded randomness, no
+rank). Each step's ``merge`` checks that every rank is at the same tier, so a policy that is not raises
+``TierDesync`` at the step after it diverged.
 
 Each step, every rank (busy or not) contributes one fixed-size float64 vector (``Observation.pack``): its active
 tier, whether it ran a round, whether that round measured the active tier or ran a plain decode in its place,
@@ -213,10 +217,8 @@ class AgreedController:
             return None
         dwelling = self._last_switch_step is not None and self.steps - self._last_switch_step <= self.min_dwell_rounds
         observed = merged.result
-        if dwelling or not observed.accept_lengths:  # tier-0 checks only: the measured round waits out the dwell
-            if observed.shadow is not None:
-                self.controller.params.shadow(observed.shadow.accept_lengths, observed.shadow.steps)
-            return None
+        if dwelling and observed.accept_lengths:  # the round waits out the dwell: its tier-0 checks alone
+            observed = RoundResult([], [], merged.tier, merged.tier, shadow=observed.shadow)
         switched = self.controller.observe(observed)
         if switched is not None:
             self._last_switch_step = self.steps
