@@ -327,6 +327,11 @@ def agreement(data: dict) -> tuple[str, str]:
     parts = [f"median {fixed(cost['median_us'], 0)} us, p99 {fixed(cost['p99_us'], 0)} us"]
     if bare:
         parts.append(f"a bare all-gather of it: median {fixed(bare['median_us'], 0)} us")
+    for link in data.get("links", [])[1:]:  # bench_agreement.py --veth: the first is the loopback above
+        name = f"{link['link']}" + (f" +{link['delay_ms']} ms" if link.get("delay_ms") else "")
+        parts.append(f"{name}: " + (f"median {fixed(link['agreement']['median_us'], 0)} us" if "agreement" in link
+                                    else "not measured (no netem)" if "netem" in link.get("error", "")
+                                    else "not measured"))
     return what, "; ".join(parts)
 
 

@@ -204,12 +204,12 @@ def _dp_engine(args, max_batch_size=4, **extra):
 @scenario
 def dp_agreement(args):
     """Data parallel, different prompts per rank; rank 1 joins with nothing to do and adds its requests at step 40
-    (shorter ones: it idles again at the end). Every step's tier, and each rank's tokens against target-only
-    decoding of its prompts in one process."""
+    (shorter ones: it idles again at the end; rank 0's: ``DP_NEW_TOKENS`` tokens, default 240). Every step's tier,
+    and each rank's tokens against target-only decoding of its prompts in one process."""
     from specswap.engine import Engine
     engine = _dp_engine(args, max_batch_size=2)
     texts = DP_TEXTS[RANK % 2] * (2 if RANK == 0 else 1)  # rank 0: 8 requests, two at a time
-    new_tokens = 240 if RANK == 0 else 60
+    new_tokens = int(os.environ.get("DP_NEW_TOKENS", 240)) if RANK == 0 else 60
     ids, outputs, tiers = [], {}, []
     if RANK == 0:
         ids = [engine.add_request(t, max_new_tokens=new_tokens, ignore_eos=True) for t in texts]
@@ -316,6 +316,38 @@ def tp_follower_dies(args):
         return {"error": str(failure), "ranks": failure.ranks, "after_seconds": time.monotonic() - last,
                 "steps": steps, "collective": failure.collective}
     return {"error": None, "steps": steps}
+
+
+@scenario
+def killed_host(args):
+    """``args[0]`` "tp" (TP=2) or "dp" (DP=2, adaptive), NGRAM: the ranks decode until one fails, each leader
+    writing OUT/rank<r>.running at its 10th step (a follower runs the same steps); the caller then kills a rank's
+    host from outside (every process of its network namespace, tools/netns_hosts.sh kill). The survivor reports
+    the RankFailure it got and how long after its last good step."""
+    import time
+    from specswap.distributed import RankFailure
+    from specswap.engine import Engine
+    if args[0] == "tp":
+        engine = Engine("tiny", speculative_algorithm="NGRAM", speculative_num_steps=3, max_seq_len=160,
+                        max_batch_size=2, dtype="float32", disable_graphs=True, tp_size=2)
+    else:  # adaptive: the ranks agree every step
+        engine = _dp_engine(["NGRAM"], max_batch_size=2, disable_graphs=True)
+    steps, last = 0, time.monotonic()
+    try:
+        if not engine.is_leader:
+            engine.follow()
+            return {"error": None}
+        while True:
+            if not engine.has_unfinished():
+                engine.add_request(DP_TEXTS[RANK % 2][0], max_new_tokens=100, ignore_eos=True)
+            engine.step()
+            steps += 1
+            last = time.monotonic()
+            if steps == 10:
+                (Path(sys.argv[2]) / f"rank{RANK}.running").touch()
+    except RankFailure as failure:
+        return {"error": str(failure), "ranks": failure.ranks, "after_seconds": time.monotonic() - last,
+                "steps": steps, "collective": failure.collective}
 
 
 @scenario
