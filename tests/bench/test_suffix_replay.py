@@ -94,16 +94,18 @@ def worker_trace(algorithm, shape, prompts, max_new_tokens, options=None):
     return served
 
 
-@pytest.mark.parametrize("algorithm,shape", [("SUFFIX", (3, 1, 4)), ("SUFFIX", (3, 2, 6)), ("NGRAM", (3, 1, 4)),
-                                             ("NGRAM", (3, 2, 6))])
-def test_replay_accepts_what_the_worker_accepts(algorithm, shape):
+@pytest.mark.parametrize("algorithm,shape,factor", [("SUFFIX", (3, 1, 4), 1.0), ("SUFFIX", (3, 1, 4), 2.0),
+                                                    ("SUFFIX", (3, 2, 6), 1.0), ("SUFFIX", (3, 2, 6), 2.0),
+                                                    ("NGRAM", (3, 1, 4), None), ("NGRAM", (3, 2, 6), None)])
+def test_replay_accepts_what_the_worker_accepts(algorithm, shape, factor):
     if algorithm == "SUFFIX":
         pytest.importorskip("arctic_inference")
     prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [1, 2, 3], [9, 9, 9, 9, 2]]
-    served = worker_trace(algorithm, shape, prompts, 24)
+    options = {"drafter_options": {"suffix_decoding_max_spec_factor": factor}} if factor else None
+    served = worker_trace(algorithm, shape, prompts, 24, options)
     steps, topk, nodes = shape
     replay_shape = replay_script.Shape(steps, topk, nodes if topk > 1 else 0)
-    drafter = replay_script.SuffixReplay(replay_shape, 24, 1.0, 0.1) if algorithm == "SUFFIX" \
+    drafter = replay_script.SuffixReplay(replay_shape, 24, factor, 0.1) if algorithm == "SUFFIX" \
         else replay_script.NgramReplay(replay_shape, None)
     trace = []
     tally = replay_script.replay([(prompt, output) for prompt, output, _ in served], drafter, trace)
