@@ -64,11 +64,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str 
 
 
 def add_suffix_arguments(parser: argparse.ArgumentParser) -> None:
-    """SUFFIX's trees, named as vLLM's speculative_config fields (unset: vLLM's defaults, docs/suffix.md)."""
+    """SUFFIX's trees, named as vLLM's speculative_config fields (unset: worker.suffix.SuffixConfig's defaults,
+    docs/suffix.md)."""
     for name, kind, default, what in (
             ("max-tree-depth", int, 24, "tokens a suffix match and a drafted path may span"),
             ("max-cached-requests", int, 10000, "recent outputs the global tree holds, oldest evicted first (0: none)"),
-            ("max-spec-factor", float, 1.0, "drafts per matched token"),
+            ("max-spec-factor", float, 2.0, "drafts per matched token"),
             ("min-token-prob", float, 0.1, "a draft token's estimated probability below this ends the draft")):
         parser.add_argument(f"--suffix-decoding-{name}", type=kind, default=None,
                             help=f"SUFFIX: {what} (default {default})")

@@ -7,6 +7,7 @@ import argparse
 import logging
 
 import pytest
+import torch
 
 from components import require_module
 from specswap import zoo
@@ -23,7 +24,10 @@ MAX_NEW = 40
 
 
 def make(algorithm="EAGLE", **kwargs):
-    return Engine("tiny", speculative_algorithm=algorithm, max_seq_len=160, max_batch_size=2, **kwargs)
+    # fp32: where greedy output equals target-only's by construction (in bf16 a verify and a one-token decode round
+    # differently and part at a near-tie: docs/engine.md; these prompts hit one in bf16 at spec factor 2)
+    return Engine("tiny", speculative_algorithm=algorithm, max_seq_len=160, max_batch_size=2, dtype=torch.float32,
+                  **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +52,12 @@ def test_greedy_identity_and_the_choices_counted(reference, options):
 
 
 def test_stage_graphs_not_round_graphs_said_once(caplog):
-    with caplog.at_level(logging.WARNING, logger="specswap.engine"):
+    with caplog.at_level(logging.WARNING, logger="specswap.engine_builder"):
         make(hybrid_drafter="SUFFIX", speculative_num_steps=1)
         make(hybrid_drafter="SUFFIX", speculative_num_steps=1)
     lines = [r.message for r in caplog.records if "whole-round graph" in r.message]
-    from specswap import engine as engine_module
-    assert len(lines) <= 1 and engine_module._HYBRID_SAID  # once a process (earlier tests may have said it)
+    from specswap import engine_builder
+    assert len(lines) <= 1 and engine_builder._HYBRID_SAID  # once a process (earlier tests may have said it)
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -82,10 +82,10 @@ def test_the_global_tree_in_stats_flushed_and_private_requests_kept_out():
 
 def test_keywords_reach_the_trees_and_are_refused_elsewhere():
     engine = make(suffix_decoding_max_tree_depth=8, suffix_decoding_max_cached_requests=3,
-                  suffix_decoding_max_spec_factor=2.0, suffix_decoding_min_token_prob=0.2)
+                  suffix_decoding_max_spec_factor=3.0, suffix_decoding_min_token_prob=0.2)
     config = engine.worker.drafter.config
     assert (config.max_tree_depth, config.max_cached_requests, config.max_spec_factor, config.min_token_prob) == \
-        (8, 3, 2.0, 0.2)
+        (8, 3, 3.0, 0.2)
     engine.generate(TEXTS * 2, 8)
     assert engine.stats()["suffix_global_tree"]["cached_requests"] == 3  # the oldest evicted
     with pytest.raises(ValueError, match="suffix_decoding_max_tree_depth apply to speculative_algorithm SUFFIX; "

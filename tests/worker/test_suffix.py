@@ -136,7 +136,7 @@ def drafter_over(tokens_by_slot, config=SuffixConfig(), params=None):
 
 def test_a_chain_is_bounded_by_the_match_times_the_spec_factor_and_padded_to_the_tier(library):
     text = [7, 1, 2, 3, 4, 5, 6, 8, 9, 1, 2, 3]  # [1, 2, 3] matches: 4, 5, 6, 8, 9 follow it
-    drafter, _ = drafter_over([text])
+    drafter, _ = drafter_over([text], SuffixConfig(max_spec_factor=1.0))
     assert drafter.propose(0, 5) == [4, 5, 6, 6, 6]   # 3 matched tokens x 1.0, padded with the last
     assert drafter.propose(0, 2) == [4, 5]             # the tier's bound
     wide, _ = drafter_over([text], SuffixConfig(max_spec_factor=2.0))
@@ -216,7 +216,7 @@ def test_a_follower_keeps_no_trees(library):
 
 
 def test_settings_are_checked_and_named():
-    assert SuffixConfig() == SuffixConfig(24, 10000, 1.0, 0.1)  # vLLM's defaults
+    assert SuffixConfig() == SuffixConfig(24, 10000, 2.0, 0.1)  # vLLM's, but the spec factor (suffix-replay-tune)
     for bad in (dict(max_tree_depth=0), dict(max_cached_requests=-1), dict(max_spec_factor=0.0),
                 dict(min_token_prob=1.5), dict(max_tree_depth=True)):
         with pytest.raises(ValueError, match="suffix_decoding_"):
