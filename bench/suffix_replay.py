@@ -319,7 +319,7 @@ def ratio(a: float, b: float) -> float | None:
 def setting_summary(rows: list[dict], workloads: Sequence[str]) -> list[dict]:
     """Per SUFFIX setting and shape: accepted per verify on each workload, and its ratio to vLLM's defaults' at
     the same shape (min and max over the workloads)."""
-    suffix = [row for row in rows if row["drafter"] == "SUFFIX"]
+    suffix = [row for row in rows if "max_spec_factor" in row]  # the suffix settings' rows
     key = lambda row: (row["shape"], row["max_tree_depth"], row["max_spec_factor"], row["min_token_prob"])  # noqa
     by_key = {key(row) + (row["workload"],): row for row in suffix}
     summary = []

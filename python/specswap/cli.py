@@ -109,9 +109,9 @@ def _serve_loaded(args: argparse.Namespace, limits, sock) -> int:
     router = None
     if args.dp_size > 1:  # one endpoint: the groups behind sglang-router (server/router_launch.py), else a port each
         from specswap.server.router_launch import front_of_groups
-        router = front_of_groups(args, engine._dist.group)  # every rank: a collective
+        router = front_of_groups(args, engine.group)  # every rank: a collective
     if not engine.is_leader:  # a tensor-parallel follower: no HTTP, the leader's steps until it shuts down
-        rank = engine._dist.group.rank
+        rank = engine.group.rank
         print(f"specswap serve: rank {rank} follows its tensor-parallel leader", flush=True)
         _wait_for_leader_on_signals(rank)
         engine.follow()  # returns once its leader shut down, the group closed

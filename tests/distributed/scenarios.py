@@ -167,13 +167,13 @@ def tp_request_fault(args):
         return {"followed": True, "generated": engine.stats()["generated_tokens"],
                 "faults": engine.stats()["request_faults"]}
     ids = [engine.add_request(text, max_new_tokens=24) for text in TEXTS[:3]]
-    original = engine._append
+    original = engine.batch.append
 
     def append(request, tokens):
         if request.request_id == ids[1] and len(request.token_ids) >= 4:
             raise RuntimeError("injected fault in one request")
         original(request, tokens)
-    engine._append = append
+    engine.batch.append = append
     outputs = {}
     while engine.has_unfinished():
         outputs.update((o.request_id, o) for o in engine.step().finished)
@@ -293,7 +293,7 @@ def tp_follower_dies(args):
     engine = Engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_seq_len=160, max_batch_size=4,
                     dtype="float32", disable_graphs=where == "step", tp_size=2)
     if not engine.is_leader:
-        owner, name = (engine, "_step") if where == "step" else (engine.worker, "decode_round")
+        owner, name = (engine.batch, "step") if where == "step" else (engine.worker, "decode_round")
         call, count = getattr(owner, name), [0]
 
         def dying(*call_args):
@@ -385,7 +385,7 @@ def slow_start(args):
     """Data parallel, adaptive: rank 1's start-up takes ``args[1]`` seconds longer than the collectives' timeout
     allows (``args[0]`` "slow") or fails (``fail``); then a few steps. Each rank reports what it got."""
     import time
-    import specswap.engine as engine_module
+    import specswap.engine_builder as engine_module  # where the engine builds its worker
     from specswap.distributed import RankFailure
     how, delay = args[0], float(args[1]) if len(args) > 1 else 0.0
     build = engine_module.SpeculativeWorker
@@ -433,7 +433,7 @@ def grid_hang(args):
                     speculative_adaptive_config=SWITCHY, max_seq_len=96, max_batch_size=2, dtype="float32",
                     tp_size=2, dp_size=2, min_dwell_rounds=2)
     if RANK == 1:
-        forward, count = engine._forward, [0]
+        forward, count = engine.batch.forward, [0]
 
         def hanging(fn, *call_args):
             if fn == engine.worker.decode_round:
@@ -441,7 +441,7 @@ def grid_hang(args):
                 if count[0] == 6:
                     time.sleep(3600)
             return forward(fn, *call_args)
-        engine._forward = hanging
+        engine.batch.forward = hanging
     try:
         if engine.is_leader:
             if RANK == 0:

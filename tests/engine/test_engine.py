@@ -7,7 +7,8 @@ import torch
 
 from engine_helpers import CharTokenizer, attention_pair, finish_all, random_eagle_head
 from specswap.capability import cpu_capability
-from specswap.engine import Engine, _Request, prefill_groups, resolve_dtype
+from specswap.engine import Engine, prefill_groups, resolve_dtype
+from specswap.requests import Request
 from specswap.sampling import SamplingParams
 
 PROMPTS = [[2, 3, 4], [5, 6, 7, 8, 9, 10, 11, 12], [40], [9, 9, 9, 9, 2], [33, 17], [60, 61, 62, 63, 2, 3]]
@@ -276,7 +277,7 @@ def test_step_reports_progress_and_stats():
 
 
 def test_prefill_groups_respect_the_token_budget_and_order():
-    requests = [_Request(i, [2] * n, SamplingParams(), 8, None) for i, n in enumerate([10, 30, 5, 100, 20, 20])]
+    requests = [Request(i, [2] * n, SamplingParams(), 8, None) for i, n in enumerate([10, 30, 5, 100, 20, 20])]
     groups = prefill_groups(requests, 64)
     assert [[r.request_id for r in g] for g in groups] == [[0, 1], [2], [3], [4, 5]]
     assert all(len(g) * max(len(r.prompt_ids) for r in g) <= 64 or len(g) == 1 for g in groups)
@@ -340,7 +341,7 @@ def test_continuous_batching_with_arrivals_aborts_and_switching(arrivals, max_ba
         if greedy and output.finish_reason != "abort":
             expected = Engine(target, None, None, max_seq_len=48).generate([prompt], max_new)[0]
             assert output.token_ids == expected.token_ids
-    assert eng.stats()["running"] == 0 and sorted(eng._free_slots) == list(range(max_batch_size))
+    assert eng.stats()["running"] == 0 and sorted(eng.batch.free_slots) == list(range(max_batch_size))
 
 
 def test_draft_quantization_of_a_built_head_only_when_named():

@@ -242,13 +242,13 @@ def test_ngram_plain_rounds_are_not_drafts(models):
 # ---- a fault stays with its request; a fault in shared state ends the process ----------------------------------
 
 def _inject_request_fault(engine, prompt_ids, after_tokens=3):
-    original = engine._append
+    original = engine.batch.append
 
     def append(request, tokens):
         if request.prompt_ids == prompt_ids and len(request.token_ids) >= after_tokens:
             raise RuntimeError("injected fault in one request's stop check")
         original(request, tokens)
-    engine._append = append
+    engine.batch.append = append
 
 
 def test_a_fault_in_one_request_of_a_batch_of_three_ends_it_alone(models):

@@ -102,7 +102,7 @@ def test_a_flush_the_engine_refuses_is_a_400_naming_why(served, monkeypatch):
 def test_the_engine_refuses_a_flush_of_replicated_trees_under_tensor_parallelism():
     engine = suffix_engine()
     engine.generate(["ab ab ab"], 6)
-    engine._dist = SimpleNamespace(group=SimpleNamespace(tp_size=2))  # as a tensor-parallel rank sees itself
+    engine.dist = SimpleNamespace(group=SimpleNamespace(tp_size=2))  # as a tensor-parallel rank sees itself
     engine.tp_draft = "replicate"
     with pytest.raises(ValueError, match="refused under tensor parallelism with tp_draft 'replicate'"):
         engine.flush_cache()
@@ -110,4 +110,4 @@ def test_the_engine_refuses_a_flush_of_replicated_trees_under_tensor_parallelism
     engine.tp_draft = "leader"  # only the leader holds trees: its flush is the group's
     engine.flush_cache()
     assert engine.stats()["suffix_global_tree"]["cached_requests"] == 0
-    engine._dist = None
+    engine.dist = None

@@ -103,6 +103,7 @@ class Lockstep:
             raise
         self.group.wait_started()
         self.attach(engine.worker, tp_draft)
+        self._head = getattr(engine.target, "lm_head", None)  # the (sharded) head begin_step sets greedy_only on
 
     def forward(self, fn, *args):
         """``fn(*args)`` (a prefill or a round), counted in the heartbeat's position; in a tensor-parallel group, a
@@ -117,25 +118,26 @@ class Lockstep:
         if self.group.tp_size > 1 and request_id in self._announced:
             self._aborts.append(request_id)
 
-    def begin_step(self, engine) -> None:
-        """Leader: broadcast the changes since the last step (and a checksum of its tokens so far); follower: apply
-        them (``Stopped`` on shutdown), after checking its tokens against the leader's checksum."""
+    def begin_step(self, batch) -> None:
+        """Leader: broadcast the changes to its ``batch`` (``batch.RequestBatch``) since the last step (and a checksum
+        of its tokens so far); follower: apply them (``Stopped`` on shutdown), after checking its tokens against the
+        leader's checksum."""
         self.group.enter(BEGIN)
         if self.group.tp_size == 1:
             return
         try:
-            self._step(engine)
+            self._step(batch)
         finally:
-            head = getattr(engine.target, "lm_head", None)
+            head = getattr(self, "_head", None)
             # eager, every request greedy: the LM head gathers an argmax, not the row (a graph records the row's
             # gather once, at capture, for greedy and sampled rounds alike)
             if self._eager and hasattr(head, "greedy_only"):
-                head.greedy_only = all(r.params.greedy for r in (*engine._waiting, *engine._running))
+                head.greedy_only = all(r.params.greedy for r in (*batch.waiting, *batch.running))
 
-    def _step(self, engine) -> None:
+    def _step(self, batch) -> None:
         if self.leader:
             message = _Message(aborts=self._aborts, checksum=self._rounds_hash)
-            for request in engine._waiting:
+            for request in batch.waiting:
                 if request.request_id not in self._announced:
                     seed = request.generator.initial_seed() if request.generator is not None else None
                     message.requests.append((request.request_id, request.prompt_ids, request.params, seed))
@@ -150,15 +152,14 @@ class Lockstep:
             raise RuntimeError(f"rank {self.group.rank}: its tokens differ from its tensor-parallel leader's (rank "
                                f"{self.group.tp_ranks[0]}): the ranks' forwards are not deterministic alike")
         for request_id in message.aborts:
-            engine.abort(request_id)
-        for request_id, prompt_ids, params, seed in message.requests:
-            request = engine._make_request(prompt_ids, params)
-            request.request_id = request_id
+            batch.abort(request_id)
+        for request_id, prompt_ids, params, seed in message.requests:  # checked by the leader
+            request = batch.make_request(prompt_ids, params, request_id)
             if seed is not None:
                 request.generator.manual_seed(seed)
-            engine._waiting.append(request)
+            batch.enqueue([request])
 
-    def stop(self, engine) -> None:
+    def stop(self, batch) -> None:
         """Leader: end this group's steps, so that no rank is left waiting in a collective. With the agreement,
         step on (idle, requests still running go on) saying so until every data-parallel leader does; every rank
         leaves after that step (``finished``). Without it, tell the tensor-parallel followers (one broadcast).
@@ -173,8 +174,8 @@ class Lockstep:
         self.stopping = True
         began, said = time.monotonic(), False
         while not self.finished:
-            engine._step()
-            if not (engine._waiting or engine._running) and not self.finished:
+            batch.step()
+            if not batch.busy and not self.finished:
                 if not said and time.monotonic() - began > 2:
                     print(f"specswap: rank {group.rank} shuts down once every data-parallel leader does; it steps "
                           f"(idle) until then", flush=True)

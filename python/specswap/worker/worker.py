@@ -170,18 +170,7 @@ class SpeculativeWorker:
         target = self.target = self.drafter.target_view(target)
         self.keyed_sampling = self.drafter.keyed_sampling
         self.token_map = self.drafter.token_map
-        self.graph_context = None
-        if graphs:
-            from specswap.graphs import GraphContext
-
-            self.graph_context = GraphContext(self.device, max_batch_size, self.cache_capacity)
-            # bf16 matmuls by weights recorded as oneDNN linears over weights repacked once (same bits, faster at
-            # decode sizes); the packed copy doubles the weights' memory, so small targets only. The repacking
-            # needs oneDNN's bf16 path (AVX-512 or AVX-NE-CONVERT) and raises without it.
-            self.graph_context.pool.pack_linear_weights = small_target and cpu_capability().onednn_bf16
-            self.graph_context.share_model(target, self.target_cache)
-            if self.drafter.model is not None:
-                self.graph_context.share_model(self.drafter.model, self.drafter.cache)
+        self.graph_context = self._graph_context(target, small_target) if graphs else None
         # NGRAM and target-only decoding draw output position n of a request with noise keyed by (its seed, n)
         # (sampling.accept_keyed): its text then depends on its seed only, not on the tier, the switches or its
         # batch, and NGRAM's equals target-only decoding's
@@ -202,6 +191,20 @@ class SpeculativeWorker:
         if self.drafter.plain_fallback:
             self._plain_round = self.rounds[0] if 0 in self.rounds else self._register(0)
         self.pool.activate(self.start_key)
+
+    def _graph_context(self, target, small_target: bool):
+        """Graph mode's shared context: the models' weights and caches every tier's captures read."""
+        from specswap.graphs import GraphContext
+
+        context = GraphContext(self.device, self.max_batch_size, self.cache_capacity)
+        # bf16 matmuls by weights recorded as oneDNN linears over weights repacked once (same bits, faster at
+        # decode sizes); the packed copy doubles the weights' memory, so small targets only. The repacking
+        # needs oneDNN's bf16 path (AVX-512 or AVX-NE-CONVERT) and raises without it.
+        context.pool.pack_linear_weights = small_target and cpu_capability().onednn_bf16
+        context.share_model(target, self.target_cache)
+        if self.drafter.model is not None:
+            context.share_model(self.drafter.model, self.drafter.cache)
+        return context
 
     def _register(self, key: int) -> TierRound:
         steps, topk, nodes = tier_shape(key)
