@@ -12,6 +12,7 @@ and the seconds each phase took (start-up to both leaders healthy, the two compl
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -90,7 +91,9 @@ def one_loop(args: argparse.Namespace) -> dict:
                 try:
                     if _get(f"http://127.0.0.1:{leader}/health")[0] == 200:
                         healthy.add(leader)
-                except OSError:
+                except (OSError, http.client.HTTPException):
+                    # not listening yet; a poll of a free port in the ephemeral range can even connect to itself
+                    # (TCP simultaneous open) and read its own request back as the status line
                     pass
             time.sleep(0.2)
         record["start_seconds"] = time.monotonic() - began
