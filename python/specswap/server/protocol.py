@@ -8,13 +8,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from specswap.sampling import SamplingParams
+from specswap.sampling import FLOAT32_MAX, FLOAT32_TINY, INT64_MAX, SamplingParams
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_TOKEN_IDS = 64
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-FLOAT32_MAX = 3.4028234663852886e38        # a number field is 0 or has a magnitude in [FLOAT32_TINY, FLOAT32_MAX]:
-FLOAT32_TINY = 1.1754943508222875e-38      # the range the sampler's float32 tensors hold without overflow or underflow
+INT64_MIN = -(1 << 63)
+# a number field is 0 or has a magnitude in [FLOAT32_TINY, FLOAT32_MAX] (sampling's): the range the sampler's float32
+# tensors hold without overflow or underflow
 DEFAULT_COMPLETION_MAX_TOKENS = 16       # as OpenAI's completions endpoint
 DEFAULT_CHAT_MAX_TOKENS = 256
 CHAT_ROLES = ("system", "user", "assistant")
