@@ -10,9 +10,19 @@ fixed seeds (prompt i of repeat r gets seed + 1000 r + i on both sides).
   ggml build never shares a process with the one specswap loads). Generation goes through ``create_completion``; tokens are its
   ``usage.completion_tokens``. T = 1 is plain sampling from the whole distribution (top_k=0, top_p=1,
   min_p=0, typical_p=1, repeat_penalty=1); greedy is temperature 0 (llama.cpp's greedy sampler).
-- specswap: ``target-only`` (no speculation), NGRAM and EAGLE at static tiers and adaptive
-  (``configs/goodput.json``), ``max_batch_size=1``, ``torch.set_num_threads(T)``. Engines are built afresh for
-  every (threads, set, temperature), so the adaptive policy starts from nothing on each workload.
+- OpenVINO GenAI (optional, ``--openvino-venv``): ``plain`` and ``prompt-lookup-K`` (``prompt_lookup=True``,
+  ``num_assistant_tokens`` K of ``--openvino-lookup-tokens``, ``max_ngram_size`` 3), ``LLMPipeline`` on the IR
+  that tools/export_openvino.py exported once from the same GGUF (int4 by default; the GGUF dequantized, then
+  int4 sym group 64 by optimum-intel, so not the GGUF's own blocks), with specswap's tokenizer. Each mode is a
+  child process run by the OpenVINO venv's python (bench/openvino_worker.py): ``INFERENCE_NUM_THREADS`` T, one
+  stream, latency hint, prefix caching off; the text goes in and out (tokenize, generate, detokenize timed).
+- specswap: ``target-only`` (no speculation); of NGRAM, EAGLE, SUFFIX and the hybrid ``EAGLE+SUFFIX`` (EAGLE with
+  ``hybrid_drafter="SUFFIX"``), those ``--algorithms`` names, each at its static tiers (``--ngram-steps``,
+  ``--eagle-steps``, ``--suffix-steps``, ``--hybrid-steps``) and adaptive (``configs/goodput.json``; model
+  drafters ``goodput-eagle.json``), ``max_batch_size=1``, ``torch.set_num_threads(T)``. Engines are built afresh
+  for every (threads, set, temperature), so the adaptive policy starts from nothing on each workload, and SUFFIX's
+  global tree is flushed before every request (as the peers reset their caches: no request drafts from another's
+  output, nor from an earlier repeat's).
 
 Both sides stop at EOS (llama.cpp has no ignore-EOS switch); tokens/s counts the tokens generated, EOS excluded on
 both sides, over the time of the whole request (prompt included). Every configuration is warmed up with one short
@@ -21,10 +31,15 @@ generation before timing; the timed runs are interleaved prompt by prompt over c
     PYTHONPATH=python python bench/bench_llamacpp.py --threads 1 2 --json llamacpp.json
     PYTHONPATH=python python bench/bench_llamacpp.py --num-prompts 1 --new-tokens 16 --sets code   # smoke run
     PYTHONPATH=python python bench/bench_llamacpp.py --skip-llamacpp                               # specswap only
+    tools/setup_openvino.sh   # once: .venv-openvino and build/openvino/gemma-3-270m-int4 (not in CI)
+    PYTHONPATH=python python bench/bench_llamacpp.py --threads 1 --sets code --temperatures 0 \
+        --algorithms NGRAM SUFFIX EAGLE+SUFFIX --openvino-venv .venv-openvino --json peers.json
 
 llama-cpp-python is optional (``pip install llama-cpp-python``, or the ``bench-llamacpp`` extra); it builds
-llama.cpp from source, so CI never runs this script (tests/bench/test_bench_llamacpp.py checks its parsing and
-writers without a model).
+llama.cpp from source, so CI never runs this script (tests/bench/test_bench_llamacpp.py and test_bench_openvino.py
+check its parsing, workers on fakes and writers without a model). The JSON names the ``peers`` that ran, their
+versions (``llama_cpp_version``, ``openvino_version``, the IR's ``openvino_export``), the CPU line, every row's
+ratios to llama.cpp plain, OpenVINO plain and target-only, and per workload each runtime's best mode.
 """
 
 from __future__ import annotations
@@ -33,6 +48,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -83,8 +99,15 @@ LOOKUP_TOKENS = 10  # llama.cpp prompt lookup's num_pred_tokens, as in transform
 INSTALL_HINT = "pip install llama-cpp-python"
 DEFAULT_ADAPTIVE_CONFIG = _REPOSITORY / "configs" / "goodput.json"
 DEFAULT_EAGLE_ADAPTIVE_CONFIG = _REPOSITORY / "configs" / "goodput-eagle.json"
-LLAMACPP, SPECSWAP = "llama.cpp", "specswap"
+LLAMACPP, SPECSWAP, OPENVINO = "llama.cpp", "specswap", "openvino"
+OPENVINO_WORKER = _HERE / "openvino_worker.py"  # OpenVINO GenAI's side, run by the OpenVINO venv's python
+OPENVINO_LOOKUP_TOKENS = (3, 5, 10)  # prompt lookup's num_assistant_tokens, one pipeline each
+OPENVINO_NGRAM = 3  # prompt lookup's max_ngram_size
+DEFAULT_OPENVINO_IR = _REPOSITORY / "build" / "openvino" / "gemma-3-270m-int4"  # tools/export_openvino.py
 PLAIN = "plain"
+# specswap's drafters here -> the flag of their static tiers; EAGLE+SUFFIX: the hybrid (EAGLE, hybrid_drafter SUFFIX)
+STEPS_FLAG = {"NGRAM": "ngram_steps", "EAGLE": "eagle_steps", "SUFFIX": "suffix_steps", "EAGLE+SUFFIX": "hybrid_steps"}
+TREES_FLAG = {"NGRAM": "ngram_trees", "EAGLE": "eagle_trees"}
 TARGET_ONLY = "target-only"
 
 
@@ -100,10 +123,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="0 is greedy; anything else samples the full distribution at that temperature")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per configuration (median reported)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--algorithms", nargs="+", default=["NGRAM", "EAGLE"], choices=["NGRAM", "EAGLE"],
-                        help="specswap drafters (target-only always runs)")
+    parser.add_argument("--algorithms", nargs="+", default=["NGRAM", "EAGLE"], choices=list(STEPS_FLAG),
+                        help="specswap drafters (target-only always runs); EAGLE+SUFFIX is the hybrid: EAGLE with "
+                             "hybrid_drafter SUFFIX")
     parser.add_argument("--ngram-steps", type=int, nargs="*", default=[1, 3, 7], help="NGRAM static tiers")
     parser.add_argument("--eagle-steps", type=int, nargs="*", default=[1, 2, 3], help="EAGLE static tiers")
+    parser.add_argument("--suffix-steps", type=int, nargs="*", default=[1, 3, 7], help="SUFFIX static tiers")
+    parser.add_argument("--hybrid-steps", type=int, nargs="*", default=[],
+                        help="EAGLE+SUFFIX static tiers (default: none, the hybrid runs adaptive only)")
     parser.add_argument("--ngram-trees", nargs="*", default=[], metavar="STEPSxTOPKxTOKENS",
                         help="NGRAM static tries, as SGLang's (speculative_num_steps, speculative_eagle_topk, "
                              "speculative_num_draft_tokens), e.g. 3x2x6")
@@ -117,7 +144,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="policy config of NGRAM's adaptive rows (default: configs/goodput.json)")
     parser.add_argument("--eagle-adaptive-config", default=str(DEFAULT_EAGLE_ADAPTIVE_CONFIG),
                         help="policy config of EAGLE's adaptive rows (default: configs/goodput-eagle.json)")
-    parser.add_argument("--skip-llamacpp", action="store_true", help="run only the specswap side")
+    parser.add_argument("--skip-llamacpp", action="store_true", help="leave llama.cpp out")
+    parser.add_argument("--openvino-venv", default=None,
+                        help="also run OpenVINO GenAI, with this venv's python (tools/setup_openvino.sh)")
+    parser.add_argument("--openvino-ir", default=str(DEFAULT_OPENVINO_IR),
+                        help="its IR folder (tools/export_openvino.py; default: build/openvino/gemma-3-270m-int4)")
+    parser.add_argument("--openvino-lookup-tokens", type=int, nargs="*", default=list(OPENVINO_LOOKUP_TOKENS),
+                        help="OpenVINO prompt lookup's num_assistant_tokens, a mode each (none: plain only)")
+    parser.add_argument("--openvino-ngram-size", type=int, default=OPENVINO_NGRAM,
+                        help="OpenVINO prompt lookup's max_ngram_size")
     parser.add_argument("--disable-graphs", action="store_true", help="run specswap's engines eagerly")
     parser.add_argument("--json", help="write every result, with command, cpu and commit, to this file")
     args = parser.parse_args(argv)
@@ -128,7 +163,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--threads must all be >= 1; got {args.threads}")
     if any(t < 0 for t in args.temperatures):
         parser.error(f"--temperatures must be >= 0; got {args.temperatures}")
-    for name in ("ngram_steps", "eagle_steps"):
+    for name in STEPS_FLAG.values():
         if any(k < 1 for k in getattr(args, name)):
             parser.error(f"--{name.replace('_', '-')} must all be >= 1; got {getattr(args, name)}")
     for name in ("ngram_trees", "eagle_trees"):
@@ -142,7 +177,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             except ValueError as error:
                 parser.error(f"--{name.replace('_', '-')} {text}: {error}")
         setattr(args, name, shapes)
+    if any(k < 1 for k in args.openvino_lookup_tokens) or args.openvino_ngram_size < 1:
+        parser.error(f"--openvino-lookup-tokens and --openvino-ngram-size must be >= 1; got "
+                     f"{args.openvino_lookup_tokens} and {args.openvino_ngram_size}")
     args.threads = list(dict.fromkeys(args.threads))
+    args.algorithms = list(dict.fromkeys(args.algorithms))
     args.temperatures = list(dict.fromkeys(args.temperatures))
     return args
 
@@ -206,35 +245,31 @@ class LlamaCppRunner:
         return _run(tokens, seconds, texts, stopped)
 
 
-class LlamaCppProcess:
-    """One ``llama_cpp.Llama`` in a child process (bench/llamacpp_worker.py), with the methods the benchmark
-    calls (``reset``, ``create_completion``, ``tokenize``) forwarded to it over a pipe, one JSON line each way.
+class WorkerProcess:
+    """A peer runtime in a child process (``worker``, started by ``command``), its methods forwarded over a pipe,
+    one JSON line each way (bench/llamacpp_worker.py, bench/openvino_worker.py). The first line it writes says
+    it is ready and gives its version. The time a request takes here includes one pipe round trip (a fraction of
+    a millisecond against a whole completion)."""
 
-    llama-cpp-python brings its own ggml build and specswap loads libggml-python's: two ggml builds in one
-    process crashed in libggml-cpu.so on an Intel Xeon, so llama.cpp never shares this process. The child
-    imports nothing of specswap or torch and waits on its pipe while specswap runs. The time a request takes
-    here includes one pipe round trip (a fraction of a millisecond against a whole completion)."""
+    label = "peer"
 
-    def __init__(self, gguf: str, threads: int, n_ctx: int, seed: int, lookup_tokens: int | None = None,
-                 env: dict[str, str] | None = None):
-        command = [sys.executable, str(WORKER), "--gguf", gguf, "--threads", str(threads), "--n-ctx", str(n_ctx),
-                   "--seed", str(seed)]
-        if lookup_tokens is not None:
-            command += ["--lookup-tokens", str(lookup_tokens)]
+    def __init__(self, command: list[str], worker: Path, env: dict[str, str] | None = None):
+        self.worker = worker
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                         bufsize=1, env=env)
-        self.version = self._read("starting")["version"]
+        self.ready = self._read("starting")
+        self.version = self.ready["version"]
 
     def _read(self, what: str) -> dict:
         line = self.process.stdout.readline()
         if not line:
             code = self.process.wait()
             name = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
-            raise RuntimeError(f"the llama.cpp process ({WORKER.name}) exited with code {code}{name} while "
+            raise RuntimeError(f"the {self.label} process ({self.worker.name}) exited with code {code}{name} while "
                                f"{what}; its messages are above")
         reply = json.loads(line)
         if "error" in reply:
-            raise RuntimeError(f"llama.cpp ({WORKER.name}) failed {what}: {reply['error']}")
+            raise RuntimeError(f"{self.label} ({self.worker.name}) failed {what}: {reply['error']}")
         return reply
 
     def _call(self, method: str, *args, **kwargs):
@@ -244,15 +279,6 @@ class LlamaCppProcess:
         except BrokenPipeError:
             pass  # the child is gone: _read says how it ended
         return self._read(method)["result"]
-
-    def reset(self) -> None:
-        self._call("reset")
-
-    def create_completion(self, prompt: str, **kwargs) -> dict:
-        return self._call("create_completion", prompt, **kwargs)
-
-    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
-        return self._call("tokenize", text.decode("utf-8"), add_bos=add_bos, special=special)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -264,6 +290,78 @@ class LlamaCppProcess:
                 self.process.wait()
 
 
+class LlamaCppProcess(WorkerProcess):
+    """One ``llama_cpp.Llama`` in a child process (bench/llamacpp_worker.py), with the methods the benchmark
+    calls (``reset``, ``create_completion``, ``tokenize``) forwarded to it.
+
+    llama-cpp-python brings its own ggml build and specswap loads libggml-python's: two ggml builds in one
+    process crashed in libggml-cpu.so on an Intel Xeon, so llama.cpp never shares this process. The child
+    imports nothing of specswap or torch and waits on its pipe while specswap runs."""
+
+    label = LLAMACPP
+
+    def __init__(self, gguf: str, threads: int, n_ctx: int, seed: int, lookup_tokens: int | None = None,
+                 env: dict[str, str] | None = None):
+        command = [sys.executable, str(WORKER), "--gguf", gguf, "--threads", str(threads), "--n-ctx", str(n_ctx),
+                   "--seed", str(seed)]
+        if lookup_tokens is not None:
+            command += ["--lookup-tokens", str(lookup_tokens)]
+        super().__init__(command, WORKER, env)
+
+    def reset(self) -> None:
+        self._call("reset")
+
+    def create_completion(self, prompt: str, **kwargs) -> dict:
+        return self._call("create_completion", prompt, **kwargs)
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self._call("tokenize", text.decode("utf-8"), add_bos=add_bos, special=special)
+
+
+class OpenVinoProcess(WorkerProcess):
+    """One ``openvino_genai.LLMPipeline`` (plain, or prompt lookup with ``lookup_tokens``) in a child process run
+    by the OpenVINO venv's ``python`` (bench/openvino_worker.py): ``generate`` and ``tokenize`` forwarded to it.
+    The child gets no PYTHONPATH: nothing of specswap's venv reaches OpenVINO's."""
+
+    label = OPENVINO
+
+    def __init__(self, python: str, ir: str, threads: int, lookup_tokens: int | None = None,
+                 max_ngram_size: int = OPENVINO_NGRAM, stop_ids: Sequence[int] = (1, 106),
+                 env: dict[str, str] | None = None):
+        command = [str(python), str(OPENVINO_WORKER), "--ir", str(ir), "--threads", str(threads),
+                   "--stop-ids", *map(str, stop_ids)]
+        if lookup_tokens is not None:
+            command += ["--lookup-tokens", str(lookup_tokens), "--max-ngram-size", str(max_ngram_size)]
+        if env is None:
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        super().__init__(command, OPENVINO_WORKER, env)
+
+    def generate(self, prompt: str, max_new_tokens: int, temperature: float, seed: int) -> dict:
+        return self._call("generate", prompt, max_new_tokens, temperature=temperature, seed=seed)
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self._call("tokenize", text.decode("utf-8"))  # always with <bos>, as the pipeline encodes
+
+
+class OpenVinoRunner:
+    """OpenVINO GenAI's generate (tokenize, generate, detokenize), one prompt at a time; prompt i seeded
+    seed + i. Prefix caching is off in the worker, so no prompt reuses an earlier request's."""
+
+    def __init__(self, llm: OpenVinoProcess):
+        self.llm = llm
+
+    def __call__(self, prompts: Sequence[str], new_tokens: int, temperature: float, seed: int) -> dict:
+        tokens, seconds, texts, stopped = 0, 0.0, [], 0
+        for index, prompt in enumerate(prompts):
+            start = time.perf_counter()
+            out = self.llm.generate(prompt, new_tokens, temperature, seed + index)
+            seconds += time.perf_counter() - start
+            tokens += out["tokens"]
+            texts.append(out["text"])
+            stopped += bool(out["stopped"])
+        return _run(tokens, seconds, texts, stopped)
+
+
 class SpecswapRunner:
     """Engine.generate, batch 1 (max_batch_size=1 runs the prompts one after another); prompt i seeded seed + i."""
 
@@ -271,6 +369,9 @@ class SpecswapRunner:
         self.engine = engine
 
     def __call__(self, prompts: Sequence[str], new_tokens: int, temperature: float, seed: int) -> dict:
+        # SUFFIX's global tree forgets earlier requests (the warm-up's, an earlier repeat's of this very prompt):
+        # as the peers, which reset their caches, no request drafts from another's output; a no-op for the others
+        self.engine.flush_cache()
         start = time.perf_counter()
         results = self.engine.generate(list(prompts), new_tokens, temperature=temperature, top_k=0, top_p=1.0,
                                        seed=seed)
@@ -288,41 +389,49 @@ class SpecswapRunner:
 # ---- building both sides ------------------------------------------------------------------------------------
 
 
+def engine_algorithm(name: str) -> dict[str, Any]:
+    """The Engine keywords that pick drafter ``name`` ("EAGLE+SUFFIX": EAGLE with hybrid_drafter SUFFIX)."""
+    parts = algorithms.algorithm(name).parts
+    if parts is None:
+        return dict(speculative_algorithm=name)
+    return dict(speculative_algorithm=parts[0], hybrid_drafter=parts[1])
+
+
 def specswap_modes(args) -> dict[str, dict[str, Any]]:
     """specswap mode name -> Engine keyword arguments."""
     modes = {TARGET_ONLY: dict(speculative_algorithm=None)}
-    for algorithm, steps, trees in (("NGRAM", args.ngram_steps, args.ngram_trees),
-                                    ("EAGLE", args.eagle_steps, args.eagle_trees)):
+    for algorithm in STEPS_FLAG:
         if algorithm not in args.algorithms:
             continue
-        for k in steps:
-            modes[f"{algorithm.lower()} static-{k}"] = dict(speculative_algorithm=algorithm, speculative_num_steps=k)
-        for depth, topk, nodes in trees:
-            modes[f"{algorithm.lower()} tree-{depth}x{topk}x{nodes}"] = dict(
-                speculative_algorithm=algorithm, speculative_num_steps=depth, speculative_eagle_topk=topk,
-                speculative_num_draft_tokens=nodes)
+        prefix, picks = algorithm.lower(), engine_algorithm(algorithm)
+        for k in getattr(args, STEPS_FLAG[algorithm]):
+            modes[f"{prefix} static-{k}"] = dict(**picks, speculative_num_steps=k)
+        for depth, topk, nodes in getattr(args, TREES_FLAG.get(algorithm, ""), []):
+            modes[f"{prefix} tree-{depth}x{topk}x{nodes}"] = dict(
+                **picks, speculative_num_steps=depth, speculative_eagle_topk=topk, speculative_num_draft_tokens=nodes)
         if not args.no_adaptive:
-            # model drafters (the EAGLE head) adapt among their own tiers (configs/goodput-eagle.json)
+            # model drafters (the EAGLE head, the hybrid) adapt among their own tiers (configs/goodput-eagle.json)
             config = args.eagle_adaptive_config if algorithms.algorithm(algorithm).needs_draft else args.adaptive_config
-            modes[f"{algorithm.lower()} adaptive"] = dict(speculative_algorithm=algorithm, speculative_num_steps=3,
-                                                          speculative_adaptive=True,
-                                                          speculative_adaptive_config=config)
-            if args.tree_adaptive_config:
-                modes[f"{algorithm.lower()} adaptive+trees"] = dict(
-                    speculative_algorithm=algorithm, speculative_num_steps=3, speculative_adaptive=True,
+            modes[f"{prefix} adaptive"] = dict(**picks, speculative_num_steps=3, speculative_adaptive=True,
+                                               speculative_adaptive_config=config)
+            if args.tree_adaptive_config and algorithm in TREES_FLAG:
+                modes[f"{prefix} adaptive+trees"] = dict(
+                    **picks, speculative_num_steps=3, speculative_adaptive=True,
                     speculative_adaptive_config=args.tree_adaptive_config)
     return modes
 
 
 def load_specswap(args):
-    """(target, EAGLE head or None, tokenizer), loaded once by an Engine as a user's Engine(MODEL) loads them."""
+    """(target, EAGLE head or None, tokenizer, stop ids), loaded once by an Engine as a user's Engine(MODEL)
+    loads them."""
     from specswap.engine import Engine  # noqa: PLC0415
     # the first algorithm with a draft model loads it (the EAGLE head); none: the target alone
-    with_draft = [name for name in args.algorithms if algorithms.algorithm(name).needs_draft]
+    with_draft = [engine_algorithm(name)["speculative_algorithm"] for name in args.algorithms
+                  if algorithms.algorithm(name).needs_draft]
     loader = Engine(MODEL, speculative_algorithm=with_draft[0] if with_draft else None, weights="native",
                     max_batch_size=1, max_seq_len=64,
                     disable_graphs=True)
-    return loader.target, loader.draft, loader.tokenizer
+    return loader.target, loader.draft, loader.tokenizer, sorted(loader.eos_token_ids)
 
 
 def build_engines(target, head, tokenizer, modes: dict[str, dict], max_seq_len: int, disable_graphs: bool):
@@ -340,20 +449,51 @@ def build_llamas(gguf: str, threads: int, n_ctx: int, seed: int) -> dict[str, Ll
             for name, lookup in ((PLAIN, None), (f"prompt-lookup-{LOOKUP_TOKENS}", LOOKUP_TOKENS))}
 
 
-def close_llamas(llamas: dict[str, LlamaCppRunner]) -> None:
+def build_openvinos(args, threads: int, stop_ids: Sequence[int]) -> dict[str, OpenVinoRunner]:
+    """OpenVINO GenAI plain and with prompt lookup at each of ``--openvino-lookup-tokens``, each an
+    ``OpenVinoProcess`` of its own; none without ``--openvino-venv``."""
+    if not args.openvino_venv:
+        return {}
+    python = openvino_python(args.openvino_venv)
+    lookups = [(PLAIN, None)] + [(f"prompt-lookup-{k}", k) for k in args.openvino_lookup_tokens]
+    return {name: OpenVinoRunner(OpenVinoProcess(python, args.openvino_ir, threads, lookup, args.openvino_ngram_size,
+                                                 stop_ids))
+            for name, lookup in lookups}
+
+
+def openvino_python(venv: str | Path) -> Path:
+    return Path(venv) / "bin" / "python"
+
+
+def check_openvino(args) -> dict[str, Any] | None:
+    """None without ``--openvino-venv``; else the IR's export.json (what tools/export_openvino.py wrote), after
+    SystemExit naming the setup script unless the venv's python and the IR are there."""
+    if not args.openvino_venv:
+        return None
+    if not openvino_python(args.openvino_venv).exists():
+        raise SystemExit(f"--openvino-venv {args.openvino_venv} has no bin/python: tools/setup_openvino.sh makes it")
+    ir = Path(args.openvino_ir)
+    if not (ir / "openvino_model.xml").exists() or not (ir / "openvino_tokenizer.xml").exists():
+        raise SystemExit(f"--openvino-ir {ir} holds no exported model and tokenizer: run tools/export_openvino.py "
+                         f"(tools/setup_openvino.sh runs it)")
+    export = ir / "export.json"
+    return json.loads(export.read_text()) if export.exists() else {}
+
+
+def close_llamas(llamas: dict[str, LlamaCppRunner | OpenVinoRunner]) -> None:
     for runner in llamas.values():
         runner.llm.close()
 
 
-def tokenization_mismatches(llm, tokenizer, prompts: Sequence[str]) -> list[dict]:
-    """Prompts that llama.cpp tokenizes differently from specswap (both with BOS): they would not be the same
-    input, so the run reports them."""
+def tokenization_mismatches(llm, tokenizer, prompts: Sequence[str], peer: str = "llama_cpp") -> list[dict]:
+    """Prompts that the peer (llama.cpp, OpenVINO) tokenizes differently from specswap (both with BOS): they would
+    not be the same input, so the run reports them."""
     from specswap.engine import encode_text  # noqa: PLC0415
     out = []
     for prompt in prompts:
         ours, theirs = encode_text(tokenizer, prompt), llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
         if list(ours) != list(theirs):
-            out.append(dict(prompt=prompt, specswap=list(ours), llama_cpp=list(theirs)))
+            out.append(dict(prompt=prompt, peer=peer, specswap=list(ours), **{peer: list(theirs)}))
     return out
 
 
@@ -404,49 +544,58 @@ def result_row(set_name: str, threads: int, temperature: float, runtime: str, mo
     return row
 
 
+# the plain-decoding rows every row is compared with: (runtime, mode) -> (label, column of the ratio to it)
+BASES = {(LLAMACPP, PLAIN): ("llamacpp", "vs_llamacpp_plain"), (OPENVINO, PLAIN): ("openvino", "vs_openvino_plain"),
+         (SPECSWAP, TARGET_ONLY): ("target", "vs_target_only")}
+PEERS = {LLAMACPP: "llamacpp", OPENVINO: "openvino"}  # the peer runtimes -> their label in keys
+
+
 def add_ratios(rows: list[dict]) -> list[dict]:
-    """Each row's ratio to llama.cpp plain and to specswap target-only of the same (set, threads, temperature)."""
+    """Each row's ratio to llama.cpp plain, to OpenVINO plain and to specswap target-only of the same (set,
+    threads, temperature), where that row ran."""
     base: dict[tuple, dict[str, float]] = {}
     for row in rows:
-        key = (row["set"], row["threads"], row["temperature"])
-        if (row["runtime"], row["mode"]) == (LLAMACPP, PLAIN):
-            base.setdefault(key, {})["llamacpp"] = row["tokens_per_second"]
-        if (row["runtime"], row["mode"]) == (SPECSWAP, TARGET_ONLY):
-            base.setdefault(key, {})["target"] = row["tokens_per_second"]
+        if (row["runtime"], row["mode"]) in BASES:
+            label = BASES[row["runtime"], row["mode"]][0]
+            base.setdefault((row["set"], row["threads"], row["temperature"]), {})[label] = row["tokens_per_second"]
     for row in rows:
         ref = base.get((row["set"], row["threads"], row["temperature"]), {})
-        for name, column in (("llamacpp", "vs_llamacpp_plain"), ("target", "vs_target_only")):
-            if ref.get(name):
-                row[column] = round(row["tokens_per_second"] / ref[name], 3)
+        for label, column in BASES.values():
+            if ref.get(label):
+                row[column] = round(row["tokens_per_second"] / ref[label], 3)
     return rows
 
 
 def greedy_agreement(rows: list[dict]) -> list[dict]:
-    """For greedy rows: how many outputs equal llama.cpp plain's text of the same prompt (a check that both sides
-    ran the same model on the same input; a near-tie logit may still flip a token between two kernels)."""
-    plain = {(r["set"], r["threads"]): r["texts"] for r in rows
-             if r["temperature"] == 0 and (r["runtime"], r["mode"]) == (LLAMACPP, PLAIN)}
-    for row in rows:
-        reference = plain.get((row["set"], row["threads"]))
-        if row["temperature"] == 0 and reference is not None:
-            row["same_text_as_llamacpp_plain"] = f"{sum(a == b for a, b in zip(row['texts'], reference))}/{len(reference)}"
+    """For greedy rows: how many outputs equal each peer's plain text of the same prompt (a check that both sides
+    ran the same model on the same input; a near-tie logit may still flip a token between two kernels, and
+    OpenVINO's int4 IR holds other weights than the GGUF's)."""
+    for runtime, label in PEERS.items():
+        plain = {(r["set"], r["threads"]): r["texts"] for r in rows
+                 if r["temperature"] == 0 and (r["runtime"], r["mode"]) == (runtime, PLAIN)}
+        for row in rows:
+            reference = plain.get((row["set"], row["threads"]))
+            if row["temperature"] == 0 and reference is not None:
+                same = sum(a == b for a, b in zip(row["texts"], reference))
+                row[f"same_text_as_{label}_plain"] = f"{same}/{len(reference)}"
     return rows
 
 
 def best_modes(rows: list[dict]) -> list[dict]:
-    """Per (set, threads, temperature): the fastest specswap row, the fastest llama.cpp row and their ratio."""
+    """Per (set, threads, temperature): the fastest row of each runtime, and specswap's best over each peer's."""
     out = []
     for key in dict.fromkeys((r["set"], r["threads"], r["temperature"]) for r in rows):
         group = [r for r in rows if (r["set"], r["threads"], r["temperature"]) == key]
         entry = dict(set=key[0], threads=key[1], temperature=key[2])
-        for runtime, label in ((SPECSWAP, "specswap"), (LLAMACPP, "llamacpp")):
+        for runtime, label in ((SPECSWAP, "specswap"), *PEERS.items()):
             mine = [r for r in group if r["runtime"] == runtime]
             if mine:
                 best = max(mine, key=lambda r: r["tokens_per_second"])
                 entry[f"best_{label}"], entry[f"best_{label}_tokens_per_second"] = best["mode"], best["tokens_per_second"]
-        if "best_specswap" in entry and "best_llamacpp" in entry:
-            entry["specswap_over_llamacpp"] = round(entry["best_specswap_tokens_per_second"]
-                                                    / entry["best_llamacpp_tokens_per_second"], 3)
+        for label in PEERS.values():
+            if "best_specswap" in entry and f"best_{label}" in entry:
+                entry[f"specswap_over_{label}"] = round(entry["best_specswap_tokens_per_second"]
+                                                        / entry[f"best_{label}_tokens_per_second"], 3)
         out.append(entry)
     return out
 
@@ -455,9 +604,12 @@ def _temperature_label(temperature: float) -> str:
     return "greedy" if temperature == 0 else f"T={temperature:g}"
 
 
+RATIO_COLUMNS = (("llama.cpp", "vs_llamacpp_plain"), ("openvino", "vs_openvino_plain"), ("target", "vs_target_only"))
+
+
 def format_tables(rows: list[dict], best: list[dict]) -> str:
-    """A table per (set, threads): a row per runtime and mode; per temperature tok/s, x llama.cpp plain and
-    x target-only; then the best of each runtime."""
+    """A table per (set, threads): a row per runtime and mode; per temperature tok/s, x llama.cpp plain,
+    x OpenVINO plain and x target-only (the columns of runtimes that ran); then the best of each runtime."""
     lines: list[str] = []
     for set_name, threads in dict.fromkeys((r["set"], r["threads"]) for r in rows):
         group = [r for r in rows if (r["set"], r["threads"]) == (set_name, threads)]
@@ -465,7 +617,7 @@ def format_tables(rows: list[dict], best: list[dict]) -> str:
         header = ["runtime / mode"]
         for t in temperatures:
             label = _temperature_label(t)
-            header += [f"{label} tok/s", f"{label} x llama.cpp", f"{label} x target"]
+            header += [f"{label} tok/s", *(f"{label} x {name}" for name, _ in RATIO_COLUMNS)]
         table = [header]
         for runtime, mode in dict.fromkeys((r["runtime"], r["mode"]) for r in group):
             line = [f"{runtime} {mode}"]
@@ -473,10 +625,10 @@ def format_tables(rows: list[dict], best: list[dict]) -> str:
                 cell = next((r for r in group if (r["runtime"], r["mode"], r["temperature"]) == (runtime, mode, t)),
                             None)
                 line += ["" if cell is None else f"{cell['tokens_per_second']:.1f}",
-                         "" if cell is None or "vs_llamacpp_plain" not in cell else f"{cell['vs_llamacpp_plain']:.3f}",
-                         "" if cell is None or "vs_target_only" not in cell else f"{cell['vs_target_only']:.3f}"]
+                         *("" if cell is None or column not in cell else f"{cell[column]:.3f}"
+                           for _, column in RATIO_COLUMNS)]
             table.append(line)
-        keep = [i for i in range(len(header)) if i == 0 or any(line[i] for line in table[1:])]  # --skip-llamacpp
+        keep = [i for i in range(len(header)) if i == 0 or any(line[i] for line in table[1:])]  # peers left out
         table = [[line[i] for i in keep] for line in table]
         header = table[0]
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
@@ -491,10 +643,12 @@ def format_tables(rows: list[dict], best: list[dict]) -> str:
         text = f"best {entry['set']}, {entry['threads']} thread(s), {_temperature_label(entry['temperature'])}:"
         if "best_specswap" in entry:
             text += f" specswap {entry['best_specswap']} {entry['best_specswap_tokens_per_second']:.1f} tok/s"
-        if "best_llamacpp" in entry:
-            text += f"; llama.cpp {entry['best_llamacpp']} {entry['best_llamacpp_tokens_per_second']:.1f} tok/s"
-        if "specswap_over_llamacpp" in entry:
-            text += f"; specswap / llama.cpp {entry['specswap_over_llamacpp']:.3f}"
+        for runtime, label in PEERS.items():
+            if f"best_{label}" in entry:
+                text += f"; {runtime} {entry[f'best_{label}']} {entry[f'best_{label}_tokens_per_second']:.1f} tok/s"
+        for runtime, label in PEERS.items():
+            if f"specswap_over_{label}" in entry:
+                text += f"; specswap / {runtime} {entry[f'specswap_over_{label}']:.3f}"
         lines.append(text)
     return "\n".join(lines)
 
@@ -513,6 +667,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if not args.skip_llamacpp:
         check_llama_cpp()
+    openvino_export = check_openvino(args)
     import torch  # noqa: PLC0415
 
     from specswap.engine import encode_text  # noqa: PLC0415
@@ -521,17 +676,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     package = weight_package(MODEL)
     gguf = str(package.assemble())
     meta: dict[str, Any] = {"model": MODEL, "gguf": gguf, "gguf_sha256": sha256_of(gguf),
-                            "weights": "native", "llama_cpp_version": None}
+                            "weights": "native", "peers": [], "llama_cpp_version": None, "openvino_version": None}
+    if openvino_export is not None:
+        meta.update(openvino_ir=str(args.openvino_ir), openvino_export=openvino_export,
+                    openvino_lookup_tokens=args.openvino_lookup_tokens, openvino_ngram_size=args.openvino_ngram_size)
     if meta["gguf_sha256"] != package.EXPECTED_SHA256:  # specswap's native cache is keyed by the package's sha256
         raise SystemExit(f"{gguf} has sha256 {meta['gguf_sha256']}, not the package's {package.EXPECTED_SHA256}: "
                          f"the two runtimes would not read the same file")
-    target, head, tokenizer = load_specswap(args)
+    target, head, tokenizer, stop_ids = load_specswap(args)
     texts = {name: prompts_of(name, args.num_prompts) for name in args.sets}
     prompt_ids = {name: [encode_text(tokenizer, p) for p in texts[name]] for name in args.sets}
     longest = max(len(ids) for name in args.sets for ids in prompt_ids[name])
     # room for the prompt, the new tokens and a verify of the largest tier past the last token
     tree_room = [max(nodes, depth * topk) for depth, topk, nodes in (*args.ngram_trees, *args.eagle_trees)]
-    context = longest + args.new_tokens + max([LOOKUP_TOKENS, *args.ngram_steps, *args.eagle_steps, *tree_room]) + 8
+    steps = [k for name in STEPS_FLAG.values() for k in getattr(args, name)]
+    context = longest + args.new_tokens + max([LOOKUP_TOKENS, *steps, *tree_room]) + 8
     context = -(-context // 64) * 64
     if context > target.config.max_position_embeddings:
         raise SystemExit(f"prompts of {longest} tokens with --new-tokens {args.new_tokens} need {context} positions; "
@@ -553,18 +712,26 @@ def main(argv: Sequence[str] | None = None) -> None:
             meta["llama_cpp_version"] = llamas[PLAIN].llm.version  # what the child process imported
             for name in args.sets:
                 mismatches += tokenization_mismatches(llamas[PLAIN].llm, tokenizer, texts[name])
+        openvinos = build_openvinos(args, threads, stop_ids)
+        if openvinos:
+            meta["openvino_version"] = openvinos[PLAIN].llm.version  # openvino_genai's, in its own venv
+            meta["openvino_properties"] = openvinos[PLAIN].llm.ready.get("properties")
+            for name in args.sets:
+                mismatches += tokenization_mismatches(openvinos[PLAIN].llm, tokenizer, texts[name], "openvino")
+        meta["peers"] = [runtime for runtime, runners in ((LLAMACPP, llamas), (OPENVINO, openvinos)) if runners]
         for name in args.sets:
             prompts = texts[name]
             for temperature in args.temperatures:
                 print(f"{name}, {threads} thread(s), {_temperature_label(temperature)}", flush=True)
                 engines = build_engines(target, head, tokenizer, modes, context, args.disable_graphs)
                 runs = measure({**{(LLAMACPP, k): v for k, v in llamas.items()},
+                                **{(OPENVINO, k): v for k, v in openvinos.items()},
                                 **{(SPECSWAP, k): v for k, v in engines.items()}}, prompts, args, temperature)
                 rows += [result_row(name, threads, temperature, runtime, mode, r) for (runtime, mode), r in runs.items()]
                 del engines
-        close_llamas(llamas)
+        close_llamas({**llamas, **{(OPENVINO, k): v for k, v in openvinos.items()}})
     if mismatches:
-        print(f"warning: {len(mismatches)} prompt(s) tokenize differently in llama.cpp and specswap "
+        print(f"warning: {len(mismatches)} prompt(s) tokenize differently in a peer and specswap "
               f"(see tokenization_mismatches in the JSON)", file=sys.stderr)
     meta["tokenization_mismatches"] = mismatches
     report = build_report(args, rows, meta, argv if argv is None else [sys.argv[0], *argv])

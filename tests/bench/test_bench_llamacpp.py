@@ -191,6 +191,9 @@ def test_specswap_runner_leaves_the_final_eos_out(bench):
     class Engine:
         eos_token_ids = frozenset({1})
 
+        def flush_cache(self):
+            pass
+
         def generate(self, prompts, new_tokens, **kwargs):
             seen.update(kwargs, prompts=prompts, new_tokens=new_tokens)
             return outputs
