@@ -35,20 +35,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     controller = AdaptiveController(pool, config)
     rng = random.Random(args.seed)
     phases = [("low", 0.15), ("high", 0.92), ("low", 0.15), ("high", 0.92)]
-    print(f"tiers {controller.candidate_steps}, start at {controller.current_steps}")
+    print(f"tiers {controller.candidate_tiers}, start at {controller.current_tier}")
     print(f"{'phase':<6} {'acceptance':>10} {'rounds':>6}  tier trace (one char per {args.rounds // 40} rounds)")
     switch_seconds = []
     for name, acceptance in phases:
         trace = []
         for round_index in range(args.rounds):
-            steps = pool.active_steps
+            steps = pool.active_tier
             accepts = _simulated_accepts(rng, acceptance, steps, args.batch_size)
             result = RoundResult([[0]] * len(accepts), accepts, steps, steps, speculating=[True] * len(accepts))
             start = time.perf_counter()
             if controller.observe(result) is not None:
                 switch_seconds.append(time.perf_counter() - start)
             if round_index % max(1, args.rounds // 40) == 0:
-                trace.append(str(pool.active_steps))
+                trace.append(str(pool.active_tier))
         print(f"{name:<6} {acceptance:>10.2f} {args.rounds:>6}  {''.join(trace)}")
     stats = controller.stats()
     print(f"switches: {stats['num_switches']}, final tier {stats['current_steps']}, EMA {stats['ema']:.2f}")
@@ -89,7 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _serve_loaded(args: argparse.Namespace, limits, sock) -> int:
     """``cmd_serve`` once its flags are checked and its port bound: load, build, serve, shut down."""
-    from specswap.cli_flags import build_engine, suffix_options
+    from specswap.cli_flags import build_engine, engine_keywords
     from specswap.loading import load_models
     from specswap.server.app import create_app, serve
     from specswap.server.limits import max_running_requests
@@ -98,14 +98,9 @@ def _serve_loaded(args: argparse.Namespace, limits, sock) -> int:
         import torch
         torch.set_num_threads(args.threads)
     algorithm = args.speculative_algorithm
-    models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device,
-                             args.draft_quantization, args.weights)
-    engine = build_engine(models, algorithm, args.speculative_num_steps, args.speculative_adaptive,
-                          args.speculative_adaptive_config, max_running_requests(args), args.max_seq_len,
-                          disable_graphs=args.disable_cuda_graph, speculative_eagle_topk=args.speculative_eagle_topk,
-                          speculative_num_draft_tokens=args.speculative_num_draft_tokens, tp_size=args.tp_size,
-                          dp_size=args.dp_size, dist_timeout=args.dist_timeout, min_dwell_rounds=args.min_dwell_rounds,
-                          tp_draft=args.tp_draft, **suffix_options(args))
+    models = load_models(args.model, args.draft_model, algorithm, **engine_keywords(args, "serve", load=True))
+    # every Engine flag through EngineOptions' table; --max-running-requests overrides --max-batch-size
+    engine = build_engine(models, **{**engine_keywords(args, "serve"), "max_batch_size": max_running_requests(args)})
     router = None
     if args.dp_size > 1:  # one endpoint: the groups behind sglang-router (server/router_launch.py), else a port each
         from specswap.server.router_launch import front_of_groups
@@ -183,13 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     from specswap.server.startup import LOG_LEVELS, DefaultsFormatter
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with live adaptive metrics (docs/serving.md)",
                            formatter_class=DefaultsFormatter)
-    add_model_arguments(serve, default_algorithm="NONE")
-    serve.add_argument("--speculative-adaptive", action="store_true",
-                       help="let the adaptive controller pick the draft steps per round; with no config the cost-aware "
-                            "goodput policy runs (tier 0 = speculation off among its tiers, chosen from this "
-                            "machine's measured verify costs): on a CPU a deeper verify costs more, which SGLang's "
-                            "EMA ('policy': 'sglang') ignores")
-    serve.add_argument("--disable-cuda-graph", action="store_true", help="run every stage eagerly instead of replaying the graphs captured at start-up")
+    add_model_arguments(serve, "serve")  # the Engine's flags among them (EngineOptions' table), tp and dp included
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=int, default=30000, help="port to listen on, bound before the model loads")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every request but "
@@ -199,30 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     from specswap.server.limits import add_arguments as add_limit_arguments
     add_limit_arguments(serve)
-    serve.add_argument("--tp-size", type=int, default=1,
-                       help="tensor-parallel ranks (under torchrun; rank 0 of each group serves HTTP; README, "
-                            "'Several processes')")
-    serve.add_argument("--tp-draft", default=None, choices=["replicate", "shard", "leader"],
-                       help="tensor parallelism: every rank runs the whole draft (replicate, the default for "
-                            "EAGLE and draft models), the draft split like the target (shard), or NGRAM's lookups "
-                            "on rank 0, broadcast (leader, NGRAM's default)")
-    serve.add_argument("--dp-size", type=int, default=1,
-                       help="data-parallel groups (under torchrun), each with its own batch; one endpoint on --port "
-                            "behind sglang-router (the router extra), else each on --port + its index; tier "
-                            "switches agreed by all (docs/scale-out.md)")
     from specswap.server.router_launch import add_arguments as add_router_arguments
     add_router_arguments(serve)
-    serve.add_argument("--dist-timeout", type=float, default=None,
-                       help="seconds a collective waits for a peer before failing with the rank's name (default 60)")
-    serve.add_argument("--min-dwell-rounds", type=int, default=None,
-                       help="distributed: steps at least between two tier switches (default 8)")
     serve.add_argument("--log-level", default="warning", type=str.lower, choices=LOG_LEVELS,
                        help="uvicorn's log level; the ready line and errors print at any level")
     serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="phased workload benchmark: baseline, static tiers and adaptive side by side "
                                          "(docs/bench.md)")
-    add_model_arguments(bench, default_algorithm=None)
+    add_model_arguments(bench, "bench")
     from specswap.bench.cli import add_bench_arguments
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)

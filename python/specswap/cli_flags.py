@@ -1,90 +1,76 @@
-"""The model flags shared by ``specswap serve`` and ``specswap bench``, and engines built from what they load.
+"""The model flags of ``specswap serve`` and ``specswap bench``, and engines built from what they load.
 
-Both commands take the same SGLang-style flags (``--model``, ``--draft-model``, ``--speculative-algorithm``,
-``--dtype``, ``--weights``, ...); ``specswap.loading.load_models`` turns them into built modules once, and
-``build_engine`` wraps those in an ``Engine`` (several engines may share one copy of the weights).
+Both commands take SGLang-style flags (``--model``, ``--draft-model``, ``--speculative-algorithm``, ``--dtype``,
+``--weights``, ...). The Engine's are generated from one table, ``engine_builder.EngineOptions`` (each field's
+``flag``: names, help, type, which commands, a command's own default), and read back into Engine keywords through
+the same table (``engine_keywords``); ``--model``, ``--draft-model`` and ``--threads`` are the CLI's own.
+``specswap.loading.load_models`` turns the flags into built modules once, and ``build_engine`` wraps those in an
+``Engine`` (several engines may share one copy of the weights).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from specswap.algorithms import HYBRID_DRAFTERS, NAMES, algorithm
+from specswap.algorithms import NAMES, algorithm
+from specswap.engine_builder import EngineOptions, Flag
 from specswap.loading import LoadedModels
 
-__all__ = ["ALGORITHM_CHOICES", "DEFAULT_MODEL", "add_model_arguments", "build_engine", "check_speculative_flags",
-           "suffix_options"]
+__all__ = ["ALGORITHM_CHOICES", "DEFAULT_MODEL", "add_engine_flags", "add_model_arguments", "build_engine",
+           "check_speculative_flags", "engine_flags", "engine_keywords", "suffix_options"]
 
 DEFAULT_MODEL = "gemma-3-270m"
 ALGORITHM_CHOICES = NAMES
+COMMANDS = ("serve", "bench")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, default_algorithm: str | None) -> None:
-    """The model flags, spelled as SGLang spells them."""
+def add_model_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """``command``'s ("serve" or "bench") model flags, spelled as SGLang spells them: the CLI's own and the
+    Engine's (``add_engine_flags``)."""
     parser.add_argument("--model", "--model-path", dest="model", default=DEFAULT_MODEL,
-                        help=f"zoo or registry name ('tiny', 'gemma-3-270m', 'smollm2-135m'), a Hugging Face checkpoint directory or "
-                             f"a .gguf file (default {DEFAULT_MODEL})")
+                        help=f"zoo or registry name ('tiny', 'gemma-3-270m', 'smollm2-135m'), a Hugging Face "
+                             f"checkpoint directory or a .gguf file (default {DEFAULT_MODEL})")
     parser.add_argument("--draft-model", "--speculative-draft-model-path", dest="draft_model", default=None,
                         help="draft checkpoint (EAGLE head, EAGLE-3 head directory as SpecForge saves it, or "
                              "standalone model); zoo models default to <model>-eagle / <model>-draft")
-    parser.add_argument("--speculative-algorithm", type=str.upper, choices=ALGORITHM_CHOICES,
-                        default=default_algorithm,
-                        help="EAGLE, EAGLE3 (an EAGLE-3 head: --speculative-draft-model-path DIR), STANDALONE, "
-                             "NGRAM (prompt lookup, no draft model), SUFFIX (suffix trees over the request and recent "
-                             "outputs, no draft model) or NONE"
-                             + ("" if default_algorithm else " (default: EAGLE when the model has a head, else NGRAM)"))
-    parser.add_argument("--speculative-num-steps", type=int, default=3, help="draft steps per round (static tier)")
-    parser.add_argument("--speculative-eagle-topk", type=int, default=1,
-                        help="children kept per expanded draft node: 1 drafts a chain, > 1 a tree of depth "
-                             "--speculative-num-steps (EAGLE, STANDALONE: EAGLE-2's dynamic tree; NGRAM: a trie)")
-    parser.add_argument("--speculative-num-draft-tokens", type=int, default=None,
-                        help="tokens a tree's verify reads, the root included (default steps x topk + 1; a chain: "
-                             "steps + 1)")
-    parser.add_argument("--speculative-adaptive-config", default=None,
-                        help="adaptive policy JSON (docs/policy.md); needs --speculative-adaptive (none: the goodput "
-                             "default; a config naming no policy runs SGLang's EMA)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                        help="compute dtype (auto: bf16 where the CPU has native bf16, else fp32)")
-    parser.add_argument("--weights", default="auto", choices=["auto", "native", "bf16", "fp32"],
-                        help="native: a GGUF model's matrices stay in the file's block formats on ggml's CPU kernels "
-                             "(auto: native for GGUF models on CPU when ggml is installed); bf16 / fp32: dequantized")
-    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8", "q8_0"],
-                        help="the EAGLE head's linears as weight-only int8 (auto: on CPU in bf16) or ggml Q8_0 blocks "
-                             "(auto: with native target weights); output is unchanged")
-    parser.add_argument("--device", default="cpu", help="torch device the model runs on")
-    parser.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together (cache slots)")
+    add_engine_flags(parser, command)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 avoids oversubscription on a shared "
                              "machine)")
-    parser.add_argument("--max-seq-len", type=int, default=None,
-                        help="prompt + completion tokens per request (default: the model's, capped at 2048)")
-    add_suffix_arguments(parser)
 
 
-def add_suffix_arguments(parser: argparse.ArgumentParser) -> None:
-    """SUFFIX's trees, named as vLLM's speculative_config fields (unset: worker.suffix.SuffixConfig's defaults,
-    docs/suffix.md)."""
-    for name, kind, default, what in (
-            ("max-tree-depth", int, 24, "tokens a suffix match and a drafted path may span"),
-            ("max-cached-requests", int, 10000, "recent outputs the global tree holds, oldest evicted first (0: none)"),
-            ("max-spec-factor", float, 2.0, "drafts per matched token"),
-            ("min-token-prob", float, 0.1, "a draft token's estimated probability below this ends the draft")):
-        parser.add_argument(f"--suffix-decoding-{name}", type=kind, default=None,
-                            help=f"SUFFIX: {what} (default {default})")
-    parser.add_argument("--speculative-hybrid-drafter", dest="hybrid_drafter", type=str.upper, choices=HYBRID_DRAFTERS,
-                        default=None,
-                        help="SUFFIX drafts beside EAGLE, EAGLE3 or STANDALONE: each round verifies, per request, the "
-                             "suffix draft where its score beats the model's mean accepted drafts (chains only)")
+def engine_flags(command: str) -> list[tuple[dataclasses.Field, Flag]]:
+    """Each ``EngineOptions`` field ``command`` takes as a flag, with its ``Flag``, in the table's order."""
+    if command not in COMMANDS:
+        raise ValueError(f"command must be one of {', '.join(COMMANDS)}; got {command!r}")
+    return [(option, option.metadata["flag"]) for option in dataclasses.fields(EngineOptions)
+            if "flag" in option.metadata and command in option.metadata["flag"].commands]
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    """The Engine's flags ``command`` takes, as the table declares them: names, help, type / choices / action, and
+    the field's default unless the table gives ``command`` its own (then with its help note)."""
+    for option, spec in engine_flags(command):
+        default, note = spec.cli_defaults.get(command, (option.default, ""))
+        parser.add_argument(*spec.names, default=default, help=spec.help + note, **spec.argparse)
+
+
+def engine_keywords(args: argparse.Namespace, command: str, load: bool = False) -> dict[str, Any]:
+    """``command``'s flags as ``Engine`` keywords, read through the same table: those an Engine over loaded modules
+    takes (``build_engine``), or with ``load`` those ``load_models`` applies when the CLI loads once (dtype,
+    weights, draft_quantization, device: its keywords of the same names)."""
+    return {option.name: getattr(args, spec.dest) for option, spec in engine_flags(command) if spec.load == load}
 
 
 def suffix_options(args: argparse.Namespace) -> dict[str, Any]:
     """The --suffix-decoding-* flags and --speculative-hybrid-drafter given, as Engine keywords (build_engine's;
     refused unless SUFFIX or a hybrid)."""
     from specswap.algorithms import SUFFIX_OPTIONS
-    return {key: getattr(args, key) for key in (*SUFFIX_OPTIONS, "hybrid_drafter")
-            if getattr(args, key, None) is not None}
+    given = engine_keywords(args, "bench")
+    return {key: given[key] for key in (*SUFFIX_OPTIONS, "hybrid_drafter") if given[key] is not None}
 
 
 def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> None:
@@ -123,20 +109,13 @@ def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> No
 
 
 def build_engine(models: LoadedModels, speculative_algorithm: str | None, speculative_num_steps: int = 3,
-                 speculative_adaptive: bool = False, speculative_adaptive_config: Any = None,
-                 max_batch_size: int = 8, max_seq_len: int | None = None, disable_graphs: bool = False,
-                 speculative_eagle_topk: int = 1, speculative_num_draft_tokens: int | None = None,
-                 **distributed):
+                 **keywords):
     """An Engine over already loaded modules (no weights are copied). ``speculative_algorithm`` None or "NONE":
-    target only. ``disable_graphs`` (``--disable-cuda-graph``) runs the worker eagerly. ``distributed``: the
-    Engine's tp_size, dp_size, dist_timeout, min_dwell_rounds, tp_draft (``--tp-size`` ...; unset ones left
-    out), and SUFFIX's keywords (``suffix_options``)."""
+    target only. ``keywords``: the Engine's others (``engine_keywords``: ``disable_graphs`` is
+    ``--disable-cuda-graph``, ...); the tokenizer is the models', and dtype, weights, draft_quantization and device
+    were applied when they loaded."""
     from specswap.engine import Engine
     spec = algorithm(speculative_algorithm)
     draft = models.draft if spec.needs_draft else None
     return Engine(models.target, draft, spec.name, speculative_num_steps=speculative_num_steps,
-                  speculative_adaptive=speculative_adaptive, speculative_adaptive_config=speculative_adaptive_config,
-                  max_batch_size=max_batch_size, max_seq_len=max_seq_len, tokenizer=models.tokenizer,
-                  disable_graphs=disable_graphs, speculative_eagle_topk=speculative_eagle_topk,
-                  speculative_num_draft_tokens=speculative_num_draft_tokens,
-                  **{key: value for key, value in distributed.items() if value is not None})
+                  tokenizer=models.tokenizer, **keywords)

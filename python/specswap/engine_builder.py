@@ -1,60 +1,162 @@
 """How an ``Engine`` is made: its keywords as one validated dataclass (``EngineOptions``: every check that needs no
 weights runs before any load), then ``build``: the models loaded (``loading``), the verify's row costs and the
 adaptive config for this machine, the distributed group's checks and shards, the worker with every tier's graphs,
-the controller. ``Engine(...)``'s keywords are this dataclass's fields."""
+the controller. ``Engine(...)``'s keywords are this dataclass's fields, and each field's metadata is the one table
+of its flag (``flag``: what ``specswap serve`` and ``bench`` generate theirs from) or says it has none
+(``engine_only``)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
 
-from specswap.algorithms import algorithm
+from specswap.algorithms import HYBRID_DRAFTERS, NAMES, algorithm
 from specswap.huge_pages import place_on_huge_pages
 from specswap.prompt_lookup import NumberTokens
 from specswap.worker import SpeculativeWorker
 from specswap.worker.layout import tier_key, tree_shape
+from specswap.worker.suffix import SuffixConfig
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEQ_LEN = 2048
 
 
+@dataclass(frozen=True)
+class Flag:
+    """How an ``EngineOptions`` field is a command-line flag (``cli_flags.add_engine_flags`` adds it, and
+    ``cli_flags.engine_keywords`` reads it back): its names (SGLang's spelling first, then aliases), help, the
+    commands that take it, ``load`` when the CLI applies it in ``load_models`` (it loads once, then builds engines
+    over those modules), argparse's type / choices / action / dest, and ``cli_defaults``: command -> (default,
+    help note) where that command's default is not the field's, each said here."""
+
+    names: tuple[str, ...]
+    help: str
+    commands: tuple[str, ...]
+    load: bool
+    cli_defaults: Mapping[str, tuple[Any, str]]
+    argparse: Mapping[str, Any]
+
+    @property
+    def dest(self) -> str:
+        """The argparse attribute the flag sets."""
+        return self.argparse.get("dest") or self.names[0][2:].replace("-", "_")
+
+
+def flag(*names: str, help: str, commands: tuple[str, ...] = ("serve", "bench"), load: bool = False,
+         cli_defaults: Mapping[str, tuple[Any, str]] | None = None, **argparse_keywords) -> dict[str, Flag]:
+    """A field's metadata: it is a flag (``Flag``)."""
+    return {"flag": Flag(names, help, commands, load, dict(cli_defaults or {}), argparse_keywords)}
+
+
+def engine_only(why: str) -> dict[str, str]:
+    """A field's metadata: a keyword of ``Engine`` only, no flag sets it (``why``)."""
+    return {"engine_only": why}
+
+
+_SUFFIX = SuffixConfig()  # SUFFIX's defaults (None: the drafter's), said in the flags' help
+
+
+def _suffix(name: str, kind: type, what: str):
+    """A ``suffix_decoding_<name>`` field: vLLM's speculative_config name, None for SuffixConfig's default."""
+    return field(default=None, metadata=flag(f"--suffix-decoding-{name.replace('_', '-')}", type=kind,
+                                             help=f"SUFFIX: {what} (default {getattr(_SUFFIX, name)})"))
+
+
 @dataclass
 class EngineOptions:
-    """``Engine``'s keywords (the class docstring says what each does)."""
+    """``Engine``'s keywords (the class docstring says what each does), and the one table of their flags: each
+    field's metadata is a ``flag`` (``specswap serve`` / ``bench`` generate it, ``cli_flags``) or ``engine_only``."""
 
-    speculative_algorithm: str | None = "EAGLE"
-    speculative_num_steps: int = 3
-    speculative_adaptive: bool = False
-    speculative_adaptive_config: Any = None
-    device: str | torch.device = "cpu"
-    dtype: str | torch.dtype = "auto"
-    max_batch_size: int = 8
-    max_seq_len: int | None = None
-    tokenizer: Any = None
-    disable_graphs: bool = False
-    draft_quantization: str = "auto"
-    round_graphs: bool | None = None
-    ngram_numbers: bool = True
-    weights: str = "auto"
-    speculative_eagle_topk: int = 1
-    speculative_num_draft_tokens: int | None = None
-    tp_size: int = 1
-    dp_size: int = 1
-    dist_timeout: float | None = None
-    min_dwell_rounds: int | None = None
-    tp_draft: str | None = None
-    row_costs: str | Mapping[int, float] = "auto"
-    suffix_decoding_max_tree_depth: int | None = None
-    suffix_decoding_max_cached_requests: int | None = None
-    suffix_decoding_max_spec_factor: float | None = None
-    suffix_decoding_min_token_prob: float | None = None
-    hybrid_drafter: str | None = None
+    speculative_algorithm: str | None = field(default="EAGLE", metadata=flag(
+        "--speculative-algorithm", type=str.upper, choices=NAMES,
+        help="EAGLE, EAGLE3 (an EAGLE-3 head: --speculative-draft-model-path DIR), STANDALONE, NGRAM (prompt lookup, "
+             "no draft model), SUFFIX (suffix trees over the request and recent outputs, no draft model) or NONE",
+        # serve speculates only when asked; bench's modes draft with what the model has (loading.load_models)
+        cli_defaults={"serve": ("NONE", ""),
+                      "bench": (None, " (default: EAGLE when the model has a head, else NGRAM)")}))
+    speculative_num_steps: int = field(default=3, metadata=flag(
+        "--speculative-num-steps", type=int, help="draft steps per round (static tier)"))
+    speculative_eagle_topk: int = field(default=1, metadata=flag(
+        "--speculative-eagle-topk", type=int,
+        help="children kept per expanded draft node: 1 drafts a chain, > 1 a tree of depth --speculative-num-steps "
+             "(EAGLE, STANDALONE: EAGLE-2's dynamic tree; NGRAM: a trie)"))
+    speculative_num_draft_tokens: int | None = field(default=None, metadata=flag(
+        "--speculative-num-draft-tokens", type=int,
+        help="tokens a tree's verify reads, the root included (default steps x topk + 1; a chain: steps + 1)"))
+    speculative_adaptive_config: Any = field(default=None, metadata=flag(
+        "--speculative-adaptive-config",
+        help="adaptive policy JSON (docs/policy.md); needs --speculative-adaptive (none: the goodput default; a "
+             "config naming no policy runs SGLang's EMA)"))
+    dtype: str | torch.dtype = field(default="auto", metadata=flag(
+        "--dtype", load=True, choices=["auto", "bfloat16", "float32"],
+        help="compute dtype (auto: bf16 where the CPU has native bf16, else fp32)"))
+    weights: str = field(default="auto", metadata=flag(
+        "--weights", load=True, choices=["auto", "native", "bf16", "fp32"],
+        help="native: a GGUF model's matrices stay in the file's block formats on ggml's CPU kernels (auto: native "
+             "for GGUF models on CPU when ggml is installed); bf16 / fp32: dequantized"))
+    draft_quantization: str = field(default="auto", metadata=flag(
+        "--draft-quantization", load=True, choices=["auto", "none", "int8", "q8_0"],
+        help="the EAGLE head's linears as weight-only int8 (auto: on CPU in bf16) or ggml Q8_0 blocks (auto: with "
+             "native target weights); output is unchanged"))
+    device: str | torch.device = field(default="cpu", metadata=flag(
+        "--device", load=True, help="torch device the model runs on"))
+    max_batch_size: int = field(default=8, metadata=flag(
+        "--max-batch-size", type=int, help="requests decoded together (cache slots)"))
+    max_seq_len: int | None = field(default=None, metadata=flag(
+        "--max-seq-len", type=int,
+        help=f"prompt + completion tokens per request (default: the model's, capped at {DEFAULT_MAX_SEQ_LEN})"))
+    suffix_decoding_max_tree_depth: int | None = _suffix("max_tree_depth", int,
+                                                         "tokens a suffix match and a drafted path may span")
+    suffix_decoding_max_cached_requests: int | None = _suffix(
+        "max_cached_requests", int, "recent outputs the global tree holds, oldest evicted first (0: none)")
+    suffix_decoding_max_spec_factor: float | None = _suffix("max_spec_factor", float, "drafts per matched token")
+    suffix_decoding_min_token_prob: float | None = _suffix(
+        "min_token_prob", float, "a draft token's estimated probability below this ends the draft")
+    hybrid_drafter: str | None = field(default=None, metadata=flag(
+        "--speculative-hybrid-drafter", dest="hybrid_drafter", type=str.upper, choices=HYBRID_DRAFTERS,
+        help="SUFFIX drafts beside EAGLE, EAGLE3 or STANDALONE: each round verifies, per request, the suffix draft "
+             "where its score beats the model's mean accepted drafts (chains only)"))
+    # serve's alone: bench runs adaptive as one of its modes, each in this one process with its graphs
+    speculative_adaptive: bool = field(default=False, metadata=flag(
+        "--speculative-adaptive", action="store_true", commands=("serve",),
+        help="let the adaptive controller pick the draft steps per round; with no config the cost-aware goodput "
+             "policy runs (tier 0 = speculation off among its tiers, chosen from this machine's measured verify "
+             "costs): on a CPU a deeper verify costs more, which SGLang's EMA ('policy': 'sglang') ignores"))
+    disable_graphs: bool = field(default=False, metadata=flag(
+        "--disable-cuda-graph", action="store_true", commands=("serve",),
+        help="run every stage eagerly instead of replaying the graphs captured at start-up"))
+    tp_size: int = field(default=1, metadata=flag(
+        "--tp-size", type=int, commands=("serve",),
+        help="tensor-parallel ranks (under torchrun; rank 0 of each group serves HTTP; README, 'Several processes')"))
+    tp_draft: str | None = field(default=None, metadata=flag(
+        "--tp-draft", choices=["replicate", "shard", "leader"], commands=("serve",),
+        help="tensor parallelism: every rank runs the whole draft (replicate, the default for EAGLE and draft "
+             "models), the draft split like the target (shard), or NGRAM's lookups on rank 0, broadcast (leader, "
+             "NGRAM's default)"))
+    dp_size: int = field(default=1, metadata=flag(
+        "--dp-size", type=int, commands=("serve",),
+        help="data-parallel groups (under torchrun), each with its own batch; one endpoint on --port behind "
+             "sglang-router (the router extra), else each on --port + its index; tier switches agreed by all "
+             "(docs/scale-out.md)"))
+    dist_timeout: float | None = field(default=None, metadata=flag(
+        "--dist-timeout", type=float, commands=("serve",),
+        help="seconds a collective waits for a peer before failing with the rank's name (default 60)"))
+    min_dwell_rounds: int | None = field(default=None, metadata=flag(
+        "--min-dwell-rounds", type=int, commands=("serve",),
+        help="distributed: steps at least between two tier switches (default 8)"))
+    tokenizer: Any = field(default=None, metadata=engine_only(
+        "a tokenizer object for a built model (the CLI's comes with the models it loads)"))
+    round_graphs: bool | None = field(default=None, metadata=engine_only(
+        "None: whole-round graphs up to 50M parameters; the CLI keeps that"))
+    ngram_numbers: bool = field(default=True, metadata=engine_only("the CLI keeps NGRAM's number extrapolation on"))
+    row_costs: str | Mapping[int, float] = field(default="auto", metadata=engine_only(
+        "'auto', 'off' or a {rows: cost} mapping; the CLI measures them (cached)"))
 
     def __post_init__(self):
         """Every check that needs no weights, and what follows from the keywords (``plan``)."""
@@ -100,7 +202,7 @@ class EngineOptions:
     @classmethod
     def of(cls, speculative_algorithm, keywords: dict[str, Any]) -> EngineOptions:
         """The options from Engine's keywords; an unknown keyword is a TypeError naming it."""
-        names = {field.name for field in dataclasses.fields(cls)}
+        names = {option.name for option in dataclasses.fields(cls)}
         unknown = sorted(set(keywords) - names)
         if unknown:
             raise TypeError(f"Engine() got unknown keyword(s) {', '.join(unknown)}; it takes "

@@ -85,7 +85,7 @@ def test_suffix_keywords_reach_a_hybrid_s_trees():
 def test_the_flag_reaches_build_engine_and_is_checked():
     from specswap.cli_flags import add_model_arguments, check_speculative_flags, suffix_options
     parser = argparse.ArgumentParser()
-    add_model_arguments(parser, default_algorithm=None)
+    add_model_arguments(parser, "bench")
     parser.add_argument("--speculative-adaptive-config-dummy", default=None)
     args = parser.parse_args(["--speculative-algorithm", "eagle", "--speculative-hybrid-drafter", "suffix"])
     assert suffix_options(args) == {"hybrid_drafter": "SUFFIX"}

@@ -98,7 +98,7 @@ def test_keywords_reach_the_trees_and_are_refused_elsewhere():
 def test_the_flags_are_vllm_s_names_and_reach_build_engine():
     from specswap.cli_flags import add_model_arguments, suffix_options
     parser = argparse.ArgumentParser()
-    add_model_arguments(parser, default_algorithm=None)
+    add_model_arguments(parser, "bench")
     args = parser.parse_args(["--speculative-algorithm", "suffix", "--suffix-decoding-max-spec-factor", "2",
                               "--suffix-decoding-max-cached-requests", "5"])
     assert args.speculative_algorithm == "SUFFIX"

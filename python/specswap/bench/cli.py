@@ -171,7 +171,7 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
     """Run the benchmark described by ``args``; ``models`` (LoadedModels) skips loading (tests, reuse)."""
     import torch
 
-    from specswap.cli_flags import check_speculative_flags
+    from specswap.cli_flags import check_speculative_flags, engine_keywords
     from specswap.loading import load_models
 
     check_speculative_flags(args, adaptive_flag=True)  # the config applies to the adaptive mode
@@ -207,9 +207,8 @@ def run_bench(args: argparse.Namespace, models=None) -> dict[str, Any]:
         result["model"] = None
     else:
         if models is None:
-            algorithm = None if args.speculative_algorithm is None else args.speculative_algorithm
-            models = load_models(args.model, args.draft_model, algorithm, args.dtype, args.device,
-                             args.draft_quantization, args.weights)
+            models = load_models(args.model, args.draft_model, args.speculative_algorithm,
+                                 **engine_keywords(args, "bench", load=True))
         steps, trees = machine_tiers(models, args.speculative_adaptive_config) if args.modes is None else ([], [])
         modes = mode_settings(args.modes, models.speculative_algorithm, steps, args.speculative_num_steps,
                               args.speculative_adaptive_config, trees)
