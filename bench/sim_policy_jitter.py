@@ -74,7 +74,7 @@ def simulate(scenario: Scenario, jitter: float, overrides: dict, rounds: int, se
     best = scenario.best()
     at_best, tokens, seconds = 0, 0, 0.0
     for _ in range(rounds):
-        steps = params.current_steps
+        steps = params.current_tier
         lengths = []
         for _ in range(scenario.batch):
             accepted = 0

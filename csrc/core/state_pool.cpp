@@ -69,15 +69,15 @@ std::shared_ptr<const RuntimeState> StatePool::acquire_shared() const {
   return state ? state->shared_from_this() : nullptr;
 }
 
-bool StatePool::activate(int speculative_num_steps) {
+bool StatePool::activate(int tier_key) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = tiers_.find(speculative_num_steps);
+  auto it = tiers_.find(tier_key);
   if (it == tiers_.end()) {
     std::vector<int> known;
-    for (const auto& [steps, tier] : tiers_) known.push_back(steps);
+    for (const auto& [key, tier] : tiers_) known.push_back(key);
     throw std::invalid_argument(
-        "no state registered for speculative_num_steps=" +
-        std::to_string(speculative_num_steps) + "; registered tiers: " +
+        "no state registered for tier " +
+        std::to_string(tier_key) + "; registered tiers: " +
         format_tiers(known));
   }
   Tier* next = &it->second;
@@ -94,20 +94,20 @@ bool StatePool::activate(int speculative_num_steps) {
   return true;
 }
 
-bool StatePool::contains(int speculative_num_steps) const {
+bool StatePool::contains(int tier_key) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return tiers_.count(speculative_num_steps) != 0;
+  return tiers_.count(tier_key) != 0;
 }
 
 std::vector<int> StatePool::tiers() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<int> out;
   out.reserve(tiers_.size());
-  for (const auto& [steps, tier] : tiers_) out.push_back(steps);
+  for (const auto& [key, tier] : tiers_) out.push_back(key);
   return out;
 }
 
-int StatePool::active_steps() const noexcept {
+int StatePool::active_tier() const noexcept {
   const RuntimeState* state = acquire();
   return state ? state->key() : -1;
 }
@@ -127,12 +127,12 @@ std::vector<TierStats> StatePool::stats() const {
   const auto now = Clock::now();
   std::vector<TierStats> out;
   out.reserve(tiers_.size());
-  for (const auto& [steps, tier] : tiers_) {
+  for (const auto& [key, tier] : tiers_) {
     auto time_active = tier.time_active;
     const bool active = &tier == active_tier_;
     if (active) time_active += now - active_since_;
     out.push_back(TierStats{
-        steps, active, tier.activations,
+        key, active, tier.activations,
         std::chrono::duration<double>(time_active).count()});
   }
   return out;

@@ -52,7 +52,7 @@ class RuntimeState : public std::enable_shared_from_this<RuntimeState> {
 };
 
 struct TierStats {
-  int speculative_num_steps;  // the tier's key (a chain: its step count)
+  int tier;  // the tier's key (a chain: its step count)
   bool active;
   std::uint64_t activations;  // times this tier became the active one
   double seconds_active;      // wall time spent as the active tier
@@ -67,7 +67,7 @@ class StatePool {
   StatePool& operator=(const StatePool&) = delete;
 
   // Adds a prebuilt state. A tier is registered once; a second state for the
-  // same step count is an error (a reader may still hold the first).
+  // same key is an error (a reader may still hold the first).
   void register_state(std::shared_ptr<const RuntimeState> state);
 
   // The active state in one atomic load, or nullptr before the first
@@ -82,14 +82,14 @@ class StatePool {
   std::shared_ptr<const RuntimeState> acquire_shared() const;
 
   // Tiers are known by their key (RuntimeState::key(): a chain's step count).
-  // Publishes the prebuilt state of tier `speculative_num_steps` with one atomic
+  // Publishes the prebuilt state of the tier keyed `tier_key` with one atomic
   // store. Returns true if the active tier changed. Throws
   // std::invalid_argument for a tier that was never registered.
-  bool activate(int speculative_num_steps);
+  bool activate(int tier_key);
 
-  bool contains(int speculative_num_steps) const;
+  bool contains(int tier_key) const;
   std::vector<int> tiers() const;
-  int active_steps() const noexcept;  // the active tier's key; -1 before the first activate()
+  int active_tier() const noexcept;  // the active tier's key; -1 before the first activate()
   std::uint64_t num_switches() const;
   std::vector<TierStats> stats() const;
   std::size_t size() const;

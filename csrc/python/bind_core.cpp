@@ -307,12 +307,13 @@ AdaptiveSpeculativeParams::PolicyFactory python_factory(const py::object& policy
 
 // ---- the policy's driver ---------------------------------------------------------------------
 void def_policy_statistics(py::class_<AdaptiveSpeculativeParams>& cls) {
-  cls.def_property_readonly("current_steps", &AdaptiveSpeculativeParams::current_steps)
+  cls.def_property_readonly("current_tier", &AdaptiveSpeculativeParams::current_steps, "The active tier's key.")
       .def_property_readonly("ema", &AdaptiveSpeculativeParams::ema)
       .def_property_readonly("alpha", &AdaptiveSpeculativeParams::alpha,
                              "Per-token acceptance estimate (goodput's model; 0.5 before any draft).")
       .def_property_readonly("num_batches", &AdaptiveSpeculativeParams::num_batches)
-      .def_property_readonly("candidate_steps", &AdaptiveSpeculativeParams::candidate_steps)
+      .def_property_readonly("candidate_tiers", &AdaptiveSpeculativeParams::candidate_steps,
+                             "The candidates' keys, in the policy's order.")
       .def_property_readonly("config", &AdaptiveSpeculativeParams::config)
       .def_static("expected_tokens", &AdaptiveSpeculativeParams::expected_tokens,
                   py::arg("alpha"), py::arg("steps"),
@@ -354,25 +355,25 @@ void bind_policy(py::module_& m) {
   py::class_<AdaptiveSpeculativeParams> cls(m, "AdaptiveSpeculativeParams",
       "The adaptive policy (config.policy): sglang's EMA thresholds, goodput's argmax E(k)/cost(k), or a policy "
       "written in Python; fed one observe() a round.");
-  cls.def(py::init([](int initial_steps, py::object config, py::object policy) {
+  cls.def(py::init([](int initial_tier, py::object config, py::object policy) {
             AdaptiveConfig cfg = config.is_none() ? AdaptiveConfig{} : config.cast<AdaptiveConfig>();
             const auto factory = python_factory(policy, cfg);
-            return AdaptiveSpeculativeParams(initial_steps, std::move(cfg), factory);
+            return AdaptiveSpeculativeParams(initial_tier, std::move(cfg), factory);
           }),
-          py::arg("initial_steps"), py::arg("config") = py::none(), py::arg("policy") = py::none(),
+          py::arg("initial_tier"), py::arg("config") = py::none(), py::arg("policy") = py::none(),
           "policy: for config policy 'python', policy(tiers, start) -> an object whose observe(RoundObservation) "
           "returns the tier to run next (a Tier or its key) or None; tiers are the candidates' keys, start the "
           "initial one's.")
-      .def_static("candidate_tiers", &AdaptiveSpeculativeParams::candidate_tiers, py::arg("initial_steps"),
+      .def_static("tiers_for", &AdaptiveSpeculativeParams::candidate_tiers, py::arg("initial_tier"),
                   py::arg("config"),
                   "(the candidates' keys in the policy's order, the initial tier's index among them) for this "
-                  "config started at initial_steps.")
+                  "config started at initial_tier (a key).")
       .def("observe", [](AdaptiveSpeculativeParams& params, const OwnedObservation& round) {
              return params.observe(round.view());
            },
            py::arg("round"),
            "Feed one round (RoundObservation): its shadows, a plain decode in the tier's place, or a verify made "
-           "at current_steps with its chain and checks past it. True only if the tier changed (on a verify only).")
+           "at current_tier with its chain and checks past it. True only if the tier changed (on a verify only).")
       .def("update", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths,
                         std::optional<double> round_seconds, bool sampled) {
              return params.update(accept_lengths,
@@ -380,7 +381,7 @@ void bind_policy(py::module_& m) {
            },
            py::arg("accept_lengths"), py::arg("round_seconds") = py::none(), py::arg("sampled") = false,
            "observe() of a round that is a verify alone: accepted draft tokens per request (bonus excluded) at "
-           "current_steps, the round's wall time in seconds (None: untimed), whether it sampled.")
+           "current_tier, the round's wall time in seconds (None: untimed), whether it sampled.")
       .def("shadow", [](AdaptiveSpeculativeParams& params, const std::vector<int>& accept_lengths, int steps) {
              RoundObservation round;
              round.shadow_accept_lengths = accept_lengths;
@@ -467,19 +468,19 @@ void bind_pool(py::module_& m) {
       .def(py::init<>())
       .def("register", [](StatePool& pool, StatePtr state) { pool.register_state(std::move(state)); },
            py::arg("state"), "Add a prebuilt state; each tier once.")
-      .def("activate", &StatePool::activate, py::arg("speculative_num_steps"),
-           "Publish a registered tier; True if the active tier changed.")
+      .def("activate", &StatePool::activate, py::arg("tier"),
+           "Publish a registered tier (its key); True if the active tier changed.")
       .def("acquire", [](const StatePool& pool) -> py::object {
              auto state = pool.acquire_shared();
              if (!state) return py::none();
              return py::cast(to_mutable(std::move(state)));
            },
            "The active state (None before the first activate).")
-      .def_property_readonly("active_steps", [](const StatePool& pool) -> py::object {
-        const int steps = pool.active_steps();
-        if (steps < 0) return py::none();
-        return py::int_(steps);
-      })
+      .def_property_readonly("active_tier", [](const StatePool& pool) -> py::object {
+        const int key = pool.active_tier();
+        if (key < 0) return py::none();
+        return py::int_(key);
+      }, "The active tier's key (None before the first activate).")
       .def_property_readonly("num_switches", &StatePool::num_switches)
       .def("tiers", &StatePool::tiers)
       .def("__contains__", &StatePool::contains)
@@ -488,14 +489,14 @@ void bind_pool(py::module_& m) {
         py::list out;
         for (const TierStats& tier : pool.stats()) {
           py::dict row;
-          row["speculative_num_steps"] = tier.speculative_num_steps;
+          row["speculative_num_steps"] = tier.tier;  // the key, under the name the stats have always used
           row["active"] = tier.active;
           row["activations"] = tier.activations;
           row["seconds_active"] = tier.seconds_active;
           out.append(row);
         }
         return out;
-      }, "Per tier: steps, active, activations, seconds_active.");
+      }, "Per tier: speculative_num_steps (its key), active, activations, seconds_active.");
 }
 
 }  // namespace

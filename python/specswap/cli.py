@@ -35,20 +35,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     controller = AdaptiveController(pool, config)
     rng = random.Random(args.seed)
     phases = [("low", 0.15), ("high", 0.92), ("low", 0.15), ("high", 0.92)]
-    print(f"tiers {controller.candidate_steps}, start at {controller.current_steps}")
+    print(f"tiers {controller.candidate_tiers}, start at {controller.current_tier}")
     print(f"{'phase':<6} {'acceptance':>10} {'rounds':>6}  tier trace (one char per {args.rounds // 40} rounds)")
     switch_seconds = []
     for name, acceptance in phases:
         trace = []
         for round_index in range(args.rounds):
-            steps = pool.active_steps
+            steps = pool.active_tier
             accepts = _simulated_accepts(rng, acceptance, steps, args.batch_size)
             result = RoundResult([[0]] * len(accepts), accepts, steps, steps, speculating=[True] * len(accepts))
             start = time.perf_counter()
             if controller.observe(result) is not None:
                 switch_seconds.append(time.perf_counter() - start)
             if round_index % max(1, args.rounds // 40) == 0:
-                trace.append(str(pool.active_steps))
+                trace.append(str(pool.active_tier))
         print(f"{name:<6} {acceptance:>10.2f} {args.rounds:>6}  {''.join(trace)}")
     stats = controller.stats()
     print(f"switches: {stats['num_switches']}, final tier {stats['current_steps']}, EMA {stats['ema']:.2f}")

@@ -39,20 +39,20 @@ class AdaptiveController:
                  row_costs: Mapping[int, float] | None = None, policy: Callable[..., Any] | None = None):
         self.pool = pool
         self.config = load_adaptive_config(config)
-        start = pool.active_steps
+        start = pool.active_tier
         if start is None:
             raise ValueError("the state pool has no active tier; activate the start-up tier before adapting")
         self.params = AdaptiveSpeculativeParams(int(start), self.config, python_policy(self.config, policy))
         if shadows:
             self.params.expect_shadows()
-        missing = [steps for steps in self.params.candidate_steps if steps not in pool]
+        missing = [key for key in self.params.candidate_tiers if key not in pool]
         if missing:
             raise ValueError(f"candidate tiers {missing} have no state in the pool (it holds {pool.tiers()}); build "
                              f"the worker with every candidate in tiers=")
         # the lookups of plain decodes run in the active tier's place since its last verify: charged to its next
         # verify, so a tier's cost is what being at it costs (see observe)
         self._carried_seconds, self._carried_tier = 0.0, None
-        pool.activate(self.params.current_steps)
+        pool.activate(self.params.current_tier)
         if row_costs:
             self.set_row_costs(row_costs)
 
@@ -69,14 +69,15 @@ class AdaptiveController:
         return dict(self.params.row_costs)
 
     @property
-    def candidate_steps(self) -> list[int]:
+    def candidate_tiers(self) -> list[int]:
         """The tiers the policy chooses among, by key: a chain's step count, a tree's encoded shape (_core.tier_key),
         ordered by verified drafts."""
-        return list(self.params.candidate_steps)
+        return list(self.params.candidate_tiers)
 
     @property
-    def current_steps(self) -> int:
-        return self.params.current_steps
+    def current_tier(self) -> int:
+        """The active tier's key."""
+        return self.params.current_tier
 
     @property
     def ema(self) -> float:
@@ -111,8 +112,8 @@ class AdaptiveController:
             round_ = self._verify(result, shadow)
         if not self.params.observe(round_):
             return None
-        self.pool.activate(self.params.current_steps)
-        return self.params.current_steps
+        self.pool.activate(self.params.current_tier)
+        return self.params.current_tier
 
     def _verify(self, result, shadow: dict[str, Any]) -> RoundObservation:
         """A round that verified the active tier, as the policy reads it: the requests that speculated only."""
@@ -134,17 +135,17 @@ class AdaptiveController:
     def stats(self) -> dict[str, Any]:
         return {
             "policy": self.config.policy,
-            "current_steps": self.params.current_steps,
+            "current_steps": self.params.current_tier,
             "ema": self.params.ema,
             "alpha": self.params.alpha,
             "cost_estimates": self.params.cost_estimates(),  # tier -> seconds per round, last batch size
             "measured_costs": self.params.measured_costs(),  # greedy/sampled -> batch bucket -> tier -> seconds
             "num_batches": self.params.num_batches,
             "num_switches": self.pool.num_switches,
-            "candidate_steps": self.candidate_steps,  # every candidate's key (a tree's: _core.tier_key)
+            "candidate_steps": self.candidate_tiers,  # every candidate's key (a tree's: _core.tier_key)
             "candidate_trees": [list(tree) for tree in self.config.candidate_trees],
             "row_costs": self.row_costs,  # rows -> the verify's relative cost (the untimed tiers' prior), {} if none
-            "tiers": [row for row in self.pool.stats() if row["speculative_num_steps"] in self.candidate_steps],
+            "tiers": [row for row in self.pool.stats() if row["speculative_num_steps"] in self.candidate_tiers],
         }
 
 

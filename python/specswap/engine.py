@@ -102,7 +102,7 @@ class Engine:
 
     # what callers read of the worker: the tier the next round runs, the largest tier, whether sampled tokens
     # are keyed by (seed, output position) (NGRAM, target-only), each tier's graph and buffer bytes
-    current_steps = property(lambda self: self.worker.active_steps)
+    current_tier = property(lambda self: self.worker.active_tier)
     max_steps = property(lambda self: self.worker.max_steps)
     keyed_sampling = property(lambda self: self.worker.keyed_sampling)
 
@@ -171,7 +171,7 @@ class Engine:
         Returns the outputs of every request that changed in this step, each finished one exactly once (with
         any that finished inside another caller's generate()), and the tier the round ran for.
         """
-        tier = self.worker.active_steps
+        tier = self.worker.active_tier
         outputs = [self.batch.output(request) for request in self.batch.step()]
         return StepOutput(outputs + self.batch.take_finished(), tier)
 
@@ -207,10 +207,10 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """Tier, EMA, switches, rounds per tier, acceptance and throughput since start."""
-        tier = Tier.from_key(self.current_steps)
+        tier = Tier.from_key(self.current_tier)
         stats: dict[str, Any] = {
             "speculative_algorithm": self.speculative_algorithm, "weights": self.weights,
-            "current_steps": self.current_steps,  # the active tier's key (a tree's is its packed shape)
+            "current_steps": self.current_tier,  # the active tier's key (a tree's is its packed shape)
             "tier": {**tier.as_dict(), "label": tier.label},
             "adaptive": self.controller is not None, "ema": None, "num_switches": 0, **self.batch.stats()}
         if self.controller is not None:

@@ -30,7 +30,7 @@ def verified(accept_lengths, tier, seconds=0.0, sampled=False, speculating=None,
 def test_the_start_up_tier_is_the_policy_s_and_every_candidate_must_be_in_the_pool():
     pool = pool_of(start=3)
     controller = AdaptiveController(pool, None)
-    assert controller.candidate_steps == [1, 3, 7] and pool.active_steps == 3
+    assert controller.candidate_tiers == [1, 3, 7] and pool.active_tier == 3
     with pytest.raises(ValueError, match=r"candidate tiers \[2\] have no state in the pool"):
         AdaptiveController(pool_of(), {"candidate_steps": [1, 2, 3]})
     with pytest.raises(ValueError, match="no active tier"):
@@ -45,7 +45,7 @@ def test_a_switch_activates_the_prebuilt_state_and_nothing_else():
     state = pool.acquire()
     assert state.speculative_num_steps == 7 and state.speculative_num_draft_tokens == 8 and state.round == "round7"
     assert before.round == "round3"  # a holder of the old state still sees it whole
-    assert controller.observe(verified([0], 7)) == 1 and pool.active_steps == 1
+    assert controller.observe(verified([0], 7)) == 1 and pool.active_tier == 1
     assert controller.observe(verified([], 1)) is None
     stats = controller.stats()
     assert stats["num_switches"] == 2 and stats["current_steps"] == 1
@@ -56,7 +56,7 @@ def test_thousands_of_switches_only_move_the_pool():
     pool = pool_of()
     controller = AdaptiveController(pool, FAST)
     for i in range(3000):
-        controller.observe(verified([6] if i % 2 else [0], pool.active_steps))
+        controller.observe(verified([6] if i % 2 else [0], pool.active_tier))
     assert controller.stats()["num_switches"] == 3000 and len(pool) == 3
 
 
@@ -109,7 +109,7 @@ def test_shadows_reach_the_policy():
     controller = AdaptiveController(pool, config, shadows=True)
     for _ in range(4):
         controller.observe(verified([0], 0, seconds=1.0, shadow=Shadow([3, 3], 3)))
-    assert pool.active_steps == 3  # every shadow says tier 3 accepts all its drafts
+    assert pool.active_tier == 3  # every shadow says tier 3 accepts all its drafts
 
 
 def test_a_tree_round_s_chain_reaches_the_policy_for_the_requests_that_speculated():
@@ -151,7 +151,7 @@ def test_config_from_path(tmp_path):
     path = tmp_path / "adaptive.json"
     path.write_text('{"candidate_steps": [2, 4]}')
     controller = AdaptiveController(pool_of(tiers=(2, 4), start=4), path)
-    assert controller.candidate_steps == [2, 4]
+    assert controller.candidate_tiers == [2, 4]
 
 
 def test_bad_config_is_refused_naming_the_key():
@@ -181,7 +181,7 @@ def test_a_drafter_with_shadows_is_not_held_back_from_tier_zero():
         controller = AdaptiveController(pool, config, shadows=with_shadows)
         visited = []
         for _ in range(6):
-            steps = controller.current_steps
+            steps = controller.current_tier
             visited.append(steps)
             controller.observe(verified([0, 0], steps, seconds=1.0 if steps == 0 else 1.15))
         return visited

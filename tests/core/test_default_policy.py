@@ -70,4 +70,4 @@ def test_the_engine_s_default(monkeypatch):
     assert ngram.controller.stats()["candidate_steps"] == [0, 1, 3, 7]  # no table: the tuned tiers
     sglang = Engine("tiny", speculative_algorithm="NGRAM", speculative_adaptive=True,
                     speculative_adaptive_config={"ema_alpha": 0.5})
-    assert sglang.controller.stats()["policy"] == "sglang" and sglang.controller.candidate_steps == [1, 3, 7]
+    assert sglang.controller.stats()["policy"] == "sglang" and sglang.controller.candidate_tiers == [1, 3, 7]

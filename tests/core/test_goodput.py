@@ -29,7 +29,7 @@ def run(params, alpha, cost, rounds, rng, batch=4):
     """Feed `rounds` verifies at the policy's own tier; return the tier of each round."""
     tiers = []
     for _ in range(rounds):
-        steps = params.current_steps
+        steps = params.current_tier
         tiers.append(steps)
         params.update([geometric(alpha, steps, rng) for _ in range(batch)], cost(steps))
     return tiers
@@ -149,7 +149,7 @@ def test_synthetic_cost_table_picks_the_best_tier(alpha, cost, expected):
 def test_jumps_three_to_seven_in_one_decision():
     params = goodput(3, **dict(quiet(ema_alpha=1.0), warmup_batches=0, update_interval=1))
     assert params.update([3, 3, 3, 3], 1.0) is True  # alpha 1, prior costs 1 + 0.1k: 8/1.7 beats 4/1.3
-    assert params.current_steps == 7
+    assert params.current_tier == 7
 
 
 def test_untimed_updates_use_the_cost_prior():
@@ -171,7 +171,7 @@ def test_hysteresis_blocks_a_marginal_switch():
                                    warmup_batches=0, update_interval=1, candidate_steps=[3, 7]))
         params.update(batch)
         assert params.alpha == pytest.approx(alpha)
-        assert params.current_steps == expected, min_gain
+        assert params.current_tier == expected, min_gain
 
 
 def test_costs_of_unmeasured_tiers_are_linear_through_measured_ones():
@@ -218,10 +218,10 @@ def test_start_up_probes_run_only_the_initial_tier_with_shadows_and_row_costs(sh
         params.expect_shadows()
     if row_costs:
         params.set_row_costs(ROW_COSTS)
-    candidates = list(params.candidate_steps)
+    candidates = list(params.candidate_tiers)
     seen = []
     for _ in range(2 * len(candidates)):  # the longest start-up: every candidate's probe rounds
-        steps = params.current_steps
+        steps = params.current_tier
         seen.append(steps if steps in (0, 1, 3, 7) else "tree")
         params.update([0, 0], 1.0 + 0.1 * (steps if steps in (0, 1, 3, 7) else 5))
     assert set(seen) == probed, seen  # nothing accepted at 3: the decision after its probe rounds takes 0
@@ -235,7 +235,7 @@ def test_a_slow_spell_is_not_learned_as_a_cost():
     rng = random.Random(5)
     params = goodput(3, candidate_steps=[1, 3, 7])
     run(params, 0.75, lambda k: cost[k], 60, rng)  # tier 3 is best at this acceptance
-    assert params.current_steps == 3
+    assert params.current_tier == 3
     before = params.cost_estimates(4)
     during = run(params, 0.75, lambda k: 2.5 * cost[k], 80, rng)
     assert set(during) == {3}
@@ -252,7 +252,7 @@ def test_costs_follow_the_machine_s_speed_while_one_tier_runs():
     rng = random.Random(2)
     params = goodput(3, candidate_steps=[1, 3, 7])
     run(params, 0.75, lambda k: cost[k], 12, rng)  # probes 3, 3, 1, 1, 7, 7, then tier 3
-    assert params.current_steps == 3
+    assert params.current_tier == 3
     speed = iter([1.0 - 0.3 * min(1.0, r / 80) for r in range(200)])
     tiers = run(params, 0.75, lambda k: next(speed) * cost[k], 120, rng)
     assert set(tiers) == {3}
@@ -266,9 +266,9 @@ def test_a_switch_measures_the_new_tier_against_the_others():
     # the first rounds at a tier after a switch are its ratio to the others: they move its cost, not the level
     params = goodput(3, candidate_steps=[1, 3, 7])
     for steps, seconds in ((3, 1.2), (3, 1.2), (1, 1.0), (1, 1.0), (7, 1.9), (7, 1.9)):
-        assert params.current_steps == steps
+        assert params.current_tier == steps
         params.update([steps] * 4, seconds)  # all accepted: the deepest tier wins
-    assert params.current_steps == 7
+    assert params.current_tier == 7
     for _ in range(CostModelSettleRounds - 2):  # with its 2 probe rounds: kSettleRounds in a row
         params.update([7] * 4, 2.3)  # tier 7 runs dearer than its probes said
     estimates = params.cost_estimates(4)
@@ -333,7 +333,7 @@ def test_sampled_rounds_keep_their_own_table():
     params = goodput(3, **dict(quiet(candidate_steps=[1, 3, 7]), probe_rounds=1))
     for cost in (2.0, 1.2, 3.6):  # probe 3, 1, 7 on sampled rounds; nothing accepted: the cheapest, 1
         params.update([0, 0], cost, sampled=True)
-    assert params.current_steps == 1
+    assert params.current_tier == 1
     assert params.measured_costs() == {"greedy": {}, "sampled": {2: {1: 1.2, 3: 2.0, 7: 3.6}}}
     assert params.cost_estimates(2) == {k: pytest.approx(1 + 0.1 * k) for k in (1, 3, 7)}  # greedy: the prior
     params.update([1, 1], 1.0)  # one greedy round at 1: a line through it with the prior's relative slope
@@ -370,7 +370,7 @@ def run_shadowed(params, alpha, cost, rounds, rng, batch=4, shadow_steps=7):
     shadow_steps tokens would have accepted, fed before each round's own verify."""
     tiers = []
     for _ in range(rounds):
-        steps = params.current_steps
+        steps = params.current_tier
         tiers.append(steps)
         shadow = [geometric(alpha, shadow_steps, rng) for _ in range(batch)] if steps == 0 else []
         params.observe(RoundObservation(shadow_accept_lengths=shadow, shadow_steps=shadow_steps,
@@ -407,7 +407,7 @@ def test_a_drafter_with_shadows_is_never_probed_out_of_tier_zero():
             params.expect_shadows()
         rng, tiers = random.Random(2), []
         for round_index in range(300):
-            steps = params.current_steps
+            steps = params.current_tier
             tiers.append(steps)
             shadow = [0, 0] if steps == 0 and shadows and round_index % 16 == 0 else []
             params.observe(RoundObservation(shadow_accept_lengths=shadow, shadow_steps=7, round_seconds=cost(steps),
@@ -428,7 +428,7 @@ def test_a_phase_change_forgets_the_old_phase_s_rates():
         cost = linear_cost(1.0, 0.2)
         rng = random.Random(seed)
         run_shadowed(params, 0.97, cost, 300, rng, batch=2)
-        assert params.current_steps == 7
+        assert params.current_tier == 7
         low = run_shadowed(params, 0.02, cost, 40, rng, batch=2)
         assert low[-20:] == [0] * 20 and low.index(0) <= 16, (seed, low)
 
@@ -443,7 +443,7 @@ def test_plain_rounds_in_a_drafting_tier_s_place_time_tier_zero_beside_it():
         params = goodput(1, candidate_steps=[0, 1, 3], acceptance_model="geometric")
         rng, tiers = random.Random(5), []
         for round_index in range(300):
-            steps = params.current_steps
+            steps = params.current_tier
             tiers.append(steps)
             seconds = cost[steps] * (1.4 if steps == 0 and round_index < 6 else 1.0)
             if plain and steps:
@@ -470,7 +470,7 @@ def test_plain_rounds_are_ignored_at_tier_zero_without_tier_zero_and_by_sglang()
     assert no_zero.cost_estimates(4) == before
     sglang = AdaptiveSpeculativeParams(1, AdaptiveConfig(policy="sglang", candidate_steps=[0, 1]))
     sglang.observe(RoundObservation(plain_requests=4, round_seconds=1.0))
-    assert sglang.current_steps == 1 and sglang.num_batches == 0
+    assert sglang.current_tier == 1 and sglang.num_batches == 0
 
 
 def test_blind_zero_margin_holds_a_blind_drafter_off_tier_zero_unless_it_clearly_wins():
@@ -498,7 +498,7 @@ def test_shadow_observations_are_ignored_off_tier_zero_and_by_sglang():
     assert params.alpha == pytest.approx(1.0)
     sglang = AdaptiveSpeculativeParams(3, AdaptiveConfig(policy="sglang"))
     sglang.observe(RoundObservation(shadow_accept_lengths=[7, 7], shadow_steps=7))
-    assert sglang.num_batches == 0 and sglang.current_steps == 3
+    assert sglang.num_batches == 0 and sglang.current_tier == 3
     at_zero = goodput(0, **quiet(ema_alpha=1.0))
     at_zero.observe(RoundObservation(shadow_accept_lengths=[7, 0], shadow_steps=7))  # 7 successes, 1 failure: a batch seen at depth 7, none counted
     assert at_zero.alpha == pytest.approx(7 / 8) and at_zero.num_batches == 0
@@ -521,9 +521,9 @@ def test_position_dependent_acceptance_does_not_flap():
     params = goodput(3, candidate_steps=[0, 1, 3, 7])
     switches = 0
     for _ in range(400):
-        before = params.current_steps
+        before = params.current_tier
         params.update([draw(before) for _ in range(4)], 1.0 + 0.15 * before)
-        switches += params.current_steps != before
+        switches += params.current_tier != before
     assert switches <= 20, switches  # 400 batches = 80 decisions; unguarded it flaps on most of them
 
 
@@ -532,7 +532,7 @@ def test_a_new_phase_lifts_the_bounce_guard():
 
     def feed(accepted_fraction, batches):
         for _ in range(batches):
-            steps = params.current_steps
+            steps = params.current_tier
             params.update([round(accepted_fraction * steps)] * 4, 1.0 + 0.05 * steps)
 
     # four bounces: up to 7 on full acceptance (at once: a phase change), back down at the next decisions
@@ -542,16 +542,16 @@ def test_a_new_phase_lifts_the_bounce_guard():
         if bounces == 4:
             break
         feed(1.0, 1)
-        if params.current_steps == 7:
+        if params.current_tier == 7:
             feed(0.0, 10)
-            bounces += params.current_steps < 7
-    assert bounces == 4 and params.current_steps < 7
+            bounces += params.current_tier < 7
+    assert bounces == 4 and params.current_tier < 7
     # the guard now blocks up moves for 2^4 decisions; a phase where every draft is accepted is a 2-4x
     # predicted gain, not the small over-promise the guard is for: up at the next decision
     tiers = []
     for _ in range(10):
         feed(1.0, 1)
-        tiers.append(params.current_steps)
+        tiers.append(params.current_tier)
     assert 7 in tiers, tiers  # (the guard against small over-promises: test_position_dependent_acceptance_...)
 
 
@@ -562,7 +562,7 @@ def test_sglang_ignores_round_seconds():
     untimed = AdaptiveSpeculativeParams(3, AdaptiveConfig(policy="sglang"))
     for batch in batches:
         assert timed.update(batch, 0.5 + rng.random()) == untimed.update(batch)
-        assert timed.current_steps == untimed.current_steps and timed.ema == untimed.ema
+        assert timed.current_tier == untimed.current_tier and timed.ema == untimed.ema
 
 
 # ---- positional acceptance model ------------------------------------------------------------------------------
@@ -604,7 +604,7 @@ def test_positional_model_sees_through_bursty_acceptance():
                                    warmup_batches=0, update_interval=1))
         tiers = []
         for _ in range(30):
-            steps = params.current_steps
+            steps = params.current_tier
             tiers.append(steps)
             params.update([steps, 0], cost[steps])
         return tiers
@@ -647,7 +647,7 @@ def _rising_greedy_trace(checks, seed=5, sampled=False):
     tiers = []
     for round_index in range(400):
         rates = (0.65, 0.75, 0.2) if round_index < 100 else (0.69, 0.71, 0.93)
-        steps = params.current_steps
+        steps = params.current_tier
         tiers.append(steps)
         accepted, outcomes = [], []
         for _ in range(2):
@@ -702,7 +702,7 @@ def test_a_phase_change_is_acted_on_between_decisions(acceptance_model):
     cost = lambda k: 1.0 + 0.2 * k
     rng = random.Random(3)
     run(params, 0.15, cost, 100, rng)
-    assert params.current_steps == 1
+    assert params.current_tier == 1
     high = run(params, 1.0, cost, 14, rng)
     assert high[-1] == 7 and high.index(7) <= 6, high  # the next decision is 25 batches away
     low = run(params, 0.0, cost, 14, rng)
@@ -742,11 +742,11 @@ def test_one_lucky_lookup_at_tier_zero_is_not_a_phase():
     def feed(params, rounds, lucky_at, shadow):
         tiers = []
         for round_index in range(rounds):
-            tiers.append(params.current_steps)
-            checks = (shadow if round_index == lucky_at else [0]) if params.current_steps == 0 and round_index % 4 == 0 \
+            tiers.append(params.current_tier)
+            checks = (shadow if round_index == lucky_at else [0]) if params.current_tier == 0 and round_index % 4 == 0 \
                 else []
             params.observe(RoundObservation(shadow_accept_lengths=checks, shadow_steps=7, accept_lengths=[0, 0],
-                                            round_seconds=1.0 + 0.03 * params.current_steps))
+                                            round_seconds=1.0 + 0.03 * params.current_tier))
         return tiers
 
     for seed_round in (40, 80, 120):
@@ -795,7 +795,7 @@ def test_the_noise_margin_leaves_down_moves_alone():
                          warmup_batches=0, noise_margin=noise_margin)
         rng = random.Random(seed)
         run(params, 0.9, cost, 200, rng, batch=2)
-        assert params.current_steps == 3
+        assert params.current_tier == 3
         return run(params, 0.5, cost, 200, rng, batch=2)
 
     for seed in range(6):
@@ -816,10 +816,10 @@ def test_tier_zero_moves_up_only_on_fresh_shadows():
         params.expect_shadows()
         run_shadowed(params, 0.97, cost, 300, random.Random(seed), batch=2)
         collapse = []
-        while params.current_steps and len(collapse) < 20:
-            collapse.append(params.current_steps)
-            params.update([0, 0], cost(params.current_steps))
-        assert params.current_steps == 0, collapse
+        while params.current_tier and len(collapse) < 20:
+            collapse.append(params.current_tier)
+            params.update([0, 0], cost(params.current_tier))
+        assert params.current_tier == 0, collapse
         quiet_rounds = run(params, 0.0, cost, 30, random.Random(seed), batch=2)  # every draft rejected, no shadow
         assert quiet_rounds == [0] * 30, quiet_rounds
         back = run_shadowed(params, 0.97, cost, 12, random.Random(seed), batch=2)
@@ -838,9 +838,9 @@ def test_the_collapse_test_leaves_tier_seven_within_three_failed_first_drafts():
                          warmup_batches=0, collapse_evidence=collapse_evidence)
         params.expect_shadows()
         run_shadowed(params, 0.97, cost, 300, random.Random(seed), batch=2)
-        assert params.current_steps == 7
+        assert params.current_tier == 7
         verifies = 0
-        while params.current_steps == 7 and verifies < 30:
+        while params.current_tier == 7 and verifies < 30:
             params.update([0], cost(7), True)
             verifies += 1
         return verifies

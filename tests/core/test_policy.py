@@ -27,27 +27,27 @@ def test_defaults_match_upstream():
 
 def test_snap_initial_steps_prefers_larger_on_tie():
     params = make(2, snap_initial_steps=True)
-    assert params.current_steps == 3
+    assert params.current_tier == 3
     assert params.ema == 2.0
-    assert params.candidate_steps == [1, 3, 7]
+    assert params.candidate_tiers == [1, 3, 7]
 
 
 def test_snap_to_nearest():
-    assert make(6, snap_initial_steps=True).current_steps == 7
-    assert make(4, snap_initial_steps=True).current_steps == 3
-    assert make(0, snap_initial_steps=True).current_steps == 1
+    assert make(6, snap_initial_steps=True).current_tier == 7
+    assert make(4, snap_initial_steps=True).current_tier == 3
+    assert make(0, snap_initial_steps=True).current_tier == 1
 
 
 def test_initial_step_joins_candidates_by_default():
     params = make(2)
-    assert params.current_steps == 2
-    assert params.candidate_steps == [1, 2, 3, 7]
+    assert params.current_tier == 2
+    assert params.candidate_tiers == [1, 2, 3, 7]
     assert params.ema == 1.0
 
 
 def test_candidates_sorted_and_deduplicated():
     params = make(3, candidate_steps=[7, 1, 3, 3, 1])
-    assert params.candidate_steps == [1, 3, 7]
+    assert params.candidate_tiers == [1, 3, 7]
 
 
 def test_ema_starts_at_initial_minus_one():
@@ -60,11 +60,11 @@ def test_warmup_then_interval():
     # EMA falls to 0 after the first zero batch, low enough to go down to 1,
     # but batch 1 is warmup and batch 2 is off-interval.
     assert params.update([0]) is False
-    assert params.current_steps == 3
+    assert params.current_tier == 3
     assert params.update([0]) is False
-    assert params.current_steps == 3
+    assert params.current_tier == 3
     assert params.update([0]) is True
-    assert params.current_steps == 1
+    assert params.current_tier == 1
     assert params.num_batches == 3
 
 
@@ -72,7 +72,7 @@ def test_ema_updates_during_warmup():
     params = make(3, warmup_batches=5, ema_alpha=0.5)
     params.update([0])
     assert params.ema == pytest.approx(1.0)
-    assert params.current_steps == 3
+    assert params.current_tier == 3
 
 
 def test_empty_batch_changes_nothing():
@@ -81,7 +81,7 @@ def test_empty_batch_changes_nothing():
     assert params.update([]) is False
     assert params.ema == before
     assert params.num_batches == 0
-    assert params.current_steps == 3
+    assert params.current_tier == 3
 
 
 def test_empty_batches_do_not_use_up_warmup():
@@ -102,23 +102,23 @@ def test_batch_reduced_to_plain_mean():
 def test_ramp_up_one_three_seven():
     params = make(1, **fast(ema_alpha=1.0))
     assert params.update([1]) is True  # ema 1.0 > 0.5: up to 3; 1.0 > 2.5? no
-    assert params.current_steps == 3
+    assert params.current_tier == 3
     assert params.update([3]) is True  # 3.0 > 2.5: up to 7
-    assert params.current_steps == 7
+    assert params.current_tier == 7
 
 
 def test_several_tiers_in_one_recompute():
     params = make(1, **fast(ema_alpha=1.0))
     assert params.update([6]) is True
-    assert params.current_steps == 7
+    assert params.current_tier == 7
     assert params.update([0]) is True
-    assert params.current_steps == 1
+    assert params.current_tier == 1
 
 
 def test_seven_to_one_in_one_recompute():
     params = make(7, **fast(ema_alpha=1.0))
     assert params.update([0]) is True
-    assert params.current_steps == 1
+    assert params.current_tier == 1
 
 
 def test_thresholds_with_defaults():
@@ -126,12 +126,12 @@ def test_thresholds_with_defaults():
     for value, expected in [(0.25, 1), (0.26, 3), (2.5, 3), (2.51, 7)]:
         params = make(3, **fast(ema_alpha=1.0))
         params.update(_lengths_with_mean(value))
-        assert params.current_steps == expected, (value, params.ema)
+        assert params.current_tier == expected, (value, params.ema)
     # from 7: down to 3 when ema <= 2.25
     for value, expected in [(2.25, 3), (2.3, 7)]:
         params = make(7, **fast(ema_alpha=1.0))
         params.update(_lengths_with_mean(value))
-        assert params.current_steps == expected, (value, params.ema)
+        assert params.current_tier == expected, (value, params.ema)
 
 
 def _lengths_with_mean(value):
@@ -145,31 +145,31 @@ def test_exactly_two_and_a_half_does_not_go_up():
     params = make(3, **fast(ema_alpha=1.0))
     assert params.update([2, 3]) is False
     assert params.ema == 2.5
-    assert params.current_steps == 3
+    assert params.current_tier == 3
 
 
 def test_exactly_half_goes_down():
     params = make(3, **fast(ema_alpha=1.0, down_hysteresis=0.0))
     assert params.update([0, 1]) is True
     assert params.ema == 0.5
-    assert params.current_steps == 1
+    assert params.current_tier == 1
 
 
 def test_up_hysteresis_blocks_rise():
     params = make(3, **fast(ema_alpha=1.0, up_hysteresis=0.75))
     assert params.update([3]) is False  # 3.0 > 2.5 but not > 3.25
-    assert params.current_steps == 3
+    assert params.current_tier == 3
     assert params.update([4]) is True
-    assert params.current_steps == 7
+    assert params.current_tier == 7
 
 
 def test_down_hysteresis_blocks_drop():
     params = make(3, **fast(ema_alpha=1.0, down_hysteresis=-0.75))
     params.update([0, 0, 0, 1])  # 0.25 <= 0.25 would drop with the default
-    assert params.current_steps == 3
+    assert params.current_tier == 3
     params = make(3, **fast(ema_alpha=1.0))
     params.update([0, 0, 0, 1])
-    assert params.current_steps == 1
+    assert params.current_tier == 1
 
 
 def test_alpha_half_sequence():
@@ -180,19 +180,19 @@ def test_alpha_half_sequence():
     for batch in ([6], [0], [0], [0]):
         params.update(batch)
         emas.append(params.ema)
-        steps.append(params.current_steps)
+        steps.append(params.current_tier)
     assert emas == [3.0, 1.5, 0.75, 0.375]
     # 3.0: 1 -> 3 -> 7; 1.5 <= 2.25: 7 -> 3; 0.75 stays; 0.375 > 0.25 stays
     assert steps == [7, 3, 3, 3]
     params.update([0])  # 0.1875 <= 0.25: down to 1
-    assert params.current_steps == 1
+    assert params.current_tier == 1
 
 
 def test_returns_true_only_on_change():
     params = make(3, **fast(ema_alpha=1.0))
     assert params.update([2]) is False
     assert params.update([2]) is False
-    assert params.current_steps == 3
+    assert params.current_tier == 3
 
 
 def test_zero_tier_speculation_off():
@@ -200,14 +200,14 @@ def test_zero_tier_speculation_off():
     # tier 0 needs up_hysteresis >= 0.5 (documented in docs/policy.md).
     params = make(1, **fast(ema_alpha=1.0, candidate_steps=[0, 1, 3], down_hysteresis=0.5))
     assert params.update([0]) is False  # down to 0, then straight back up to 1
-    assert params.current_steps == 1
+    assert params.current_tier == 1
     params = make(
         1, **fast(ema_alpha=1.0, candidate_steps=[0, 1, 3], down_hysteresis=0.5, up_hysteresis=0.5)
     )
     assert params.update([0]) is True  # 0 <= 0 - 0.5 + 0.5, and 0 > 0 fails
-    assert params.current_steps == 0
+    assert params.current_tier == 0
     assert params.update([1]) is True  # 1 > 0.0: back up to 1
-    assert params.current_steps == 1
+    assert params.current_tier == 1
 
 
 def test_initial_steps_out_of_range():

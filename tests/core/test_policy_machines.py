@@ -148,12 +148,12 @@ def replay(name, machine, table, *, batch=2, seed=0, jitter=0.05, steps=None):
     params = None if steps is not None else default_params(model_drafter, table)
     tokens, seconds, tiers, since_drafting = 0, 0.0, [], 0
     while not requests.done():
-        tier = steps if params is None else params.current_steps
+        tier = steps if params is None else params.current_tier
         tiers.append(tier)
         cost = round_seconds(machine, tier, batch, model_drafter)
         if params is not None and tier == 0:  # tier-0 checks: NGRAM every 4th round at its deepest tier; model
             since_drafting += 1                # drafters one draft, the first 8 rounds after drafting then every 8th
-            deepest = max(params.candidate_steps)
+            deepest = max(params.candidate_tiers)
             if not model_drafter and since_drafting % 4 == 0:
                 params.shadow(requests.shadow(deepest), deepest)
             elif model_drafter and (since_drafting <= 8 or since_drafting % 8 == 0):
@@ -173,7 +173,7 @@ def best_fixed(name, machine, tiers, batch=2, seed=0):
 
 
 def candidates(model_drafter, table):
-    return [int(k) for k in default_params(model_drafter, table).candidate_steps]
+    return [int(k) for k in default_params(model_drafter, table).candidate_tiers]
 
 
 # ---- the machines' own tables ---------------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def test_measured_eagle_rates_within_three_percent_at_each_machine_s_costs(scena
         params = default_params(True, table)
         emitted, seconds = 0, 0.0
         for _ in range(1500):
-            steps = params.current_steps
+            steps = params.current_tier
             if steps == 0:  # the head's tier-0 shadow: one draft, right at the first position's rate
                 params.shadow([int(rng.random() < rates[0]) for _ in range(batch)], 1)
             accepted = []

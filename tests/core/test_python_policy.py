@@ -51,7 +51,7 @@ def test_the_config_names_the_class_and_it_gets_the_tiers_and_every_round():
     policy = _built[-1]
     assert policy.tiers == [Tier(1), Tier(3), Tier(7)] and policy.start == Tier(3)
     assert controller.observe(verified([0], 3, seconds=0.5, shadow=Shadow([2, 0], 7))) == 1
-    assert controller.observe(verified([1, 1], 1)) == 3 and pool.active_steps == 3
+    assert controller.observe(verified([1, 1], 1)) == 3 and pool.active_tier == 3
     assert controller.observe(verified([], 3, shadow=Shadow([1], 7))) is None  # no request: its shadows alone
     plain = verified([0, 0], 3, seconds=0.5, ran=0)
     plain.lookup_seconds = 0.1
@@ -177,7 +177,7 @@ def _agree(policies, steps=12):
                                   max_steps=7, min_dwell_rounds=0)
         try:
             for _ in range(steps):
-                tier = pool.active_steps
+                tier = pool.active_tier
                 traces[rank].append(tier)
                 agreed.end_step(verified([tier, 0] if rank == 0 else [0], tier), busy=True)
         except TierDesync as exc:

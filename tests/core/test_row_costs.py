@@ -51,7 +51,7 @@ def test_a_tier_s_own_timings_replace_the_table_s_prior_as_soon_as_it_has_them()
     assert params.cost_estimates(1) == pytest.approx({1: 1.13, 3: 1.39, 7: 2.38})
     timed = {}
     for steps, seconds in [(3, 0.139), (1, 0.2), (7, 0.1)]:
-        assert params.current_steps == steps
+        assert params.current_tier == steps
         params.update([1], seconds)
         timed[steps] = seconds
         estimates = params.cost_estimates(1)
@@ -74,7 +74,7 @@ def test_the_table_moves_the_choice_among_chains():
         params.set_row_costs(table)
         params.update([1, 1, 1, 1, 0])  # at tier 1: 4 successes, 1 failure: alpha 0.8
         assert params.alpha == pytest.approx(0.8)
-        chosen[name] = params.current_steps
+        chosen[name] = params.current_tier
     assert chosen == {"cheap": 7, "avx2": 3, "none": 7}
 
 
@@ -85,7 +85,7 @@ def test_the_table_decides_whether_a_tree_s_gain_pays(table, expected):
     params = goodput(TREE, candidate_steps=[0, 3], candidate_trees=[[3, 2, 8]], cost_prior_slope=0.1)
     params.set_row_costs(table)
     params.update([2, 2, 1, 1])  # untimed: every tier priced by the prior from the table
-    assert params.current_steps == expected
+    assert params.current_tier == expected
 
 
 def test_the_controller_sets_and_reports_the_table():

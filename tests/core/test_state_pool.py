@@ -46,7 +46,7 @@ def test_state_rejects_bad_counts():
 
 def test_acquire_activate_and_report():
     pool = StatePool()
-    assert pool.acquire() is None and pool.active_steps is None
+    assert pool.acquire() is None and pool.active_tier is None
     runners = {k: Runner(k) for k in (1, 3, 7)}
     for k in (7, 1, 3):
         pool.register(state(k, verify=runners[k]))
@@ -57,7 +57,7 @@ def test_acquire_activate_and_report():
     assert pool.activate(3) is False  # already active: no switch
     assert pool.activate(7) is True
     assert pool.acquire().speculative_num_steps == 7
-    assert pool.active_steps == 7
+    assert pool.active_tier == 7
     assert pool.num_switches == 1
     stats = {row["speculative_num_steps"]: row for row in pool.stats()}
     assert stats[7]["active"] and not stats[3]["active"]
@@ -69,7 +69,7 @@ def test_unknown_tier_is_a_clear_error():
     pool = StatePool()
     pool.register(state(1))
     pool.register(state(3))
-    with pytest.raises(ValueError, match=r"speculative_num_steps=5; registered tiers: \[1, 3\]"):
+    with pytest.raises(ValueError, match=r"no state registered for tier 5; registered tiers: \[1, 3\]"):
         pool.activate(5)
 
 

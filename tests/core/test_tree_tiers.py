@@ -27,7 +27,7 @@ def test_the_pool_holds_a_chain_and_a_tree_of_the_same_depth():
     pool.register(SpecRuntimeState(3, 6, speculative_eagle_topk=2))
     assert pool.tiers() == [3, TREE_KEY]
     assert pool.activate(TREE_KEY) and pool.acquire().speculative_eagle_topk == 2
-    assert pool.active_steps == TREE_KEY and pool.acquire().speculative_num_steps == 3
+    assert pool.active_tier == TREE_KEY and pool.acquire().speculative_num_steps == 3
     with pytest.raises(ValueError, match="already registered"):
         pool.register(SpecRuntimeState(3, 6, speculative_eagle_topk=2))
     with pytest.raises(ValueError, match="speculative_num_draft_tokens must be in"):
@@ -51,9 +51,9 @@ def test_candidate_trees_are_checked_and_named():
 def test_trees_sit_among_the_chains_by_verified_drafts():
     params = AdaptiveSpeculativeParams(1, AdaptiveConfig(policy="goodput", candidate_steps=[0, 1, 3, 7],
                                                          candidate_trees=[[3, 2, 6], [2, 2, 4]]))
-    assert list(params.candidate_steps) == [0, 1, 3, tier_key(2, 2, 4), TREE_KEY, 7]
+    assert list(params.candidate_tiers) == [0, 1, 3, tier_key(2, 2, 4), TREE_KEY, 7]
     tree_start = AdaptiveSpeculativeParams(TREE_KEY, AdaptiveConfig(policy="goodput", candidate_steps=[1, 3]))
-    assert list(tree_start.candidate_steps) == [1, 3, TREE_KEY] and tree_start.current_steps == TREE_KEY
+    assert list(tree_start.candidate_tiers) == [1, 3, TREE_KEY] and tree_start.current_tier == TREE_KEY
 
 
 def _run(params, tokens_per_round, seconds, rounds, rng, chain_tokens=None, sampled=False):
@@ -62,7 +62,7 @@ def _run(params, tokens_per_round, seconds, rounds, rng, chain_tokens=None, samp
     children accepted (about that many drafts a request, its full depth drafted). Returns the tiers run."""
     used = []
     for _ in range(rounds):
-        key = params.current_steps
+        key = params.current_tier
         used.append(key)
         depth = tier_shape(key)[0]
 

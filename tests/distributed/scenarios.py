@@ -94,7 +94,7 @@ def tp_engine(args):
             _forbid_lookups()
         engine.follow()
         from specswap._core import _C
-        return {"followed": True, "num_switches": engine.stats()["num_switches"], "current_steps": engine.current_steps,
+        return {"followed": True, "num_switches": engine.stats()["num_switches"], "current_steps": engine.current_tier,
                 "leader_drafts": leader_drafts, "draft_tp_size": getattr(engine.draft, "tp_size", 1),
                 "graph_captures": _C.graph_capture_count()}
     tiers = []
@@ -106,7 +106,7 @@ def tp_engine(args):
         outputs.update((o.request_id, o.token_ids) for o in step.finished)
     engine.shutdown()
     stats = engine.stats()
-    current = engine.current_steps
+    current = engine.current_tier
     from specswap._core import _C
     captures = _C.graph_capture_count()
     del engine  # its target's shard goes before the whole model loads again

@@ -392,7 +392,7 @@ def test_the_dwell_spaces_switches_and_observations_reach_the_policy():
         agreed = AgreedController(AdaptiveController(pool, FAST), _OneRank(), max_steps=7, min_dwell_rounds=dwell)
         tiers = []
         for step in range(40):
-            tier = pool.active_steps
+            tier = pool.active_tier
             tiers.append(tier)
             full = step % 2 == 0  # all accepted, then none
             agreed.end_step(verified([tier if full else 0] * 4, tier), busy=True)

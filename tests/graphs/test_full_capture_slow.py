@@ -37,7 +37,7 @@ def test_every_stage_of_every_tier_for_buckets_1_2_4_8():
     captured = capture_count() - before
     worker = graphed.worker
     assert worker.speculative_algorithm == "EAGLE" and worker.graph_context.batch_buckets == (1, 2, 4, 8)
-    tiers = graphed.controller.candidate_steps
+    tiers = graphed.controller.candidate_tiers
     assert len(tiers) >= 2 and worker.round_graphs_enabled  # the tiny pair runs every kind of graph
     assert captured == expected_captures(worker, tiers)
     eager = Engine("tiny", speculative_adaptive=True, speculative_adaptive_config=sglang, max_batch_size=8,

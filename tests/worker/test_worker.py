@@ -216,7 +216,7 @@ def test_caches_are_sized_for_the_largest_tier():
     worker = SpeculativeWorker(target, draft, "STANDALONE", speculative_num_steps=1, max_seq_len=24, tiers=(1, 3, 7))
     assert worker.target_cache.capacity >= 24 + 7 and worker.drafter.cache.capacity >= 24 + 7
     assert worker.tiers == [1, 3, 7]
-    with pytest.raises(ValueError, match="no state registered for speculative_num_steps=9"):
+    with pytest.raises(ValueError, match="no state registered for tier 9"):
         worker.pool.activate(9)
     # fill to the last position at tier 7: verify writes reach max_seq_len + 6
     prompt = list(range(20))
@@ -231,7 +231,7 @@ def test_a_tier_the_worker_was_not_built_for_cannot_be_activated():
     eagle = SpeculativeWorker(target, random_eagle_head(target), "EAGLE", speculative_num_steps=1, max_seq_len=24,
                               tiers=(1, 3))
     assert eagle.tiers == [1, 3]  # no tier 0: the head keeps no tier-0 features to catch up from
-    with pytest.raises(ValueError, match="no state registered for speculative_num_steps=0; registered tiers: "
+    with pytest.raises(ValueError, match="no state registered for tier 0; registered tiers: "
                                          r"\[1, 3\]"):
         eagle.pool.activate(0)
 
@@ -241,12 +241,12 @@ def test_the_controller_switches_the_worker_s_pool():
     target, draft, _ = pair("standalone_self")
     worker = SpeculativeWorker(target, draft, "STANDALONE", speculative_num_steps=2, max_seq_len=24, tiers=(1, 3, 7))
     controller = AdaptiveController(worker.pool, {"ema_alpha": 1.0, "warmup_batches": 0, "update_interval": 1})
-    assert controller.candidate_steps == [1, 2, 3, 7] and worker.active_steps == 2
+    assert controller.candidate_tiers == [1, 2, 3, 7] and worker.active_tier == 2
     worker.prefill([0], [[1, 2, 3]], [SamplingParams(max_new_tokens=8)])
     # the self-draft accepts both drafts: ema 2 > 2 - 0.5, the policy moves up
-    assert controller.observe(worker.decode_round([0])) == 3 and worker.active_steps == 3
+    assert controller.observe(worker.decode_round([0])) == 3 and worker.active_tier == 3
     assert controller.observe(worker.decode_round([0])) == 7  # ema 3 > 3 - 0.5: up again
-    assert worker.active_steps == 7
+    assert worker.active_tier == 7
 
 
 def test_every_tier_is_built_once_at_start_up_and_its_state_is_what_the_round_runs():

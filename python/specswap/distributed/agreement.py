@@ -199,7 +199,7 @@ class AgreedController:
         self.agreement_seconds = 0.0  # time spent in the all-gather (waiting for the slowest rank included)
         self._started = time.monotonic()
 
-    def __getattr__(self, name):  # the wrapped controller's properties (current_steps, ema, ...)
+    def __getattr__(self, name):  # the wrapped controller's properties (current_tier, ema, ...)
         if name == "controller":  # not set yet (a half-built or unpickled instance): no recursion
             raise AttributeError(name)
         return getattr(self.controller, name)
@@ -207,7 +207,7 @@ class AgreedController:
     def end_step(self, result: RoundResult | None, busy: bool, stopping: bool = False) -> int | None:
         """Agree on this step's observation and feed it; returns the tier switched to (the next round's), or None."""
         self.steps += 1
-        Observation.of(self.controller.current_steps, result, busy, stopping).pack(self._mine, self.bins)
+        Observation.of(self.controller.current_tier, result, busy, stopping).pack(self._mine, self.bins)
         start = time.perf_counter()
         self.group.all_gather_into(self._all, self._mine, group="world")
         self.agreement_seconds += time.perf_counter() - start

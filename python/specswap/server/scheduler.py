@@ -241,7 +241,7 @@ class Scheduler:
         submission = self._live.get(output.request_id)
         if submission is None:
             return
-        tier = self.engine.current_steps if tier is None else tier
+        tier = self.engine.current_tier if tier is None else tier
         label = "0" if submission.params.disable_speculative_decoding else Tier.from_key(tier).label
         new_rounds = output.accept_lengths[submission.seen_rounds:]
         if self.on_round is not None and submission.counted:

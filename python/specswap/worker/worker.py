@@ -91,7 +91,7 @@ class SpeculativeWorker:
 
     Every tier (``speculative_num_steps`` and ``tiers``) is built at start-up, its stages and round registered in
     the C++ state pool (``self.pool``); a round runs the pool's active state (one acquire), so switching is
-    ``pool.activate(steps)`` between rounds (the adaptive controller's, or a caller's).
+    ``pool.activate(tier)`` between rounds (the adaptive controller's, or a caller's).
     ``graphs``: replay each stage from graphs captured per tier at start-up; ``round_graphs`` (graph mode
     only; None = auto, on for targets up to ROUND_GRAPH_MAX_PARAMS) also captures each tier's whole greedy
     round (``specswap.graphs.RoundGraphs``), which greedy batches then replay as one tape. ``verifier``: the
@@ -221,9 +221,9 @@ class SpeculativeWorker:
         return round_
 
     @property
-    def active_steps(self) -> int:
-        """The tier the next round runs (the pool's active state)."""
-        return self.pool.active_steps
+    def active_tier(self) -> int:
+        """The key of the tier the next round runs (the pool's active state)."""
+        return self.pool.active_tier
 
     @property
     def tiers(self) -> list[int]:
