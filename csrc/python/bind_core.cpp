@@ -489,7 +489,7 @@ void bind_pool(py::module_& m) {
         py::list out;
         for (const TierStats& tier : pool.stats()) {
           py::dict row;
-          row["speculative_num_steps"] = tier.tier;  // the key, under the name the stats have always used
+          row["speculative_num_steps"] = tier.tier;  // the key, by the stats' name for it
           row["active"] = tier.active;
           row["activations"] = tier.activations;
           row["seconds_active"] = tier.seconds_active;

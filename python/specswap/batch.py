@@ -126,7 +126,7 @@ class RequestBatch:
 
     def _decode(self, decoding: list[Request]):
         result = self.forward(self.worker.decode_round, [r.slot for r in decoding])
-        self.rounds_per_tier[result.ran_tier] += 1  # by key: a chain's steps, a tree's encoded shape
+        self.rounds_per_tier[result.ran.key] += 1  # by key: a chain's steps, a tree's encoded shape
         if self.controller is not None:
             self.controller.observe(result)  # may switch the pool's tier: the next round runs it
         for request, tokens, accepted, drafts, speculating in zip(

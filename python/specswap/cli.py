@@ -24,6 +24,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Drive the C++ policy and state pool through phases of low and high acceptance."""
     from specswap import AdaptiveController, SpecRuntimeState, StatePool
     from specswap.adaptive_config import load_adaptive_config
+    from specswap.tier import Tier
     from specswap.worker import RoundResult
 
     config = load_adaptive_config(args.config)
@@ -41,9 +42,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for name, acceptance in phases:
         trace = []
         for round_index in range(args.rounds):
-            steps = pool.active_tier
-            accepts = _simulated_accepts(rng, acceptance, steps, args.batch_size)
-            result = RoundResult([[0]] * len(accepts), accepts, steps, steps, speculating=[True] * len(accepts))
+            tier = Tier.from_key(pool.active_tier)
+            accepts = _simulated_accepts(rng, acceptance, tier.steps, args.batch_size)
+            result = RoundResult([[0]] * len(accepts), accepts, tier, tier, speculating=[True] * len(accepts))
             start = time.perf_counter()
             if controller.observe(result) is not None:
                 switch_seconds.append(time.perf_counter() - start)

@@ -3,6 +3,7 @@
 import pytest
 
 from specswap import AdaptiveController, SpecRuntimeState, StatePool
+from specswap.tier import Tier
 from specswap.worker import RoundResult
 from specswap.worker.drafter import Shadow
 
@@ -23,8 +24,8 @@ def verified(accept_lengths, tier, seconds=0.0, sampled=False, speculating=None,
     """The result of a round of ``tier`` (``ran``: the tier it really ran, 0 for a plain decode in its place)."""
     ran = tier if ran is None else ran
     speculating = [True] * len(accept_lengths) if speculating is None else speculating
-    return RoundResult([[0]] * len(accept_lengths), list(accept_lengths), ran, tier, seconds, sampled, speculating,
-                       shadow)
+    return RoundResult([[0]] * len(accept_lengths), list(accept_lengths), Tier.from_key(tier), Tier.from_key(ran),
+                       seconds, sampled, speculating, shadow)
 
 
 def test_the_start_up_tier_is_the_policy_s_and_every_candidate_must_be_in_the_pool():

@@ -160,14 +160,15 @@ def test_tp2_by_dp2_grid_agrees_and_stays_lossless(tmp_path):
 
 def test_merge_is_the_same_observation_for_every_rank():
     from specswap.distributed.agreement import Observation, TierDesync, merge
+    from specswap.tier import Tier
     from specswap.worker import RoundResult
     from specswap.worker.drafter import Shadow
     bins = 4
     rows = torch.zeros(3, Observation.width(bins), dtype=torch.float64)
     # plain decodes in a drafting tier's place: the slowest round's seconds and its lookups (the policy charges
     # tier 0 the difference and the drafting tier the lookups); every leader stopping: the job's last step
-    plain = lambda seconds, lookup: RoundResult([[0]], [0], 0, 3, seconds, speculating=[False],  # noqa: E731
-                                                ran_tier=0, lookup_seconds=lookup)
+    plain = lambda seconds, lookup: RoundResult([[0]], [0], Tier(3), Tier(0), seconds,  # noqa: E731
+                                                speculating=[False], lookup_seconds=lookup)
     Observation.of(3, plain(0.02, 0.005), True, stopping=True).pack(rows[0], bins)
     Observation.of(3, plain(0.03, 0.012), True).pack(rows[1], bins)
     Observation.of(3, None, False, stopping=True).pack(rows[2], bins)
@@ -188,8 +189,8 @@ def test_merge_is_the_same_observation_for_every_rank():
     assert merged.result.chain_accept_lengths is None  # chain rounds: no chain of first children to tell
     # tree rounds: what each request's chain of first children accepted, and its depth, merged as the counts are
     tree = 30206
-    result = lambda chain, depths: RoundResult([[0]] * len(chain), [3] * len(chain), 3, tree, 0.02,  # noqa: E731
-                                                speculating=[True] * len(chain), ran_tier=tree,
+    result = lambda chain, depths: RoundResult([[0]] * len(chain), [3] * len(chain), Tier.from_key(tree),  # noqa: E731
+                                                Tier.from_key(tree), 0.02, speculating=[True] * len(chain),
                                                 chain_accept_lengths=chain, chain_depths=depths)
     Observation.of(tree, result([2, 0, 2], [3, 3, 2]), True).pack(rows[0], bins)  # the third: cut at 2, whole
     Observation(tree, busy=False).pack(rows[1], bins)
@@ -202,7 +203,7 @@ def test_merge_is_the_same_observation_for_every_rank():
     with pytest.raises(TierDesync, match=r"ranks \[1\] at tier 1; ranks \[0, 2\] at tier 3"):
         merge(rows, tp_size=1, bins=bins)
     # chain rounds' checks one draft past the chain: counted over the groups, requests off speculation left out
-    checked = lambda checks, on: RoundResult([[0]] * len(on), [2] * len(on), 2, 2, 0.02,  # noqa: E731
+    checked = lambda checks, on: RoundResult([[0]] * len(on), [2] * len(on), Tier(2), Tier(2), 0.02,  # noqa: E731
                                              speculating=on, deep_checks=checks)
     Observation.of(2, checked([1, -1, 0], [True, True, True]), True).pack(rows[0], bins)
     Observation.of(2, checked([1, 1], [True, False]), True).pack(rows[1], bins)

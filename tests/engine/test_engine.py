@@ -107,7 +107,7 @@ def test_plain_decodes_in_a_drafting_tier_s_place_are_timed_as_tier_zero():
     assert rounds.get(0) and rounds.get(3), rounds
     plain = [r for r in results if not r.measured_tier]
     assert len(plain) == rounds[0] and len(results) - len(plain) == rounds[3]
-    assert all(r.tier == 3 and r.speculative_num_steps == 0 and r.round_seconds > 0 and not r.sampled for r in plain)
+    assert all(r.tier.key == 3 and r.ran.steps == 0 and r.round_seconds > 0 and not r.sampled for r in plain)
     assert eng.controller.params.num_batches == rounds[3]  # only the verifies of tier 3 are observations
     measured = eng.stats()["measured_costs"]["greedy"]
     assert any(0 in tiers for tiers in measured.values())  # the plain decodes' cost went to tier 0

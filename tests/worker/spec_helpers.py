@@ -48,7 +48,7 @@ def run_to_completion(worker: SpeculativeWorker, prompts, max_new_tokens, params
         if switch is not None:
             worker.pool.activate(switch(round_index))
         result = worker.decode_round(running)
-        tiers.append(result.speculative_num_steps)
+        tiers.append(result.ran.steps)
         if controller is not None:
             controller.observe(result)
         for slot, new, accepted in zip(running, result.new_tokens, result.accept_lengths):

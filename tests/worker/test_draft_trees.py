@@ -78,7 +78,7 @@ def _rounds_by_position(worker, prompts, max_new_tokens, temperature=0.0):
     while running:
         result = worker.decode_round(running)
         for i, slot in enumerate(running):
-            if result.measured_tier and result.speculative_num_steps:
+            if result.measured_tier and result.ran.steps:
                 chain = None if result.chain_accept_lengths is None else \
                     (result.chain_accept_lengths[i], result.chain_depths[i])
                 rows[slot, lengths[slot]] = (result.accept_lengths[i], chain)
@@ -264,6 +264,6 @@ def test_tree_tiers_report_their_shape_memory_and_drafts_verified():
     assert memory[tier_key(3, 2, 6)] > memory[3] > memory[1] > 0 and memory["draft_steps_shared"] > 0
     worker.prefill([0], [PROMPTS[1]], [SamplingParams(max_new_tokens=8)])
     result = worker.decode_round([0])
-    assert result.drafts_verified == [5] and result.speculative_num_draft_tokens == 6
+    assert result.drafts_verified == [5] and result.ran.draft_tokens == 6
     assert all(itertools.starmap(lambda a, n: 0 <= a <= 3 and len(n) == a + 1,
                                  zip(result.accept_lengths, result.new_tokens)))

@@ -249,7 +249,7 @@ def test_checks_past_the_chain_in_every_round_keep_switching_tiers_lossless(algo
     pattern = [1, 2, 3, 2]
     outputs = run_to_completion(worker, PROMPTS, 48, switch=lambda i: pattern[i % len(pattern)])[0]
     assert outputs == [reference_greedy(target, prompt, 48) for prompt in PROMPTS]
-    assert all((result.deep_checks is None) == (result.speculative_num_steps == 3) for _, _, result in rounds)
+    assert all((result.deep_checks is None) == (result.ran.steps == 3) for _, _, result in rounds)
     rounds.clear()
     run_to_completion(worker, PROMPTS, 24, params=SamplingParams(temperature=1.0, max_new_tokens=24),
                       switch=lambda i: pattern[i % len(pattern)])

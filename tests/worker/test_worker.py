@@ -267,7 +267,7 @@ def test_every_tier_is_built_once_at_start_up_and_its_state_is_what_the_round_ru
     worker.prefill([0], [[1, 2, 3]], [SamplingParams(max_new_tokens=8)])
     for steps in (7, 1, 3):
         worker.pool.activate(steps)
-        assert worker.decode_round([0]).speculative_num_steps == steps
+        assert worker.decode_round([0]).ran.steps == steps
     assert capture_count() == captured  # nothing built or captured after start-up
 
 
@@ -286,13 +286,13 @@ def test_ngram_round_with_nothing_to_look_up_is_a_plain_decode_the_controller_do
     worker.prefill([0, 1], [lonely_prompt, every_token], [SamplingParams()] * 2)
     lonely = worker.decode_round([0])
     controller.observe(lonely)
-    assert lonely.speculative_num_steps == 0 and lonely.accept_lengths == [0] and len(lonely.new_tokens[0]) == 1
-    assert lonely.tier == 3 and not lonely.measured_tier
+    assert lonely.ran.steps == 0 and lonely.accept_lengths == [0] and len(lonely.new_tokens[0]) == 1
+    assert lonely.tier.key == 3 and not lonely.measured_tier
     assert 0.0 < lonely.lookup_seconds < lonely.round_seconds  # the lookup that found nothing, within the round
     assert controller.params.num_batches == 0  # it tested no tier: no acceptance observation
     mixed = worker.decode_round([0, 1])
     controller.observe(mixed)
-    assert mixed.speculative_num_steps == 3 and controller.params.num_batches == 1  # the tier runs for both
+    assert mixed.ran.steps == 3 and controller.params.num_batches == 1  # the tier runs for both
     assert mixed.lookup_seconds == 0.0  # a verify's lookup is in its own round time
     tokens, _, _ = run_to_completion(SpeculativeWorker(target, None, "NGRAM", 3, max_batch_size=2, max_seq_len=96,
                                                  graphs=graphs), [lonely_prompt, every_token], 12)

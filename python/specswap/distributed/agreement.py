@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from specswap.worker.drafter import Shadow
-from specswap._core import tier_shape
+from specswap.tier import Tier
 from specswap.worker.worker import RoundResult
 
 __all__ = ["AgreedController", "DEFAULT_MIN_DWELL_ROUNDS", "Observation", "TierDesync", "merge"]
@@ -77,7 +77,7 @@ class Observation:
         accepted = tuple(a for a, on in zip(result.accept_lengths, result.speculating) if on)
         # a chain cut short at d that accepted fewer than d drafts ended on a failure, as one drafted to the full
         # depth would: only the accepted count and whether it was cut short and accepted whole matter
-        depth = result.speculative_num_steps
+        depth = result.ran.steps
         chain = () if result.chain_accept_lengths is None else tuple(
             (a, a == d < depth) for a, d, on in zip(result.chain_accept_lengths, result.chain_depths,
                                                     result.speculating) if on)
@@ -127,13 +127,15 @@ def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
         raise TierDesync(f"rank {rank}: ranks are at different tiers before the agreement: "
                          + "; ".join(f"ranks {ranks} at tier {tier}" for tier, ranks in sorted(by_tier.items())))
     tier = tiers[0]
+    active = Tier.from_key(tier)
     busy = any(row[8] for row in table)
     speakers = table[::tp_size]                      # one rank per data-parallel group
     stopped = all(row[12] for row in speakers)
     shadow = _shadow(speakers, bins, rank)
     ran = [row for row in speakers if row[1]]
     if not ran:
-        return Merged(tier, busy, None if shadow is None else RoundResult([], [], 0, tier, shadow=shadow), stopped)
+        return Merged(tier, busy, None if shadow is None else RoundResult([], [], active, Tier(0), shadow=shadow),
+                      stopped)
     # the slowest rank's round, tensor-parallel peers included (and, for a plain decode, that round's lookups)
     slowest = max((row for row in table if row[1]), key=lambda row: row[3])
     seconds = slowest[3]
@@ -141,18 +143,19 @@ def merge(rows: torch.Tensor, tp_size: int, bins: int, rank: int = 0) -> Merged:
     measured = [row for row in ran if row[2]]
     if measured:
         accepted = _values(measured, 0, bins)
-        result = RoundResult([], accepted, tier, tier, seconds, sampled, [True] * len(accepted), shadow)
+        result = RoundResult([], accepted, active, active, seconds, sampled, [True] * len(accepted), shadow)
         whole = _values(measured, 2, bins)
         cut = _values(measured, 3, bins)
         if len(whole) + len(cut) == len(accepted):  # every measured group's tree round told its chain
             result.chain_accept_lengths = whole + cut
-            result.chain_depths = [tier_shape(tier)[0]] * len(whole) + cut
+            result.chain_depths = [active.steps] * len(whole) + cut
         checked, hits = (int(sum(row[column] for row in measured)) for column in (9, 10))
         if checked:  # chain rounds' checks one draft past the chain, as counts (which request does not matter)
             result.deep_checks = [1] * hits + [0] * (checked - hits)
     else:  # every rank that ran decoded plainly in the drafting tier's place
         n = int(sum(row[5] for row in ran))
-        result = RoundResult([], [0] * n, 0, tier, seconds, sampled, [False] * n, shadow, lookup_seconds=slowest[11])
+        result = RoundResult([], [0] * n, active, Tier(0), seconds, sampled, [False] * n, shadow,
+                             lookup_seconds=slowest[11])
     return Merged(tier, busy, result, stopped)
 
 
@@ -218,7 +221,7 @@ class AgreedController:
         dwelling = self._last_switch_step is not None and self.steps - self._last_switch_step <= self.min_dwell_rounds
         observed = merged.result
         if dwelling and observed.accept_lengths:  # the round waits out the dwell: its tier-0 checks alone
-            observed = RoundResult([], [], merged.tier, merged.tier, shadow=observed.shadow)
+            observed = RoundResult([], [], observed.tier, observed.tier, shadow=observed.shadow)
         switched = self.controller.observe(observed)
         if switched is not None:
             self._last_switch_step = self.steps

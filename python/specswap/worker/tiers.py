@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from specswap._core import tier_key
+from specswap.tier import Tier
 
 if TYPE_CHECKING:  # the models arrive as objects; the worker imports none of them
     from specswap.models import ModelOutput
@@ -100,6 +101,10 @@ class TierStages:
     draft_extend: DraftExtendStage
     speculative_eagle_topk: int = 1    # children per expanded node (1: a chain, or a drafter's fixed tree)
     key: int = -1                      # its key in the state pool and the policy (_core.tier_key: a chain's steps)
+    tier: Tier = field(init=False)     # the shape as one value (``RoundResult.tier`` and ``.ran``), made once
+
+    def __post_init__(self):
+        self.tier = Tier(self.speculative_num_steps, self.speculative_eagle_topk, self.speculative_num_draft_tokens)
 
     @property
     def shape(self) -> tuple[int, int, int]:

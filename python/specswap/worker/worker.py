@@ -25,6 +25,7 @@ from specswap.sampling import (LOSSLESS, KeyedNoise, SamplingParams, Verifier, a
                                logits_to_probs, position_key, sample_from_cdf, sample_keyed)
 from specswap._core import SpecRuntimeState, StatePool, tier_key, tier_shape
 from specswap.algorithms import algorithm
+from specswap.tier import Tier
 from specswap.worker.drafter import Drafter, DrafterContext, PrefillBatch, Shadow
 from specswap.worker.layout import ChainLayout, TreeLayout, tree_shape
 from specswap.worker.round import Round
@@ -43,16 +44,13 @@ class RoundResult:
 
     new_tokens: list[list[int]]   # d_1..d_a then the correction/bonus token
     accept_lengths: list[int]     # a, bonus excluded
-    speculative_num_steps: int    # the tier the round ran
-    tier: int                     # the active tier's key it ran for (NGRAM with nothing to look up runs tier 0
-                                  # instead); a chain's key is its steps, a tree's its encoded shape
+    tier: Tier                    # the active tier the round ran for
+    ran: Tier                     # the tier that ran: ``tier``, or tier 0 in its place (NGRAM with nothing to look up)
     round_seconds: float = 0.0    # wall time of the round, host bookkeeping included
     sampled: bool = False         # not all-greedy
     # per request: whether it speculates (False: speculation off for it, disable_speculative_decoding)
     speculating: list[bool] = field(default_factory=list)
     shadow: Shadow | None = None  # the drafter's part: its tier-0 checks settled this round (Drafter.take_shadow)
-    speculative_num_draft_tokens: int | None = None  # tokens the round verified per request (None: a chain's k + 1)
-    ran_tier: int | None = None   # the key of the tier that ran (_core.tier_key; None: speculative_num_steps)
     # a plain decode run in a drafting tier's place: the seconds the drafter spent finding nothing to verify
     # (NGRAM's lookups), a cost of being at that tier that the plain decode itself is not
     lookup_seconds: float = 0.0
@@ -68,13 +66,12 @@ class RoundResult:
     @property
     def measured_tier(self) -> bool:
         """Whether the round tested the active tier (a plain decode run in its place did not)."""
-        return (self.speculative_num_steps if self.ran_tier is None else self.ran_tier) == self.tier
+        return self.ran == self.tier
 
     @property
     def drafts_verified(self) -> list[int]:
         """Drafts each request had verified this round (0 for a plain decode or a request with speculation off)."""
-        drafts = self.speculative_num_steps if self.speculative_num_draft_tokens is None else \
-            self.speculative_num_draft_tokens - 1
+        drafts = self.ran.draft_tokens - 1
         return [drafts if on else 0 for on in self.speculating]
 
 
@@ -364,9 +361,8 @@ class SpeculativeWorker:
         """
         active = self.pool.acquire().round  # the one acquire: the active tier's stages and round
         round_ = active
-        steps = active.stages.speculative_num_steps
         if not slots:
-            return RoundResult([], [], steps, active.stages.key)
+            return RoundResult([], [], active.stages.tier, active.stages.tier)
         round_start = time.perf_counter()  # the round's cost, for the goodput policy
         table = self.slots
         lookup_seconds = 0.0
@@ -374,9 +370,9 @@ class SpeculativeWorker:
             # nothing worth verifying (NGRAM: no request's last token occurs earlier): a plain decode, tier 0
             round_ = self._plain_round
             lookup_seconds = time.perf_counter() - round_start
-        tier = round_.stages
-        steps = tier.speculative_num_steps
-        key_length = max(table.host_seq_lens[s] for s in slots) + tier.writes_past  # > every position written
+        stages = round_.stages
+        steps = stages.speculative_num_steps
+        key_length = max(table.host_seq_lens[s] for s in slots) + stages.writes_past  # > every position written
         # an all-greedy batch skips building distributions: argmax in, argmax out (same tokens)
         all_greedy = table.all_greedy(slots)
         plain = table.plain_rows(slots, drafting=steps > 0)  # speculation off (drafting rounds) or short of min tokens
@@ -385,28 +381,27 @@ class SpeculativeWorker:
             accept_lengths, next_tokens = round_.graph(slots, key_length)
         else:
             slot_index = torch.tensor(slots, device=self.device)        # [B]
-            sampling = None if all_greedy else table.sampling(tier, slots, slot_index, self._keyed_noise,
+            sampling = None if all_greedy else table.sampling(stages, slots, slot_index, self._keyed_noise,
                                                                         self.keyed_sampling)
             if plain is not None:
                 plain = table.plain_draws(plain, slots, self._keyed_noise, self.keyed_sampling)
             accept_lengths, next_tokens = round_.run(slot_index, key_length, sampling, plain)
 
         accept_list = accept_lengths.tolist()  # the round's one host sync
-        draft_list = tier.draft.draft_tokens[:len(slots)].tolist()
+        draft_list = stages.draft.draft_tokens[:len(slots)].tolist()
         next_list = next_tokens.tolist()
         new_tokens = [drafts[:accepted] + [token]                     # d_1..d_a, b
                       for drafts, accepted, token in zip(draft_list, accept_list, next_list)]
         table.commit_round(slots, new_tokens)
-        self.drafter.end_round(tier, slots)
+        self.drafter.end_round(stages, slots)
         shadow = self.drafter.take_shadow(slots, drafting=steps > 0)
         deep_checks = self.drafter.take_deep_checks(accept_list, next_list, steps)
         speculating = [True] * len(slots) if plain is None else [row not in plain.rows for row in range(len(slots))]
         chain_accepted = chain_depths = None
-        if tier.speculative_eagle_topk > 1 and (all_greedy or self.keyed_sampling):
-            layout = tier.verify.layout
+        if stages.speculative_eagle_topk > 1 and (all_greedy or self.keyed_sampling):
+            layout = stages.verify.layout
             chain_accepted = layout.chain_accepted[:len(slots)].tolist()
             chain_depths = layout.chain_depth[:len(slots)].tolist()
-        return RoundResult(new_tokens, accept_list, steps, active.stages.key,
-                           time.perf_counter() - round_start, not all_greedy, speculating, shadow,
-                           tier.speculative_num_draft_tokens, tier.key, lookup_seconds, chain_accepted, chain_depths,
+        return RoundResult(new_tokens, accept_list, active.stages.tier, stages.tier, time.perf_counter() - round_start,
+                           not all_greedy, speculating, shadow, lookup_seconds, chain_accepted, chain_depths,
                            deep_checks)
