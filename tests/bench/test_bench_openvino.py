@@ -227,3 +227,17 @@ def test_openvino_rows_ratios_best_and_table(bench):
     without = bench.build_report(args, [r for r in rows_with_openvino(bench) if r["runtime"] != "llama.cpp"], {})
     table = bench.format_tables(without["results"], without["best"])
     assert "x llama.cpp" not in table and "greedy x openvino" in table
+
+
+def test_setup_script_pins_public_releases():
+    """tools/setup_openvino.sh pins the versions the OpenVINO peer was checked with, none with a local label
+    (``+cpu``), so they resolve from the public index; it runs the export, and neither setup.sh nor CI runs it."""
+    import re
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    script = (tools / "setup_openvino.sh").read_text()
+    pins = dict(re.findall(r"([a-z][a-z0-9-]*)==([^\s\"']+)", script))
+    assert pins["openvino"] == "2026.4.1" and pins["openvino-genai"] == "2026.4.1.0"
+    assert pins["transformers"] == "5.0.0" and pins["torch"] == "2.13.0"
+    assert not any("+" in version for version in pins.values())
+    assert "tools/export_openvino.py" in script
+    assert "openvino" not in (tools / "setup.sh").read_text().lower()
