@@ -80,8 +80,9 @@ def export(args) -> None:
         {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
          "unk_token": "<unk>", "pad_token": "<pad>", "add_bos_token": True, "add_eos_token": False,
          "model_max_length": 32768}, indent=2))
-    generation = json.loads((hf / "generation_config.json").read_text()) if (hf / "generation_config.json").exists() else {}
-    (hf / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": EOS_IDS}, indent=2))
+    generation_file = hf / "generation_config.json"
+    generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
+    generation_file.write_text(json.dumps({**generation, "eos_token_id": EOS_IDS}, indent=2))
     say(f"{hf}: specswap's tokenizer.json (+ <bos>), eos {EOS_IDS}")
     binaries = Path(sys.executable).parent
     import openvino  # noqa: PLC0415
