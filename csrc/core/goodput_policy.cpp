@@ -408,6 +408,15 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
     if (allow_up && bounces_ > 0 && decisions_ > last_switch_decision_ + 2) --bounces_;
     return false;
   }
+  if (candidates_[best] != 0 && costs_.has_prior() && costs_.timed_at(last_table_, best) == 0) {
+    // A drafting tier no round has timed in this table is chosen on the row-cost table's word alone: time it
+    // first (a refresh probe: probe_rounds batches there, back, and decide again with its own cost). A noisy
+    // table that calls it cheap otherwise holds it until the next decision.
+    refresh_from_ = index_;
+    move_to(best, /*is_decision=*/false);
+    refresh_left_ = std::max(1, config_.probe_rounds);
+    return true;
+  }
   move_to(best, /*is_decision=*/true);
   return true;
 }
@@ -415,7 +424,6 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
 bool GoodputPolicy::start_refresh() {
   if (current_steps() == 0 || config_.probe_rounds <= 0 || config_.refresh_interval <= 0) return false;
   const auto wait = static_cast<std::uint64_t>(config_.refresh_interval);
-  if (batches_on_tier_ < wait) return false;
   costs_.estimate(last_table_, scratch_.data());
   const double current = predicted(slow_, index_) / scratch_[index_];
   std::size_t oldest = index_;
@@ -423,6 +431,15 @@ bool GoodputPolicy::start_refresh() {
   for (std::size_t j : {index_ - 1, index_ + 1}) {
     if (j >= candidates_.size()) continue;  // index_ - 1 wraps past 0
     const std::uint64_t at = costs_.timed_at(last_table_, j);
+    // A neighbour no round has timed in this table is priced by the row-cost table's shape alone: a noisy
+    // table (a non-monotone start-up measurement, another machine's) can call it far dearer than it is, and
+    // nothing else would ever time it. It is probed at the first decision that keeps the tier, whatever its
+    // predicted goodput.
+    if (at == 0 && costs_.has_prior()) {
+      oldest = j, oldest_at = 0;
+      break;
+    }
+    if (batches_on_tier_ < wait) continue;
     // Its own cost, or the line through the other tiers where that is lower: a tier priced by one slow
     // probe far above the line is worth timing again.
     const double line = costs_.line_cost(last_table_, j);

@@ -131,7 +131,9 @@ class GoodputPolicy final : public Policy {
   // After a decision that kept a drafting tier: the neighbour tier timed
   // longest ago, if that is refresh_interval batches or more, is run for
   // probe_rounds batches, so that its cost is measured beside the current
-  // tier's again. Returns whether a refresh probe started.
+  // tier's again; a neighbour a row-cost table prices but no round has timed
+  // is probed at once, whatever its prediction. Returns whether a refresh
+  // probe started.
   bool start_refresh();
   // Between decisions: the tier a phase change calls for (index_ if none).
   std::size_t phase_change_target() const noexcept;

@@ -17,6 +17,7 @@ Throughput is tokens over the machine's seconds, compared with the best fixed ti
 on the same trace and costs.
 """
 
+import itertools
 import json
 import math
 import random
@@ -256,14 +257,11 @@ NOISY = [  # (machine, what the policy is handed there)
     ("avx512-epyc", "the Xeon's start-up table", XEON_START_UP),
     ("avx512-epyc", "its own, 15% noise", noisy(forward_costs("avx512-epyc"), 3)),
 ]
-# Found by this suite, for the policy (csrc/core): where a table prices the tiers and the drafter announces shadows,
-# only the start-up tier is probed and its untimed neighbours keep the table's shape through its timing, so a table
-# that calls 2 rows dearer than 4 holds a model drafter at tier 3 for the whole trace (5-6% below tier 1 here).
-UNTIMED_NEIGHBOURS = pytest.mark.xfail(strict=True, reason="untimed tiers priced by a noisy table's shape are never "
-                                                           "timed (no start-up probes with a table and shadows)")
-NOISY_CASES = [pytest.param(name, machine, given, id=f"{name}-{machine}-{label}",
-                            marks=[UNTIMED_NEIGHBOURS] if name == "model high" and (machine, label) in {
-                                ("avx2-epyc", "the Xeon's"), ("avx512-epyc", "its own, 15% noise")} else [])
+# Found by this suite, for the policy (csrc/core): with a table and tier-0 shadows only the start-up tier is probed,
+# and a tier no round has timed is priced by the table's shape alone; the policy now times such a tier before it
+# holds it (a neighbour's refresh probe, a decision for it run as a probe), or a table that calls 2 rows dearer
+# than 4 held a model drafter at tier 3 for the whole trace (5-6% below tier 1 here).
+NOISY_CASES = [pytest.param(name, machine, given, id=f"{name}-{machine}-{label}")
                for machine, label, given in NOISY
                for name in ["lookup transition", "model transition", "lookup low", "model high"]]
 
@@ -283,18 +281,26 @@ def test_a_noisy_table_costs_at_most_three_percent(name, machine, given):
 def test_a_noisy_table_cannot_hold_a_tier_its_own_timings_contradict(model_drafter):
     """A table that calls every row free (8 rows 1.01x) on the AVX2 EPYC (8 rows 2.38x): the prior wants the
     deepest chain, where it loses; once the policy has timed the tiers its cost estimates are its timings (not the
-    table's), and in the second half of the trace it spends at most 5% of its rounds where they say it loses."""
+    table's), and in the second half of the trace it holds a tier where they say it loses for at most 5% of its
+    rounds (three seeds pooled; a refresh probe, probe_rounds rounds there and back, is a timing, not a hold: one
+    seed alone swings from 0% to 13% with acceptance noise, tables aside)."""
     machine = forward_costs("avx2-epyc")
     free = {1: 1.0, 2: 1.0, 4: 1.005, 6: 1.008, 8: 1.01}
     name = "model high" if model_drafter else "lookup mid"
     tiers_given = candidates(model_drafter, free)
-    rates = {k: replay(name, machine, None, steps=k)[0] for k in tiers_given}
-    truth = max(rates, key=rates.get)
-    _, tiers, params = replay(name, machine, free)
-    held = tiers[len(tiers) // 2:]
-    wrong = [k for k in tiers_given if rates[k] < 0.95 * rates[truth]]
-    assert max(tiers_given) in wrong, rates  # the table's favourite really loses here
-    assert sum(t in wrong for t in held) <= 0.05 * len(held), (rates, held)
+    held_wrong, held_all = 0, 0
+    for seed in range(3):
+        rates = {k: replay(name, machine, None, steps=k, seed=seed)[0] for k in tiers_given}
+        truth = max(rates, key=rates.get)
+        _, tiers, params = replay(name, machine, free, seed=seed)
+        held = tiers[len(tiers) // 2:]
+        wrong = [k for k in tiers_given if rates[k] < 0.95 * rates[truth]]
+        assert max(tiers_given) in wrong, rates  # the table's favourite really loses here
+        probe = params.config.probe_rounds
+        held_wrong += sum(n for k, n in ((k, len(list(run))) for k, run in itertools.groupby(held))
+                          if k in wrong and n > probe)
+        held_all += len(held)
+    assert held_wrong <= 0.05 * held_all, (held_wrong, held_all)
     measured = params.measured_costs()["greedy"][2]  # batch 2's bucket: what its rounds cost, not the table
     for k, seconds in measured.items():
         assert seconds == pytest.approx(round_seconds(machine, k, 2, model_drafter), rel=0.1), (k, measured)
