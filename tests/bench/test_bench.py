@@ -6,7 +6,7 @@ import pytest
 
 from server_helpers import loaded_models, random_models, running_server
 from specswap.bench import report
-from specswap.bench.cli import mode_settings, run_from_args
+from specswap.bench.cli import mode_settings, oracle_candidates, run_from_args
 from specswap.bench.workloads import REPORT_HIGH_PROMPTS, REPORT_LOW_PROMPTS, build_workload
 from specswap.capability import cpu_capability
 from specswap.cli import build_parser, main
@@ -122,6 +122,20 @@ def test_modes_default_to_the_candidates_and_reject_unknown_names():
                                        "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 6}
     with pytest.raises(ValueError, match="unknown bench mode"):
         mode_settings(["static3", "fast"], "NGRAM", [1, 3, 7], 3, None)
+
+
+def test_a_mode_at_another_drafter_runs_beside_the_loaded_one():
+    """<mode>@<ALGORITHM>: the same weights drafted another way (SUFFIX beside EAGLE; the hybrid), interleaved;
+    the oracle stays the run's own algorithm's."""
+    modes = mode_settings(["baseline", "adaptive", "adaptive@SUFFIX", "adaptive@eagle+suffix", "static3@SUFFIX"],
+                          "EAGLE", [1, 3], 3, None)
+    assert modes["adaptive"]["speculative_algorithm"] == "EAGLE" and "hybrid_drafter" not in modes["adaptive"]
+    assert modes["adaptive@SUFFIX"] == {**modes["adaptive"], "speculative_algorithm": "SUFFIX"}
+    assert modes["adaptive@eagle+suffix"] == {**modes["adaptive"], "hybrid_drafter": "SUFFIX"}
+    assert modes["static3@SUFFIX"] == {"speculative_algorithm": "SUFFIX", "speculative_num_steps": 3}
+    assert oracle_candidates({**modes, "static1": {}}) == ["static1", "baseline"]
+    with pytest.raises(ValueError, match="unknown bench mode"):
+        mode_settings(["fast@SUFFIX"], "EAGLE", [1, 3], 3, None)
 
 
 def _args(tmp_path, *extra):

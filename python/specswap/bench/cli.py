@@ -31,7 +31,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", nargs="+", default=None,
                         help="subset of: baseline, static<k>, tree<steps>x<topk>x<num_draft_tokens> (a static draft "
                              "tree, e.g. tree3x2x6), adaptive (default: baseline, a static mode per chain the default "
-                             "policy may choose here and per chain and tree of the adaptive config, adaptive)")
+                             "policy may choose here and per chain and tree of the adaptive config, adaptive); "
+                             "<mode>@<ALGORITHM> runs a mode with another drafter over the same weights (adaptive@SUFFIX, "
+                             "adaptive@EAGLE+SUFFIX: the hybrid), interleaved with the others")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the modes this many times, interleaved; figures pool every repeat")
     parser.add_argument("--seed", type=int, default=0, help="request i of a mode is seeded with seed + i")
@@ -70,7 +72,7 @@ def oracle_candidates(modes: dict[str, Any]) -> list[str]:
     """The modes the oracle switches among, whatever the adaptive config: every static chain and tree, and the
     baseline (speculation off: the default policy may turn it off, so the oracle may too; a config without tier 0
     is measured against it as well)."""
-    names = [name for name in modes if name.startswith(("static", "tree"))]
+    names = [name for name in modes if name.startswith(("static", "tree")) and "@" not in name]
     if "baseline" in modes:
         names.append("baseline")
     return names
@@ -100,10 +102,18 @@ def mode_settings(modes: list[str] | None, algorithm: str | None, steps: list[in
             steps, topk, nodes = map(int, shape)  # tree<steps>x<topk>x<num_draft_tokens>, as SGLang's three flags
             available.setdefault(name, {"speculative_algorithm": algorithm, "speculative_num_steps": steps,
                                         "speculative_eagle_topk": topk, "speculative_num_draft_tokens": nodes})
+    for name in modes:  # <mode>@<ALGORITHM>: that mode with another drafter over the same weights, interleaved
+        base, _, other = name.partition("@")
+        if other and base in ("adaptive", *available) or other and base.startswith("static") and base[6:].isdigit():
+            first, _, second = other.upper().partition("+")  # EAGLE+SUFFIX: the hybrid
+            settings = dict(mode_settings([base], first, steps, initial_steps, adaptive_config, trees)[base])
+            if second:
+                settings["hybrid_drafter"] = second
+            available.setdefault(name, settings)
     unknown = [name for name in modes if name not in available]
     if unknown:
         raise ValueError(f"unknown bench mode(s) {unknown}; valid: {', '.join(available)} (or static<k>, "
-                         f"tree<steps>x<topk>x<num_draft_tokens>)")
+                         f"tree<steps>x<topk>x<num_draft_tokens>, <mode>@<ALGORITHM>[+SUFFIX])")
     return {name: available[name] for name in modes}
 
 

@@ -160,8 +160,9 @@ def format_table(result: dict[str, Any]) -> str:
                        for i, (cell, width) in enumerate(zip(row, widths))) for row in [header] + rows]
     lines.append("per phase: throughput (accept length = tokens per verify, bonus included)")
     lines.append("tier over time (one character per 1/40 of each mode's run):")
+    label = max([10, *map(len, modes)])
     for name, summary in modes.items():
-        lines.append(f"  {name:<10} {tier_string(summary['trace'])}")
+        lines.append(f"  {name:<{label}} {tier_string(summary['trace'])}")
     for key, value in result.get("ratios", {}).items():
         lines.append(f"{key}: {value:.3f}x")
     if result.get("phase_ratios"):
