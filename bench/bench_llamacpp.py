@@ -36,8 +36,10 @@ generation before timing; the timed runs are interleaved prompt by prompt over c
         --algorithms NGRAM SUFFIX EAGLE+SUFFIX --openvino-venv .venv-openvino --json peers.json
 
 llama-cpp-python is optional (``pip install llama-cpp-python``, or the ``bench-llamacpp`` extra); it builds
-llama.cpp from source, so CI never runs this script (tests/bench/test_bench_llamacpp.py and test_bench_openvino.py
-check its parsing, workers on fakes and writers without a model). The JSON names the ``peers`` that ran, their
+llama.cpp from source (where a VM hides AMX that the CPU reports, as on the Intel Xeon VM, a native build dies with
+SIGILL: set ``CMAKE_ARGS`` to this script's ``LLAMA_NO_AMX`` and ``pip install --no-cache-dir``), so CI never runs
+this script (tests/bench/test_bench_llamacpp.py and test_bench_openvino.py check its parsing, workers on fakes
+and writers without a model). The JSON names the ``peers`` that ran, their
 versions (``llama_cpp_version``, ``openvino_version``, the IR's ``openvino_export``), the CPU line, every row's
 ratios to llama.cpp plain, OpenVINO plain and target-only, and per workload each runtime's best mode.
 """
@@ -97,6 +99,9 @@ TEMPERATURES = (0.0, 1.0)
 MODEL = "gemma-3-270m"
 LOOKUP_TOKENS = 10  # llama.cpp prompt lookup's num_pred_tokens, as in transformers' prompt_lookup_num_tokens=10
 INSTALL_HINT = "pip install llama-cpp-python"
+# llama.cpp's CMake flags for AVX-512 without AMX (GGML_NATIVE's -march=native takes AMX where cpuid reports it)
+LLAMA_NO_AMX = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
+                "-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON")
 DEFAULT_ADAPTIVE_CONFIG = _REPOSITORY / "configs" / "goodput.json"
 DEFAULT_EAGLE_ADAPTIVE_CONFIG = _REPOSITORY / "configs" / "goodput-eagle.json"
 LLAMACPP, SPECSWAP, OPENVINO = "llama.cpp", "specswap", "openvino"
@@ -265,8 +270,12 @@ class WorkerProcess:
         if not line:
             code = self.process.wait()
             name = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
+            hint = ""
+            if code == -signal.SIGILL and self.label == LLAMACPP:
+                hint = (f" (a native build on a CPU whose AMX is not enabled: reinstall llama-cpp-python with "
+                        f"CMAKE_ARGS=\"{LLAMA_NO_AMX}\" pip install --no-cache-dir --force-reinstall)")
             raise RuntimeError(f"the {self.label} process ({self.worker.name}) exited with code {code}{name} while "
-                               f"{what}; its messages are above")
+                               f"{what}; its messages are above{hint}")
         reply = json.loads(line)
         if "error" in reply:
             raise RuntimeError(f"{self.label} ({self.worker.name}) failed {what}: {reply['error']}")

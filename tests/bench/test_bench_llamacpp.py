@@ -99,8 +99,8 @@ class Llama:
         self.resets += 1
 
     def create_completion(self, prompt, max_tokens, seed, **sampling):
-        if prompt == "crash":
-            os.kill(os.getpid(), signal.SIGSEGV)
+        if prompt in ("crash", "sigill"):
+            os.kill(os.getpid(), signal.SIGSEGV if prompt == "crash" else signal.SIGILL)
         if prompt == "fail":
             raise ValueError("no such prompt")
         draft = self.kwargs["draft_model"]
@@ -156,6 +156,10 @@ def test_a_crashed_llama_cpp_process_is_named(bench, fake_llama_env):
     llm = bench.LlamaCppProcess("model.gguf", 1, 128, 0, env=fake_llama_env)
     with pytest.raises(RuntimeError, match=r"exited with code -11 \(SIGSEGV\) while create_completion"):
         llm.create_completion("crash", max_tokens=1, seed=0)
+    llm.close()
+    llm = bench.LlamaCppProcess("model.gguf", 1, 128, 0, env=fake_llama_env)
+    with pytest.raises(RuntimeError, match=r"\(SIGILL\) .*CMAKE_ARGS=\"-DGGML_NATIVE=OFF .*--no-cache-dir"):
+        llm.create_completion("sigill", max_tokens=1, seed=0)
     llm.close()
 
 
