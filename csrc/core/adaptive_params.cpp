@@ -20,15 +20,15 @@ bool tier_before(int a, int b) noexcept {
 // trees of candidate_trees, by their keys, core/tier_key.h), ordered and
 // unique, with the initial tier placed among them; and the index of the
 // initial tier.
-std::pair<std::vector<int>, std::size_t> initial_tiers(int initial_steps, const AdaptiveConfig& config) {
+std::pair<std::vector<int>, std::size_t> initial_tiers(int initial_tier, const AdaptiveConfig& config) {
   config.validate();
-  if (is_tree_key(initial_steps)) {
-    const std::string error = tree_shape_error(tier_shape(initial_steps), AdaptiveConfig::kMaxSteps);
-    if (!error.empty()) throw std::invalid_argument("initial tier " + std::to_string(initial_steps) + ": " + error);
-  } else if (initial_steps < 0 || initial_steps > AdaptiveConfig::kMaxSteps) {
-    throw std::invalid_argument("initial_steps must be an integer in [0, " +
+  if (is_tree_key(initial_tier)) {
+    const std::string error = tree_shape_error(tier_shape(initial_tier), AdaptiveConfig::kMaxSteps);
+    if (!error.empty()) throw std::invalid_argument("initial tier " + std::to_string(initial_tier) + ": " + error);
+  } else if (initial_tier < 0 || initial_tier > AdaptiveConfig::kMaxSteps) {
+    throw std::invalid_argument("the initial tier must be an integer in [0, " +
                                 std::to_string(AdaptiveConfig::kMaxSteps) + "] (or a tree's key), got " +
-                                std::to_string(initial_steps));
+                                std::to_string(initial_tier));
   }
   std::vector<int> candidates = config.candidate_steps;
   for (const TierShape& tree : config.candidate_trees) candidates.push_back(tier_key(tree));
@@ -37,23 +37,23 @@ std::pair<std::vector<int>, std::size_t> initial_tiers(int initial_steps, const 
   if (config.snap_initial_steps) {
     // Nearest candidate by verified drafts; on a tie the larger one wins.
     std::size_t best = 0;
-    const int width = tier_width(initial_steps);
+    const int width = tier_width(initial_tier);
     for (std::size_t i = 1; i < candidates.size(); ++i) {
       if (std::abs(tier_width(candidates[i]) - width) <= std::abs(tier_width(candidates[best]) - width)) best = i;
     }
     return {std::move(candidates), best};
   }
-  auto it = std::lower_bound(candidates.begin(), candidates.end(), initial_steps, tier_before);
-  if (it == candidates.end() || *it != initial_steps) it = candidates.insert(it, initial_steps);
+  auto it = std::lower_bound(candidates.begin(), candidates.end(), initial_tier, tier_before);
+  if (it == candidates.end() || *it != initial_tier) it = candidates.insert(it, initial_tier);
   const auto index = static_cast<std::size_t>(it - candidates.begin());
   return {std::move(candidates), index};
 }
 
 }  // namespace
 
-AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_steps, AdaptiveConfig config,
+AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(int initial_tier, AdaptiveConfig config,
                                                      const PolicyFactory& policy)
-    : AdaptiveSpeculativeParams(config, initial_tiers(initial_steps, config), policy) {}
+    : AdaptiveSpeculativeParams(config, initial_tiers(initial_tier, config), policy) {}
 
 AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(AdaptiveConfig config,
                                                      std::pair<std::vector<int>, std::size_t> tiers,
@@ -66,9 +66,9 @@ AdaptiveSpeculativeParams::AdaptiveSpeculativeParams(AdaptiveConfig config,
   if (!policy_) throw std::invalid_argument("the policy factory built no policy");
 }
 
-std::pair<std::vector<int>, std::size_t> AdaptiveSpeculativeParams::candidate_tiers(int initial_steps,
+std::pair<std::vector<int>, std::size_t> AdaptiveSpeculativeParams::tiers_for(int initial_tier,
                                                                                     const AdaptiveConfig& config) {
-  return initial_tiers(initial_steps, config);
+  return initial_tiers(initial_tier, config);
 }
 
 bool AdaptiveSpeculativeParams::observe(const RoundObservation& round) {

@@ -1,4 +1,4 @@
-// The adaptive policy's driver: chooses the speculative step count among
+// The adaptive policy's driver: chooses the speculative tier among the
 // candidate tiers, fed one observe(RoundObservation) per round, through the
 // Policy config.policy names (core/policy.h; docs/policy.md):
 //  - sglang (sglang_policy.h): an EMA of accepted draft tokens per verify
@@ -34,20 +34,20 @@ class AdaptiveSpeculativeParams {
   static constexpr double kNoTiming = RoundObservation::kNoTiming;
   static constexpr int kNumBuckets = CostModel::kNumBuckets;
   static constexpr int kNumTables = CostModel::kNumTables;
-  // Builds the policy over the candidates (in candidate_steps() order) from the initial index.
+  // Builds the policy over the candidates (in candidate_tiers() order) from the initial index.
   using PolicyFactory =
       std::function<std::unique_ptr<Policy>(const AdaptiveConfig&, const std::vector<int>&, std::size_t)>;
 
   // policy: builds the policy (empty: make_policy(), config.policy's built-in one; 'python' needs one).
-  AdaptiveSpeculativeParams(int initial_steps, AdaptiveConfig config, const PolicyFactory& policy = {});
+  AdaptiveSpeculativeParams(int initial_tier, AdaptiveConfig config, const PolicyFactory& policy = {});
 
-  // The candidates of a config started at initial_steps (what candidate_steps() will be) and the index of the
+  // The candidates of a config started at initial_tier (what candidate_tiers() will be) and the index of the
   // initial tier among them. Throws std::invalid_argument on a bad config or initial tier.
-  static std::pair<std::vector<int>, std::size_t> candidate_tiers(int initial_steps, const AdaptiveConfig& config);
+  static std::pair<std::vector<int>, std::size_t> tiers_for(int initial_tier, const AdaptiveConfig& config);
 
-  // Feeds one round (RoundObservation: a verify made at current_steps(), a
+  // Feeds one round (RoundObservation: a verify made at current_tier(), a
   // plain decode in its place, shadows). A verify moves the EMA and counts a
-  // batch. Returns true only if the step count changed, which only a verify
+  // batch. Returns true only if the tier changed, which only a verify
   // can do. Throws std::invalid_argument on a round that is both a verify and
   // a plain decode, or whose chain lengths and depths differ in length;
   // std::logic_error if the policy moved on a round without a verify. No
@@ -63,12 +63,12 @@ class AdaptiveSpeculativeParams {
   // The drafter sends shadows at tier 0 (goodput then leaves blind_zero_margin off and runs no tier-0 probes).
   void expect_shadows() noexcept { policy_->expect_shadows(); }
 
-  int current_steps() const noexcept { return candidates_[index_]; }
+  int current_tier() const noexcept { return candidates_[index_]; }
   // EMA of the batch-mean accepted draft tokens (sglang's signal; kept for
   // every policy, PolicyState::ema).
   double ema() const noexcept { return ema_; }
   std::uint64_t num_batches() const noexcept { return num_batches_; }
-  const std::vector<int>& candidate_steps() const noexcept {
+  const std::vector<int>& candidate_tiers() const noexcept {
     return candidates_;
   }
   const AdaptiveConfig& config() const noexcept { return config_; }
@@ -94,7 +94,7 @@ class AdaptiveSpeculativeParams {
     return policy_->estimates().acceptance().at(position);
   }
 
-  // Seconds per round of every candidate (in candidate_steps() order) for a
+  // Seconds per round of every candidate (in candidate_tiers() order) for a
   // batch of batch_size requests (0: the last batch's table): measured where
   // measured, else estimated (docs/policy.md). Allocates; for statistics.
   std::vector<double> cost_estimates(int batch_size = 0, bool sampled = false) const;

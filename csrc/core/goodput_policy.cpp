@@ -133,7 +133,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     // doubles the wait before the next probe (up to probe_interval).
     if (--zero_probe_left_ > 0) return index_;
     decide(config_.min_gain);
-    zero_wait_ = current_steps() == 0 ? std::min<std::uint64_t>(2 * zero_wait_, config_.probe_interval)
+    zero_wait_ = current_tier() == 0 ? std::min<std::uint64_t>(2 * zero_wait_, config_.probe_interval)
                                       : first_zero_wait();
     return index_;
   }
@@ -145,7 +145,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     decide(config_.min_gain);
     return index_;
   }
-  if (current_steps() == 0 && !shadow_seen_ && batches_on_tier_ >= zero_wait_) {
+  if (current_tier() == 0 && !shadow_seen_ && batches_on_tier_ >= zero_wait_) {
     // Tier 0 verifies no drafts, so alpha is frozen there for a blind drafter: try the best
     // speculative tier for probe_rounds batches (at least one). A drafter that sends shadows is not
     // blind there: rounds without them are rounds it had nothing to check, where a drafting tier
@@ -172,20 +172,20 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   } else if ((num_batches_ - warmup) % interval != 0) {
     // Between decisions only a phase change moves the tier (tier 0 observes
     // no acceptance unless shadowed: its probes above handle it).
-    if (current_steps() == 0 && !shadowed()) return index_;
+    if (current_tier() == 0 && !shadowed()) return index_;
     const std::size_t target = phase_change_target();
     if (target != phase_change_tier_) phase_change_tier_ = target, phase_change_requests_ = 0;
     if (target == index_) return index_;
     // The evidence is the requests that observed: at tier 0 the shadowed ones (a lookup checked now and
     // then), not the batch; one lucky lookup beside unchecked requests is not a phase.
-    const std::uint64_t evidence = current_steps() == 0 ? shadowed_requests : accept_lengths.size();
+    const std::uint64_t evidence = current_tier() == 0 ? shadowed_requests : accept_lengths.size();
     phase_change_requests_ += evidence;
     if (evidence < 2 && phase_change_requests_ < kPhaseChangeRequests) return index_;
     phase_change_to(target);
   } else if (!decide(config_.min_gain)) {
     start_refresh();
   }
-  if (index_ != before && current_steps() == 0) zero_wait_ = first_zero_wait();
+  if (index_ != before && current_tier() == 0) zero_wait_ = first_zero_wait();
   return index_;
 }
 
@@ -223,7 +223,7 @@ void GoodputPolicy::tree_chain(std::span<const int> accept_lengths, std::span<co
 }
 
 void GoodputPolicy::deep_checks(std::span<const int> outcomes) {
-  if (tree_[index_] || current_steps() == 0) return;
+  if (tree_[index_] || current_tier() == 0) return;
   const int position = depth_[index_] + 1;
   if (position > AdaptiveConfig::kMaxSteps) return;
   std::size_t checked = 0, accepted = 0;
@@ -258,7 +258,7 @@ void GoodputPolicy::learn_verify(std::span<const int> accept_lengths, double rou
   if (tree_[index_]) {
     observe_tree(accept_lengths, sampled);
   } else {
-    observe_acceptance(accept_lengths, current_steps());
+    observe_acceptance(accept_lengths, current_tier());
   }
   if (sampled) checked_past_ = false;  // checks come from greedy rounds: their rate says little of sampled ones
   last_table_ = CostModel::table_of(static_cast<int>(accept_lengths.size()), sampled);
@@ -268,7 +268,7 @@ void GoodputPolicy::learn_verify(std::span<const int> accept_lengths, double rou
 }
 
 void GoodputPolicy::shadow(std::span<const int> accept_lengths, int steps) {
-  if (accept_lengths.empty() || steps <= 0 || current_steps() > 0) return;  // a drafting tier observes itself
+  if (accept_lengths.empty() || steps <= 0 || current_tier() > 0) return;  // a drafting tier observes itself
   shadow_depth_ = std::min(steps, AdaptiveConfig::kMaxSteps);
   shadow_requests_ += accept_lengths.size();
   observe_acceptance(accept_lengths, shadow_depth_, {}, /*own=*/false);
@@ -277,7 +277,7 @@ void GoodputPolicy::shadow(std::span<const int> accept_lengths, int steps) {
 }
 
 void GoodputPolicy::plain_round(int batch_size, double round_seconds, bool sampled) noexcept {
-  if (current_steps() == 0 || batch_size <= 0 || !std::isfinite(round_seconds) || round_seconds <= 0.0) return;
+  if (current_tier() == 0 || batch_size <= 0 || !std::isfinite(round_seconds) || round_seconds <= 0.0) return;
   const auto zero = std::find(candidates_.begin(), candidates_.end(), 0);
   if (zero == candidates_.end()) return;
   costs_.learn_beside(CostModel::table_of(batch_size, sampled), static_cast<std::size_t>(zero - candidates_.begin()),
@@ -285,7 +285,7 @@ void GoodputPolicy::plain_round(int batch_size, double round_seconds, bool sampl
 }
 
 double GoodputPolicy::credited(std::size_t j, double goodput) const noexcept {
-  if (candidates_[j] != 0 || current_steps() == 0 || shadow_seen_) return goodput;
+  if (candidates_[j] != 0 || current_tier() == 0 || shadow_seen_) return goodput;
   return goodput / (1.0 + config_.blind_zero_margin);
 }
 
@@ -387,7 +387,7 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
   // the estimate is what it was when the policy came down (after a phase change, the old phase's rates, which
   // took tier 0 straight back to 3 at the start of prose in the NGRAM main job), and a round without one is a
   // round where no lookup matched, where a drafting tier would have drafted nothing either.
-  const bool stale_zero = current_steps() == 0 && shadow_seen_ && !shadow_fresh_;
+  const bool stale_zero = current_tier() == 0 && shadow_seen_ && !shadow_fresh_;
   shadow_fresh_ = false;
   const bool allow_up = decisions_ >= up_blocked_until_;
   costs_.estimate(last_table_, scratch_.data());
@@ -422,7 +422,7 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
 }
 
 bool GoodputPolicy::start_refresh() {
-  if (current_steps() == 0 || config_.probe_rounds <= 0 || config_.refresh_interval <= 0) return false;
+  if (current_tier() == 0 || config_.probe_rounds <= 0 || config_.refresh_interval <= 0) return false;
   const auto wait = static_cast<std::uint64_t>(config_.refresh_interval);
   costs_.estimate(last_table_, scratch_.data());
   const double current = predicted(slow_, index_) / scratch_[index_];

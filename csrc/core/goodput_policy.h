@@ -80,7 +80,7 @@ class GoodputPolicy final : public Policy {
   // untouched). Ignored at tier 0 (it times itself) and without tier 0 among
   // the candidates.
   void plain_round(int batch_size, double round_seconds, bool sampled) noexcept;
-  int current_steps() const noexcept { return candidates_[index_]; }
+  int current_tier() const noexcept { return candidates_[index_]; }
   // Expected tokens per round at candidate j: a chain's from `estimate`; a tree's its chain's plus the part of
   // the chain's shortfall (depth + 1 tokens at most, less the chain's) that the tree recovers in rounds of the
   // last round's kind. A shortfall fraction, not a ratio to the chain: where the chain accepts nearly all, a
@@ -101,10 +101,10 @@ class GoodputPolicy final : public Policy {
   // The deepest draft position the estimates saw lately: the current tier's (one more once checks past a
   // chain came there), or at tier 0 that of its shadow observations.
   int observed_depth() const noexcept {
-    return current_steps() > 0 ? depth_[index_] + (checked_past_ ? 1 : 0) : shadow_depth_;
+    return current_tier() > 0 ? depth_[index_] + (checked_past_ ? 1 : 0) : shadow_depth_;
   }
   // Whether tier 0 saw shadow observations since the last decision.
-  bool shadowed() const noexcept { return current_steps() == 0 && shadow_fresh_; }
+  bool shadowed() const noexcept { return current_tier() == 0 && shadow_fresh_; }
   // The goodput a decision from the current tier credits candidate j with: tier 0's discounted by
   // blind_zero_margin from a drafting tier while the drafter is blind there.
   double credited(std::size_t j, double goodput) const noexcept;

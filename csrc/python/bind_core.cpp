@@ -307,12 +307,12 @@ AdaptiveSpeculativeParams::PolicyFactory python_factory(const py::object& policy
 
 // ---- the policy's driver ---------------------------------------------------------------------
 void def_policy_statistics(py::class_<AdaptiveSpeculativeParams>& cls) {
-  cls.def_property_readonly("current_tier", &AdaptiveSpeculativeParams::current_steps, "The active tier's key.")
+  cls.def_property_readonly("current_tier", &AdaptiveSpeculativeParams::current_tier, "The active tier's key.")
       .def_property_readonly("ema", &AdaptiveSpeculativeParams::ema)
       .def_property_readonly("alpha", &AdaptiveSpeculativeParams::alpha,
                              "Per-token acceptance estimate (goodput's model; 0.5 before any draft).")
       .def_property_readonly("num_batches", &AdaptiveSpeculativeParams::num_batches)
-      .def_property_readonly("candidate_tiers", &AdaptiveSpeculativeParams::candidate_steps,
+      .def_property_readonly("candidate_tiers", &AdaptiveSpeculativeParams::candidate_tiers,
                              "The candidates' keys, in the policy's order.")
       .def_property_readonly("config", &AdaptiveSpeculativeParams::config)
       .def_static("expected_tokens", &AdaptiveSpeculativeParams::expected_tokens,
@@ -327,7 +327,7 @@ void def_policy_statistics(py::class_<AdaptiveSpeculativeParams>& cls) {
       .def("cost_estimates", [](const AdaptiveSpeculativeParams& params, int batch_size, bool sampled) {
              const auto costs = params.cost_estimates(batch_size, sampled);
              py::dict out;
-             for (std::size_t j = 0; j < costs.size(); ++j) out[py::int_(params.candidate_steps()[j])] = costs[j];
+             for (std::size_t j = 0; j < costs.size(); ++j) out[py::int_(params.candidate_tiers()[j])] = costs[j];
              return out;
            },
            py::arg("batch_size") = 0, py::arg("sampled") = false,
@@ -340,7 +340,7 @@ void def_policy_statistics(py::class_<AdaptiveSpeculativeParams>& cls) {
              for (std::size_t t = 0; t < table.size(); ++t) {
                py::dict row;
                for (std::size_t j = 0; j < table[t].size(); ++j) {
-                 if (!std::isnan(table[t][j])) row[py::int_(params.candidate_steps()[j])] = table[t][j];
+                 if (!std::isnan(table[t][j])) row[py::int_(params.candidate_tiers()[j])] = table[t][j];
                }
                const int bucket = static_cast<int>(t) % AdaptiveSpeculativeParams::kNumBuckets;
                const char* kind = static_cast<int>(t) < AdaptiveSpeculativeParams::kNumBuckets ? "greedy" : "sampled";
@@ -364,7 +364,7 @@ void bind_policy(py::module_& m) {
           "policy: for config policy 'python', policy(tiers, start) -> an object whose observe(RoundObservation) "
           "returns the tier to run next (a Tier or its key) or None; tiers are the candidates' keys, start the "
           "initial one's.")
-      .def_static("tiers_for", &AdaptiveSpeculativeParams::candidate_tiers, py::arg("initial_tier"),
+      .def_static("tiers_for", &AdaptiveSpeculativeParams::tiers_for, py::arg("initial_tier"),
                   py::arg("config"),
                   "(the candidates' keys in the policy's order, the initial tier's index among them) for this "
                   "config started at initial_tier (a key).")

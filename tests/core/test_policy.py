@@ -210,8 +210,8 @@ def test_zero_tier_speculation_off():
     assert params.current_tier == 1
 
 
-def test_initial_steps_out_of_range():
-    with pytest.raises(ValueError, match="initial_steps"):
+def test_initial_tier_out_of_range():
+    with pytest.raises(ValueError, match="the initial tier must be an integer in"):
         make(-1)
-    with pytest.raises(ValueError, match="initial_steps"):
+    with pytest.raises(ValueError, match="the initial tier must be an integer in"):
         make(65)

@@ -114,7 +114,7 @@ void check_a_policy_of_ones_own() {
   std::vector<int> trace;
   for (int i = 0; i < 4; ++i) {
     CHECK(params.update(accepted));
-    trace.push_back(params.current_steps());
+    trace.push_back(params.current_tier());
   }
   CHECK((trace == std::vector<int>{3, 1, 3, 1}) && params.num_batches() == 4 && params.alpha() == 0.5);
   RoundObservation idle;
@@ -139,19 +139,19 @@ int main() {
   fast.update_interval = 1;
 
   AdaptiveSpeculativeParams params(3, fast);
-  CHECK(params.current_steps() == 3 && params.ema() == 2.0);
+  CHECK(params.current_tier() == 3 && params.ema() == 2.0);
   const std::vector<int> high{3, 3}, low{0}, mid{2, 3};
-  CHECK(params.update(high) && params.current_steps() == 7);
-  CHECK(params.update(low) && params.current_steps() == 1);
+  CHECK(params.update(high) && params.current_tier() == 7);
+  CHECK(params.update(low) && params.current_tier() == 1);
   CHECK(!params.update(std::vector<int>{}) && params.num_batches() == 2);
-  CHECK(params.update(mid) && params.current_steps() == 3);  // 2.5: up to 3, not 7
+  CHECK(params.update(mid) && params.current_tier() == 3);  // 2.5: up to 3, not 7
 
   AdaptiveConfig snap;
   snap.snap_initial_steps = true;
   AdaptiveSpeculativeParams snapped(2, snap);
-  CHECK(snapped.current_steps() == 3 && snapped.ema() == 2.0);
+  CHECK(snapped.current_tier() == 3 && snapped.ema() == 2.0);
   AdaptiveSpeculativeParams added(2, AdaptiveConfig{});
-  CHECK(added.candidate_steps().size() == 4 && added.current_steps() == 2);
+  CHECK(added.candidate_tiers().size() == 4 && added.current_tier() == 2);
 
   AdaptiveConfig bad;
   bad.ema_alpha = 0.0;
@@ -183,16 +183,16 @@ int main() {
   AdaptiveSpeculativeParams picker(3, goodput);
   const std::vector<int> tiers{3, 0, 1, 7};
   for (int expected : tiers) {
-    CHECK(picker.current_steps() == expected);
+    CHECK(picker.current_tier() == expected);
     std::vector<int> accepted(4, expected);  // every draft accepted
     if (expected > 0) accepted[0] = expected - 1;
     picker.update(accepted, 1.0 + 0.1 * expected);
   }
   CHECK(picker.alpha() > 0.9 && picker.alpha() < 1.0);
-  CHECK(picker.current_steps() == 7);
+  CHECK(picker.current_tier() == 7);
   const std::vector<int> none{0, 0, 0, 0};
   CHECK(picker.update(none, 1.7) && picker.alpha() == 0.0 &&
-        picker.current_steps() == 0);  // nothing accepted: speculation off
+        picker.current_tier() == 0);  // nothing accepted: speculation off
   const auto costs = picker.cost_estimates(4);
   CHECK(costs.size() == 4 && costs[3] == 1.7);
 
@@ -258,8 +258,8 @@ int main() {
   trees.candidate_steps = {0, 1, 3, 7};
   trees.candidate_trees = {{3, 2, 6}, {2, 2, 4}};
   AdaptiveSpeculativeParams over_trees(30206, trees);
-  CHECK((over_trees.candidate_steps() == std::vector<int>{0, 1, 3, 20204, 30206, 7}));
-  CHECK(over_trees.current_steps() == 30206 && over_trees.ema() == 2.0);
+  CHECK((over_trees.candidate_tiers() == std::vector<int>{0, 1, 3, 20204, 30206, 7}));
+  CHECK(over_trees.current_tier() == 30206 && over_trees.ema() == 2.0);
 
   // measured row costs: interpolated between counts, extrapolated along the last segment, checked
   auto near = [](double a, double b) { return std::fabs(a - b) < 1e-12; };
