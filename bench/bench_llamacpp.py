@@ -12,10 +12,11 @@ fixed seeds (prompt i of repeat r gets seed + 1000 r + i on both sides).
   min_p=0, typical_p=1, repeat_penalty=1); greedy is temperature 0 (llama.cpp's greedy sampler).
 - OpenVINO GenAI (optional, ``--openvino-venv``): ``plain`` and ``prompt-lookup-K`` (``prompt_lookup=True``,
   ``num_assistant_tokens`` K of ``--openvino-lookup-tokens``, ``max_ngram_size`` 3), ``LLMPipeline`` on the IR
-  that tools/export_openvino.py exported once from the same GGUF (int4 by default; the GGUF dequantized, then
-  int4 sym group 64 by optimum-intel, so not the GGUF's own blocks), with specswap's tokenizer. Each mode is a
-  child process run by the OpenVINO venv's python (bench/openvino_worker.py): ``INFERENCE_NUM_THREADS`` T, one
-  stream, latency hint, prefix caching off; the text goes in and out (tokenize, generate, detokenize timed).
+  that tools/export_openvino.py exported once from the same GGUF (int4 by default: the GGUF dequantized, then
+  int4 asymmetric in groups of 32 by optimum-intel, so not the GGUF's own blocks; int8 with ``--openvino-ir``),
+  with specswap's tokenizer. Each mode is a child process run by the OpenVINO venv's python
+  (bench/openvino_worker.py): ``INFERENCE_NUM_THREADS`` T, one stream, latency hint, prefix caching off; the text
+  goes in and out (tokenize, generate, detokenize timed).
 - specswap: ``target-only`` (no speculation); of NGRAM, EAGLE, SUFFIX and the hybrid ``EAGLE+SUFFIX`` (EAGLE with
   ``hybrid_drafter="SUFFIX"``), those ``--algorithms`` names, each at its static tiers (``--ngram-steps``,
   ``--eagle-steps``, ``--suffix-steps``, ``--hybrid-steps``) and adaptive (``configs/goodput.json``; model
