@@ -10,7 +10,9 @@ padded with the last token under the root, a round with no draft run as a plain 
 the accepted tokens and the bonus token fed back, ``stop_request`` at the end; one cache per workload (each
 benchmark run starts with an empty global tree), requests one at a time in serving order. Plain prompt lookup
 (NGRAM's ``propose_ngram`` / ``propose_ngram_tree`` with the tokenizer's digit tokens) is replayed at the same
-shapes. A draft counts as far as it equals the next tokens of the stream (greedy tree verify: the deepest node
+shapes, and SUFFIX as the drafter is built (rows "SUFFIX": prompt lookup first, the trees at its default
+settings where it finds nothing) beside the trees alone over the settings grid (rows "SUFFIX trees"). A draft
+counts as far as it equals the next tokens of the stream (greedy tree verify: the deepest node
 whose whole path matches); nothing depends on the machine's load.
 
 The requests are those ``specswap bench`` sends at concurrency 1 (``specswap.bench.workloads.build_workload``;
@@ -36,6 +38,7 @@ from typing import Protocol, Sequence
 from specswap.bench import provenance
 from specswap.bench import workloads as phased
 from specswap.prompt_lookup import NgramIndex, NumberTokens, propose_ngram, propose_ngram_tree
+from specswap.worker.suffix import SuffixConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_engine  # noqa: E402  (code, repeat and prose prompts)
@@ -155,8 +158,9 @@ class SuffixReplay:
     """``worker.suffix.SuffixDrafter``'s calls on one ``SuffixDecodingCache`` (the workload's global tree)."""
 
     def __init__(self, shape: Shape, max_tree_depth: int, max_spec_factor: float, min_token_prob: float,
-                 max_cached_requests: int = 10000):
+                 max_cached_requests: int = 10000, lookup: "NgramReplay | None" = None):
         from specswap.worker.suffix import suffix_cache_class
+        self.lookup = lookup  # SuffixDrafter's prompt lookup first (None: the trees alone)
         self.shape, self.depth = shape, max_tree_depth
         self.factor, self.min_prob = max_spec_factor, min_token_prob
         self.cache = suffix_cache_class()(max_tree_depth, max_cached_requests)
@@ -166,6 +170,8 @@ class SuffixReplay:
     def start(self, prompt: list[int]) -> None:
         self.request = next(self.ids)
         self.cache.start_request(self.request, prompt)
+        if self.lookup is not None:
+            self.lookup.start(prompt)
 
     def feed(self, new: list[int]) -> None:
         self.cache.add_active_response(self.request, new)
@@ -180,6 +186,9 @@ class SuffixReplay:
 
     def draft(self, tokens: list[int]) -> tuple[list[int], list[int]]:
         from specswap.worker.suffix import merge_tree
+        found = self.lookup.draft(tokens) if self.lookup is not None else ([], [])
+        if found[0]:
+            return found
         shape = self.shape
         path = list(self._speculate(tokens, shape.steps, tree=False).token_ids)
         if not path:
@@ -302,10 +311,17 @@ def run_grid(streams: dict, args) -> list[dict]:
         for shape in shapes:
             base = replay(requests, NgramReplay(shape, numbers)).figures()
             rows.append({"workload": workload, "drafter": "NGRAM", "shape": shape.label, **base})
+            config = SuffixConfig()  # SuffixDrafter as built: prompt lookup first, the trees where it finds nothing
+            built = replay(requests, SuffixReplay(shape, config.max_tree_depth, config.max_spec_factor,
+                                                  config.min_token_prob, args.max_cached_requests,
+                                                  lookup=NgramReplay(shape, numbers))).figures()
+            rows.append({"workload": workload, "drafter": "SUFFIX", "lookup_first": True, "shape": shape.label,
+                         **built, "tokens_per_round_vs_ngram": ratio(built["tokens_per_round"],
+                                                                     base["tokens_per_round"])})
             for depth, factor, min_prob in settings_grid(args):
                 tally = replay(requests, SuffixReplay(shape, depth, factor, min_prob, args.max_cached_requests))
                 figures = tally.figures()
-                rows.append({"workload": workload, "drafter": "SUFFIX", "shape": shape.label,
+                rows.append({"workload": workload, "drafter": "SUFFIX trees", "shape": shape.label,
                              "max_tree_depth": depth, "max_spec_factor": factor, "min_token_prob": min_prob,
                              **figures, "accepted_vs_ngram": ratio(figures["accepted_per_verify"],
                                                                    base["accepted_per_verify"])})

@@ -95,7 +95,7 @@ ALGORITHMS: dict[str | None, Algorithm] = {entry.name: entry for entry in (
     Algorithm("NGRAM", None, None, quantizable_draft=False, number_tokens=True,
               drafter="specswap.worker.ngram:NgramDrafter", tp_drafts=("leader", "replicate")),
     # suffix decoding over arctic-inference's suffix trees: the request's own and the recent outputs' (worker.suffix)
-    Algorithm("SUFFIX", None, None, quantizable_draft=False, number_tokens=False,
+    Algorithm("SUFFIX", None, None, quantizable_draft=False, number_tokens=True,
               drafter="specswap.worker.suffix:SuffixDrafter", tp_drafts=("leader", "replicate"), options=SUFFIX_OPTIONS),
     Algorithm(None, None, None, quantizable_draft=False, number_tokens=False,
               drafter="specswap.worker.drafter:Drafter"),

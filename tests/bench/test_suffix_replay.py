@@ -99,14 +99,17 @@ def worker_trace(algorithm, shape, prompts, max_new_tokens, options=None):
                                                     ("NGRAM", (3, 1, 4), None), ("NGRAM", (3, 2, 6), None)])
 def test_replay_accepts_what_the_worker_accepts(algorithm, shape, factor):
     if algorithm == "SUFFIX":
-        pytest.importorskip("arctic_inference")
+        from components import require_module
+        from specswap.worker.suffix import INSTALL
+        require_module("arctic_inference", "arctic-inference's suffix trees (SUFFIX)", INSTALL)
     prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [1, 2, 3], [9, 9, 9, 9, 2]]
     options = {"drafter_options": {"suffix_decoding_max_spec_factor": factor}} if factor else None
     served = worker_trace(algorithm, shape, prompts, 24, options)
     steps, topk, nodes = shape
     replay_shape = replay_script.Shape(steps, topk, nodes if topk > 1 else 0)
-    drafter = replay_script.SuffixReplay(replay_shape, 24, factor, 0.1) if algorithm == "SUFFIX" \
-        else replay_script.NgramReplay(replay_shape, None)
+    drafter = replay_script.SuffixReplay(replay_shape, 24, factor, 0.1,  # as built: prompt lookup first
+                                         lookup=replay_script.NgramReplay(replay_shape, None)) \
+        if algorithm == "SUFFIX" else replay_script.NgramReplay(replay_shape, None)
     trace = []
     tally = replay_script.replay([(prompt, output) for prompt, output, _ in served], drafter, trace)
     rounds = [accepted if verified else None for _, _, request_rounds in served for accepted, verified in request_rounds]

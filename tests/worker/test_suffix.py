@@ -137,14 +137,34 @@ def drafter_over(tokens_by_slot, config=SuffixConfig(), params=None):
 def test_a_chain_is_bounded_by_the_match_times_the_spec_factor_and_padded_to_the_tier(library):
     text = [7, 1, 2, 3, 4, 5, 6, 8, 9, 1, 2, 3]  # [1, 2, 3] matches: 4, 5, 6, 8, 9 follow it
     drafter, _ = drafter_over([text], SuffixConfig(max_spec_factor=1.0))
-    assert drafter.propose(0, 5) == [4, 5, 6, 6, 6]   # 3 matched tokens x 1.0, padded with the last
-    assert drafter.propose(0, 2) == [4, 5]             # the tier's bound
+    assert drafter.suffix_chain(0, 5) == [4, 5, 6, 6, 6]   # 3 matched tokens x 1.0, padded with the last
+    assert drafter.suffix_chain(0, 2) == [4, 5]             # the tier's bound
     wide, _ = drafter_over([text], SuffixConfig(max_spec_factor=2.0))
-    assert wide.propose(0, 5) == [4, 5, 6, 8, 9]
+    assert wide.suffix_chain(0, 5) == [4, 5, 6, 8, 9]
     # each token's estimated probability is 1/2 (the match also ends the text): below min_token_prob, nothing
     strict, _ = drafter_over([text], SuffixConfig(min_token_prob=0.6))
-    assert strict.propose(0, 5) == []
-    assert strict.propose_tree(0, 3, 2, 5) == ([], [])
+    assert strict.suffix_chain(0, 5) == []
+    assert strict.suffix_tree(0, 3, 2, 5) == ([], [])
+
+
+def test_prompt_lookup_drafts_first_and_the_trees_where_it_finds_nothing(library):
+    """SUFFIX verifies NGRAM's prompt lookup where it finds a match (the whole tier: [4, 5, 6, 8, 9], where the
+    trees' spec factor of 1 stops at three), and the trees' draft where it finds none (an earlier request's
+    output, in the global tree only)."""
+    from specswap.prompt_lookup import propose_ngram
+    text = [7, 1, 2, 3, 4, 5, 6, 8, 9, 1, 2, 3]
+    drafter, table = drafter_over([text], SuffixConfig(max_spec_factor=1.0))
+    assert drafter.propose(0, 5) == propose_ngram(text, 5) == [4, 5, 6, 8, 9] != drafter.suffix_chain(0, 5)
+    tokens, parents = drafter.propose_tree(0, 3, 2, 5)
+    assert tokens[:3] == [4, 5, 6] and parents[:3] == [0, 1, 2]
+    # a request whose text prompt lookup cannot continue: [20, 21] never repeats in it, but an earlier output did
+    table.host_tokens[0] = text + [20, 21, 22, 23, 24]  # its output, fed at the end of a round
+    drafter.end_round(None, [0])
+    drafter.release(0)
+    table.host_tokens[0] = [30, 20, 21]
+    drafter.prefill(SimpleNamespace(slots=[0], prompts=[[30, 20, 21]]))
+    assert propose_ngram([30, 20, 21], 3) == [] and drafter.propose(0, 3) == drafter.suffix_chain(0, 3) != []
+    assert drafter.propose(0, 3)[0] == 22
 
 
 def test_a_request_with_speculation_off_drafts_nothing(library):

@@ -9,7 +9,10 @@ estimated probabilities: child count over parent count along the path, drafting 
 ``min_token_prob``), at most ``floor(max_spec_factor x match length)`` tokens and never past the tier. A chain
 tier verifies the best path, padded to the tier's k with its last token; a tree tier a trie of that path, then
 the library's best-first tree, cut to the tier's depth, branching and nodes (so its path of first children is
-the chain tier's draft). Everything else is ``NgramDrafter``'s: a batch where no request has a draft runs a
+the chain tier's draft). NGRAM's prompt lookup goes first: its draft is verified where it finds one, the trees'
+where it finds nothing (a replay of the tune streams: as many tokens a round as prompt lookup or more on every
+workload, where the trees alone fell 14-27% short of it on code; results/suffix-replay-tune.json). Everything
+else is ``NgramDrafter``'s: a batch where no request has a draft runs a
 plain decode, tier-0 rounds check the largest chain's drafts, sampled rounds accept by keyed draws (drafts
 without a law), and under tensor parallelism (``tp_draft="leader"``) the first rank looks up and broadcasts
 (the others keep no trees). Each worker (a data-parallel group) has its own global tree.
@@ -78,8 +81,9 @@ class SuffixConfig:
 class SuffixDrafter(NgramDrafter):
     """``NgramDrafter`` with the lookups of suffix decoding (``propose``, ``propose_tree``)."""
 
-    def __init__(self, slots: SlotTable, config: SuffixConfig = SuffixConfig(), shadow_steps: int = 0):
-        super().__init__(slots, numbers=None, shadow_steps=shadow_steps)
+    def __init__(self, slots: SlotTable, config: SuffixConfig = SuffixConfig(), shadow_steps: int = 0,
+                 numbers=None):
+        super().__init__(slots, numbers=numbers, shadow_steps=shadow_steps)
         self.config = config
         self._cache_class = suffix_cache_class()
         self._cache = self._new_cache()
@@ -92,7 +96,7 @@ class SuffixDrafter(NgramDrafter):
     @classmethod
     def build(cls, context) -> "SuffixDrafter":
         return cls(context.slots, SuffixConfig.from_options(context.options),
-                   shadow_steps=context.max_steps if 0 in context.tiers else 0)
+                   shadow_steps=context.max_steps if 0 in context.tiers else 0, numbers=context.number_tokens)
 
     def _new_cache(self):
         return self._cache_class(self.config.max_tree_depth, self.config.max_cached_requests)
@@ -162,14 +166,25 @@ class SuffixDrafter(NgramDrafter):
         return self._request[slot] is not None and not self.slots.params[slot].disable_speculative_decoding
 
     def propose(self, slot: int, steps: int) -> list[int]:
+        """Prompt lookup's chain (``NgramDrafter.propose``) where it finds one, else the suffix trees'."""
         if not self._drafting(slot):
             return []
+        return super().propose(slot, steps) or self.suffix_chain(slot, steps)
+
+    def propose_tree(self, slot: int, depth: int, topk: int, max_nodes: int) -> tuple[list[int], list[int]]:
+        """Prompt lookup's trie where it finds one, else the suffix trees'."""
+        if not self._drafting(slot):
+            return [], []
+        found = super().propose_tree(slot, depth, topk, max_nodes)
+        return found if found[0] else self.suffix_tree(slot, depth, topk, max_nodes)
+
+    def suffix_chain(self, slot: int, steps: int) -> list[int]:
+        """The trees' best path, padded to ``steps`` with its last token ([]: none)."""
         tokens = list(self._speculate(slot, steps, tree=False).token_ids)
         return tokens + tokens[-1:] * (steps - len(tokens)) if tokens else []
 
-    def propose_tree(self, slot: int, depth: int, topk: int, max_nodes: int) -> tuple[list[int], list[int]]:
-        if not self._drafting(slot):
-            return [], []
+    def suffix_tree(self, slot: int, depth: int, topk: int, max_nodes: int) -> tuple[list[int], list[int]]:
+        """The trees' best path as a trie, then their best-first tree, within the tier (([], []): none)."""
         path = list(self._speculate(slot, depth, tree=False).token_ids)
         if not path:
             return [], []
