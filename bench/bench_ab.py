@@ -39,7 +39,10 @@ CONFIGS = {  # name -> Engine keyword arguments
     "tiny eagle adaptive": dict(model="tiny", speculative_algorithm="EAGLE", speculative_adaptive=True),
     "tiny ngram adaptive": dict(model="tiny", speculative_algorithm="NGRAM", speculative_adaptive=True,
                                 speculative_adaptive_config="configs/goodput.json"),
+    "gemma target-only": dict(model="gemma-3-270m", speculative_algorithm=None),
     "gemma ngram static-3": dict(model="gemma-3-270m", speculative_algorithm="NGRAM", speculative_num_steps=3),
+    "gemma ngram adaptive": dict(model="gemma-3-270m", speculative_algorithm="NGRAM", speculative_adaptive=True,
+                                 speculative_adaptive_config="configs/goodput.json"),  # the main job's engine
     "gemma eagle adaptive": dict(model="gemma-3-270m", speculative_algorithm="EAGLE", speculative_adaptive=True,
                                  speculative_adaptive_config="configs/goodput-eagle.json"),
 }

@@ -132,6 +132,11 @@ def phased(data: dict) -> tuple[str, str]:
         parts.append(f"{x(ratios['adaptive_vs_best_static'])} the best static mode" + (f" ({best})" if best else ""))
     if "adaptive_vs_oracle" in ratios:
         parts.append(f"{x(ratios['adaptive_vs_oracle'])} the oracle")
+    modes = data.get("modes", {})
+    adaptive_tok_s = modes.get("adaptive", {}).get("overall", {}).get("throughput_tok_s")
+    for name, mode in modes.items():  # <mode>@<ALGORITHM>: another drafter beside the run's, against its adaptive
+        if "@" in name and adaptive_tok_s:
+            parts.append(f"{name} {x(mode['overall']['throughput_tok_s'] / adaptive_tok_s)} adaptive")
     phases = data.get("phase_ratios") or []
     if phases:
         repeats = [r for phase in phases for r in phase["by_repeat"]]
