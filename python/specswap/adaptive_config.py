@@ -212,7 +212,9 @@ class AdaptiveSetting:
         from specswap.worker.row_cost import auto_steps, auto_trees
         values = self.config.to_dict()
         if self.steps_auto:
-            values["candidate_steps"] = auto_steps(row_costs, self.model_drafter)
+            # without a table: the tuned configs' own tiers, priced by the policy's start-up probes
+            values["candidate_steps"] = list(DEFAULT_STEPS[bool(self.model_drafter)]) if row_costs is None \
+                else auto_steps(row_costs, self.model_drafter)
         if self.trees_auto:
             values["candidate_trees"] = auto_trees(row_costs, values["candidate_steps"])
         return _from_dict(values, "")

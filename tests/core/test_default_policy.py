@@ -31,7 +31,8 @@ def test_the_tiers_follow_the_machine_and_the_drafter():
     assert auto_steps(RowCosts(AVX2, "given"), True) == [0, 1, 2, 3]
     assert auto_steps(RowCosts(AVX2, "given"), False) == [0, 1, 3, 6]  # a lookup drafts for free: up to 7
     assert auto_steps(RowCosts(XEON, "given"), False) == [0, 1, 3, 7]
-    assert auto_steps(None, True) == [0, 1, 2, 3] and auto_steps(None, False) == [0, 1, 3, 7]  # no table
+    assert [list(engine_adaptive_config(None, model_drafter=kind).for_machine(None).candidate_steps)
+            for kind in (True, False)] == [[0, 1, 2, 3], [0, 1, 3, 7]]  # no table: the configs' own tiers
 
 
 def test_no_config_is_the_default_and_a_config_is_what_it_says():

@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["RowCosts", "ROW_COUNTS", "ENV", "Measurement", "measure_row_costs", "check_costs", "fingerprint",
            "machine", "cache_key",
            "cache_path", "load_row_costs", "check_request", "resolve_row_costs", "auto_trees", "AUTO_TREE_BOUND",
-           "AUTO_TREE_MAX_NODES", "auto_steps", "fallback_steps", "round_cost", "DRAFT_COSTS", "AUTO_MAX_STEPS"]
+           "AUTO_TREE_MAX_NODES", "auto_steps", "round_cost", "DRAFT_COSTS", "AUTO_MAX_STEPS"]
 
 ROW_COUNTS = (1, 2, 4, 6, 8)
 PREFIX = 32            # tokens already in the KV cache when the rows are timed
@@ -422,14 +422,6 @@ _RATES = {True: [i / 20 for i in range(2, 19)], False: [i / 20 for i in range(2,
 _BURSTS = [(p / 10, q) for p in range(1, 11) for q in (0.97, 1.0)]
 
 
-def fallback_steps(model_drafter: bool) -> list[int]:
-    """The tiers without a row-cost table (skipped, failed, tp/dp > 1, a GPU): the tuned configs' own
-    (``adaptive_config.DEFAULT_STEPS``: configs/goodput-eagle.json's for a model drafter, configs/goodput.json's for a
-    lookup); the policy then prices them by its start-up probes' timings."""
-    from specswap.adaptive_config import DEFAULT_STEPS
-    return list(DEFAULT_STEPS[bool(model_drafter)])
-
-
 def round_cost(costs: RowCosts, steps: int, model_drafter: bool) -> float:
     """A round at chain ``steps`` over a plain decode (1 row): the drafter's (``DRAFT_COSTS``) plus the verify's
     extra rows."""
@@ -447,15 +439,13 @@ def _tokens(steps: int, model_drafter: bool) -> list[float]:
     return out
 
 
-def auto_steps(costs: RowCosts | None, model_drafter: bool, *, max_steps: int = AUTO_MAX_STEPS,
+def auto_steps(costs: RowCosts, model_drafter: bool, *, max_steps: int = AUTO_MAX_STEPS,
                drafting_tiers: int = AUTO_DRAFTING_TIERS) -> list[int]:
     """The chains ``"candidate_steps": "auto"`` (the default policy's) stands for on this machine: tier 0, tier 1
     and the ``drafting_tiers - 1`` deeper chains (up to ``max_steps``) whose best leaves the least goodput (expected
     tokens over ``round_cost``) below the best of every chain 0..max_steps, at the worst acceptance among those a
-    drafter of this kind meets (loss rounded to 0.1%, ties to the shallower set). Without a table:
-    ``fallback_steps``."""
-    if costs is None:
-        return fallback_steps(model_drafter)
+    drafter of this kind meets (loss rounded to 0.1%, ties to the shallower set). Without a table the config's
+    fallback stands (``adaptive_config.DEFAULT_STEPS``)."""
     deeper = range(2, max_steps + 1)
     rates = [[tokens / round_cost(costs, k, model_drafter) for tokens in _tokens(k, model_drafter)]
              for k in range(max_steps + 1)]
