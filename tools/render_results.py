@@ -475,8 +475,13 @@ def render_headline(results: list[Result]) -> str:
             ratios = data["ratios"]
             keys = ("adaptive_vs_baseline", "adaptive_vs_best_static", "adaptive_vs_oracle")
             if all(key in ratios for key in keys):
-                rows.append((0, f"main job ({data.get('speculative_algorithm')}, transition workload): adaptive over "
-                                f"baseline / the best static tier / the oracle", cpu_short(data),
+                config = data.get("modes", {}).get("adaptive", {}).get("settings", {}).get(
+                    "speculative_adaptive_config")
+                policy = f"`{Path(config).name}`" if config else "the default policy"
+                threads = data.get("settings", {}).get("threads")
+                rows.append((0, f"transition workload ({data.get('speculative_algorithm')}, {policy}"
+                                + (f", {threads} thread{'s' if threads != 1 else ''}" if threads else "")
+                                + "): adaptive over baseline / the best static tier / the oracle", cpu_short(data),
                              " / ".join(x(ratios[key]) for key in keys) + " " + _cite(result)))
     for result in results:
         data = result.data
