@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
+
+from peer_protocol import answer_channel, serve
 
 
 def build(args: argparse.Namespace):
@@ -56,22 +56,11 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lookup-tokens", type=int, default=None, help="prompt lookup's num_pred_tokens")
     args = parser.parse_args(argv)
-    # the answer channel is a copy of file descriptor 1; 1 itself then points at stderr, so whatever llama.cpp
-    # or llama_cpp prints (from C or from Python) stays off it
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    out = answer_channel()  # llama.cpp's own prints go to stderr
     llm, version = build(args)
     out.write(json.dumps({"ready": True, "version": version}) + "\n")
     out.flush()
-    for line in sys.stdin:
-        try:
-            reply = {"result": answer(llm, json.loads(line))}
-        except Exception as error:  # noqa: BLE001  (reported to the parent, which raises it)
-            reply = {"error": f"{type(error).__name__}: {error}"}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
-
+    serve(out, lambda request: answer(llm, request))
 
 if __name__ == "__main__":
     main()

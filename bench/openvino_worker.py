@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from typing import Any, Sequence
+
+from peer_protocol import answer_channel, serve
 
 DEFAULT_STOP_IDS = (1, 106)  # <eos>, <end_of_turn>: specswap's stop set for gemma-3-270m
 MAX_BATCHED_TOKENS = 2**63 - 1  # no limit on a step's tokens (OpenVINO's latency-oriented default: SIZE_MAX)
@@ -131,11 +131,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    # the answer channel is a copy of file descriptor 1; 1 itself then points at stderr, so whatever OpenVINO
-    # prints (from C++ or from Python) stays off it
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    out = answer_channel()  # OpenVINO's own prints go to stderr
     worker = Worker(args)
     if args.prompt is not None:
         out.write(json.dumps({"version": worker.version, **worker.generate(args.prompt, args.new_tokens)}) + "\n")
@@ -143,14 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.write(json.dumps({"ready": True, "version": worker.version,
                           "properties": {k: v for k, v in worker.properties.items()}}) + "\n")
     out.flush()
-    for line in sys.stdin:
-        try:
-            reply = {"result": worker.answer(json.loads(line))}
-        except Exception as error:  # noqa: BLE001  (reported to the parent, which raises it)
-            reply = {"error": f"{type(error).__name__}: {error}"}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
-
+    serve(out, worker.answer)
 
 if __name__ == "__main__":
     main()
