@@ -258,7 +258,7 @@ void GoodputPolicy::learn_verify(std::span<const int> accept_lengths, double rou
   if (tree_[index_]) {
     observe_tree(accept_lengths, sampled);
   } else {
-    observe_acceptance(accept_lengths, current_tier());
+    observe_acceptance(accept_lengths, depth_[index_]);  // a chain: its depth, its steps
   }
   if (sampled) checked_past_ = false;  // checks come from greedy rounds: their rate says little of sampled ones
   last_table_ = CostModel::table_of(static_cast<int>(accept_lengths.size()), sampled);
@@ -412,9 +412,7 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
     // A drafting tier no round has timed in this table is chosen on the row-cost table's word alone: time it
     // first (a refresh probe: probe_rounds batches there, back, and decide again with its own cost). A noisy
     // table that calls it cheap otherwise holds it until the next decision.
-    refresh_from_ = index_;
-    move_to(best, /*is_decision=*/false);
-    refresh_left_ = std::max(1, config_.probe_rounds);
+    refresh_probe(best);
     return true;
   }
   move_to(best, /*is_decision=*/true);
@@ -450,10 +448,14 @@ bool GoodputPolicy::start_refresh() {
     }
   }
   if (oldest == index_) return false;
-  refresh_from_ = index_;
-  move_to(oldest, /*is_decision=*/false);
-  refresh_left_ = config_.probe_rounds;
+  refresh_probe(oldest);
   return true;
+}
+
+void GoodputPolicy::refresh_probe(std::size_t index) noexcept {
+  refresh_from_ = index_;
+  move_to(index, /*is_decision=*/false);
+  refresh_left_ = std::max(1, config_.probe_rounds);
 }
 
 void GoodputPolicy::move_to(std::size_t index, bool is_decision) noexcept {

@@ -156,6 +156,9 @@ class GoodputPolicy final : public Policy {
   // and the decisions' estimate keeps kPhaseChangeMemory of its counts.
   void phase_change_to(std::size_t target) noexcept;
   void move_to(std::size_t index, bool is_decision) noexcept;
+  // A refresh probe of candidate ``index``: probe_rounds batches (at least one) there, then back to the current
+  // tier, which decides again (update's refresh branch).
+  void refresh_probe(std::size_t index) noexcept;
   std::uint64_t first_zero_wait() const noexcept;
   // Batches of start-up probing, fixed at the first batch: probe_rounds for the initial tier alone when a
   // measured row-cost table prices the tiers and the drafter's shadows (announced) show what they would accept
