@@ -104,7 +104,7 @@ def mode_settings(modes: list[str] | None, algorithm: str | None, steps: list[in
                                         "speculative_eagle_topk": topk, "speculative_num_draft_tokens": nodes})
     for name in modes:  # <mode>@<ALGORITHM>: that mode with another drafter over the same weights, interleaved
         base, _, other = name.partition("@")
-        if other and base in ("adaptive", *available) or other and base.startswith("static") and base[6:].isdigit():
+        if other:  # an unknown base mode is refused by the call below, naming it
             first, _, second = other.upper().partition("+")  # EAGLE+SUFFIX: the hybrid
             settings = dict(mode_settings([base], first, steps, initial_steps, adaptive_config, trees)[base])
             if second:
