@@ -98,6 +98,10 @@ class AdaptiveSpeculativeParams {
   // batch of batch_size requests (0: the last batch's table): measured where
   // measured, else estimated (docs/policy.md). Allocates; for statistics.
   std::vector<double> cost_estimates(int batch_size = 0, bool sampled = false) const;
+  // Whether a drafting tier could pay at the last batch's table with every draft accepted
+  // (GoodputPolicy::drafting_can_pay; a model-free policy's priors: true). The drafter's tier-0 checks pause
+  // while it is false.
+  bool drafting_can_pay() const noexcept { return policy_->estimates().drafting_can_pay(); }
   // Measured EMA of seconds per round, per table and candidate (NaN where
   // never measured); rows are tables 0..kNumTables-1.
   std::vector<std::vector<double>> measured_costs() const { return policy_->estimates().costs().measured(); }

@@ -28,6 +28,8 @@ constexpr std::uint64_t kPhaseChangeRequests = 6;
 // either way would need its cost that far off to win, and its probe rounds
 // would cost more.
 constexpr double kRefreshGap = 0.15;
+// The first batch size from which start-up probing also times tier 0 (startup_probe_batches).
+constexpr std::size_t kProbeZeroBatch = 4;
 // A tree round teaches its recovered fraction only where its chain is predicted
 // to fall short of depth + 1 tokens by at least this much (tokens per round):
 // below it the fraction is noise over a near-zero denominator.
@@ -93,9 +95,16 @@ std::uint64_t GoodputPolicy::first_zero_wait() const noexcept {
   return static_cast<std::uint64_t>(std::min(2 * config_.update_interval, config_.probe_interval));
 }
 
-std::uint64_t GoodputPolicy::startup_probe_batches() const noexcept {
+std::uint64_t GoodputPolicy::startup_probe_batches(std::size_t batch_size) const noexcept {
   const bool trees = std::any_of(tree_.begin(), tree_.end(), [](char tree) { return tree != 0; });
-  const std::uint64_t tiers = shadow_seen_ && costs_.has_prior() && !trees ? 1 : candidates_.size();
+  std::uint64_t tiers = candidates_.size();
+  if (shadow_seen_ && costs_.has_prior() && !trees) {
+    // The initial tier; from batch kProbeZeroBatch also tier 0 (candidate 0, the next in the probe order) where
+    // it is a candidate: the row-cost table is measured at batch 1 up to 8 rows, so there it prices the tiers
+    // against a plain decode far too cheaply (batch 8, EAGLE tier 3: 1.13x a plain decode by the table, 4.1x
+    // timed), and without a timed plain decode the initial tier's own cost cannot tell whether drafting pays.
+    tiers = batch_size >= kProbeZeroBatch && initial_index_ != 0 && candidates_.front() == 0 ? 2 : 1;
+  }
   return static_cast<std::uint64_t>(config_.probe_rounds) * tiers;
 }
 
@@ -108,7 +117,7 @@ std::size_t GoodputPolicy::observe(const RoundObservation& round, const PolicySt
 }
 
 std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double round_seconds, bool sampled) {
-  if (++num_batches_ == 1) probe_batches_ = startup_probe_batches();
+  if (++num_batches_ == 1) probe_batches_ = startup_probe_batches(accept_lengths.size());
   const auto warmup = static_cast<std::uint64_t>(config_.warmup_batches);
   const auto interval = static_cast<std::uint64_t>(config_.update_interval);
   const std::size_t before = index_;
@@ -124,6 +133,9 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
       const std::size_t next = slot == 0 ? initial_index_ : (slot - 1 < initial_index_ ? slot - 1 : slot);
       move_to(next, /*is_decision=*/false);
     } else {
+      // Probing may end at tier 0: the estimate is the probed tiers' of just now, not the one tier 0 came down
+      // with, so decide() may move up on it.
+      shadow_fresh_ = true;
       decide(/*min_gain=*/0.0, /*with_noise=*/false);
     }
     return index_;
@@ -142,6 +154,8 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     // from there, so the probe itself does not tilt the decision.
     if (--refresh_left_ > 0) return index_;
     move_to(refresh_from_, /*is_decision=*/false);
+    // A decision's probe of an untimed tier: its verifies are fresh evidence, as tier 0's shadows would be.
+    if (std::exchange(deciding_probe_, false)) shadow_fresh_ = true;
     decide(config_.min_gain);
     return index_;
   }
@@ -274,6 +288,18 @@ void GoodputPolicy::shadow(std::span<const int> accept_lengths, int steps) {
   observe_acceptance(accept_lengths, shadow_depth_, {}, /*own=*/false);
   shadow_fresh_ = true;
   shadow_seen_ = true;
+}
+
+bool GoodputPolicy::drafting_can_pay() const noexcept {
+  const auto zero = std::find(candidates_.begin(), candidates_.end(), 0);
+  if (zero == candidates_.end() || num_batches_ == 0) return true;
+  const auto z = static_cast<std::size_t>(zero - candidates_.begin());
+  if (costs_.timed_at(last_table_, z) == 0) return true;  // a plain decode's cost unknown here: nothing to tell by
+  costs_.estimate(last_table_, scratch_.data());
+  for (std::size_t j = 0; j < candidates_.size(); ++j) {
+    if (j != z && (depth_[j] + 1.0) * scratch_[z] > scratch_[j]) return true;
+  }
+  return false;
 }
 
 void GoodputPolicy::plain_round(int batch_size, double round_seconds, bool sampled) noexcept {
@@ -413,6 +439,7 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
     // first (a refresh probe: probe_rounds batches there, back, and decide again with its own cost). A noisy
     // table that calls it cheap otherwise holds it until the next decision.
     refresh_probe(best);
+    deciding_probe_ = true;
     return true;
   }
   move_to(best, /*is_decision=*/true);

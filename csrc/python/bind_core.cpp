@@ -333,6 +333,9 @@ void def_policy_statistics(py::class_<AdaptiveSpeculativeParams>& cls) {
            py::arg("batch_size") = 0, py::arg("sampled") = false,
            "Tier -> seconds per round for this batch size and kind of round (batch_size 0: the last "
            "round's table), measured or estimated.")
+      .def("drafting_can_pay", &AdaptiveSpeculativeParams::drafting_can_pay,
+           "Whether some drafting tier could beat tier 0 at the last batch's costs with every draft accepted "
+           "(False only once tier 0 was timed there); the drafter's tier-0 checks pause while it is False.")
       .def("measured_costs", [](const AdaptiveSpeculativeParams& params) {
              const auto table = params.measured_costs();
              py::dict out;

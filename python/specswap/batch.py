@@ -129,6 +129,7 @@ class RequestBatch:
         self.rounds_per_tier[result.ran.key] += 1  # by key: a chain's steps, a tree's encoded shape
         if self.controller is not None:
             self.controller.observe(result)  # may switch the pool's tier: the next round runs it
+            self.worker.drafter.pause_checks(not self.controller.checks_pay)
         for request, tokens, accepted, drafts, speculating in zip(
                 decoding, result.new_tokens, result.accept_lengths, result.drafts_verified, result.speculating):
             request.accept_lengths.append(accepted)

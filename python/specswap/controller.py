@@ -52,6 +52,9 @@ class AdaptiveController:
         # the lookups of plain decodes run in the active tier's place since its last verify: charged to its next
         # verify, so a tier's cost is what being at it costs (see observe)
         self._carried_seconds, self._carried_tier = 0.0, None
+        # whether a drafting tier could pay at the last round's costs were every draft accepted (the drafter's
+        # tier-0 checks pause while not: ``Drafter.pause_checks``)
+        self.checks_pay = True
         pool.activate(self.params.current_tier)
         if row_costs:
             self.set_row_costs(row_costs)
@@ -110,7 +113,9 @@ class AdaptiveController:
             self._carried_seconds += result.lookup_seconds
         else:
             round_ = self._verify(result, shadow)
-        if not self.params.observe(round_):
+        switched = self.params.observe(round_)
+        self.checks_pay = self.params.drafting_can_pay()
+        if not switched:
             return None
         self.pool.activate(self.params.current_tier)
         return self.params.current_tier

@@ -867,3 +867,23 @@ def test_the_collapse_test_holds_still_at_a_steady_rate():
             tiers = run(params, rate, cost, 3000, random.Random(seed), batch=batch)
             off += sum(t != top for t in tiers[100:])
         assert off <= 0.01 * 4 * 2900, (rate, off)
+
+
+def test_drafting_can_pay_only_while_a_full_draft_would_beat_a_plain_decode():
+    """Tier-0 checks pause (``drafting_can_pay`` False) only where tier 0 was timed and every drafting tier costs
+    more than (depth + 1) plain decodes at that batch: no acceptance a check could show would move the policy."""
+    def timed(costs, batch):
+        # start-up probing times every candidate (3, then 0 and 1), all drafts rejected
+        params = goodput(3, candidate_steps=[0, 1, 3], probe_rounds=2, warmup_batches=1000)
+        assert params.drafting_can_pay()  # nothing timed yet
+        for _ in range(6):
+            params.update([0] * batch, costs[params.current_tier])
+        assert params.current_tier == 0
+        return params
+
+    every_row_counts = timed({0: 1.0, 1: 2.1, 3: 4.2}, 8)  # batch 8 on the Xeon: 16 rows 2.1x 8
+    assert not every_row_counts.drafting_can_pay(), every_row_counts.cost_estimates(8)
+    every_row_counts.update([0, 0], 1.0)  # batch 2: another table, where the batch-8 table's ratios stand in
+    assert not every_row_counts.drafting_can_pay()
+    assert timed({0: 1.0, 1: 1.9, 3: 4.2}, 8).drafting_can_pay()  # tier 1 under 2 plain decodes: it could pay
+    assert goodput(0).drafting_can_pay()

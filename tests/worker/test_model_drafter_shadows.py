@@ -120,6 +120,26 @@ def test_the_first_tier_zero_rounds_after_a_drafting_round_are_all_checked(algor
 
 
 @pytest.mark.parametrize("algorithm", list(PAIRS))
+def test_paused_checks_check_nothing_and_a_drafting_round_still_catches_up(algorithm):
+    """``pause_checks(True)`` (no drafting tier could pay: ``AdaptiveController.checks_pay``): tier-0 rounds check
+    nothing, and the drafting rounds after them catch the draft up as they would anyway (greedy output equal to
+    target-only); unpaused, the checks come back."""
+    target, head = PAIRS[algorithm]()
+    worker = SpeculativeWorker(target, head, algorithm, speculative_num_steps=0, tiers=(0, 1), max_seq_len=128)
+    plain = SpeculativeWorker(target, head, algorithm, speculative_num_steps=0, tiers=(0,), max_seq_len=128)
+    rounds = recording_rounds(worker)
+    worker.drafter.pause_checks(True)
+    pattern = [0] * 12 + [1, 1]
+    tokens, _, tiers = run_to_completion(worker, PROMPTS, 40, switch=lambda i: pattern[i % len(pattern)])
+    assert tokens == run_to_completion(plain, PROMPTS, 40)[0]
+    assert 0 in tiers and 1 in tiers and all(result.shadow is None for _, _, result in rounds)
+    worker.drafter.pause_checks(False)
+    worker.pool.activate(0)
+    worker.drafter.begin_round(worker.pool.acquire().round.stages, [0, 1])
+    assert worker.drafter._pending[0] is not None
+
+
+@pytest.mark.parametrize("algorithm", list(PAIRS))
 def test_without_tier_zero_nothing_is_checked(algorithm):
     target, head = PAIRS[algorithm]()
     worker = SpeculativeWorker(target, head, algorithm, speculative_num_steps=2, tiers=(1, 2), max_seq_len=64)

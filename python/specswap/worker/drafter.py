@@ -126,6 +126,13 @@ class Drafter:
         """Host-side bookkeeping after the round's tokens are committed."""
 
     shadow_steps = 0  # the tier take_shadow's observations are for (0: it makes none)
+    checks_paused = False  # pause_checks(True): no drafting tier could pay now, so no tier-0 check could matter
+
+    def pause_checks(self, paused: bool) -> None:
+        """Set after each round from the policy (``AdaptiveController.checks_pay``): while no drafting tier could
+        beat tier 0 even with every draft accepted, a model drafter skips its tier-0 checks (each a catch-up
+        forward); a switch to a drafting tier catches the draft up as it would anyway."""
+        self.checks_paused = paused
 
     def take_shadow(self, slots: Sequence[int], drafting: bool) -> Shadow | None:
         """After a round: what drafts of ``shadow_steps`` tokens would have accepted, for checks the emitted
@@ -262,7 +269,7 @@ class ModelDrafter(Drafter):
             if tier.speculative_eagle_topk == 1 and tier.speculative_num_steps in self._deep_tiers:
                 self._chain_rounds += 1
                 self.deep_check_due = self._chain_rounds % DEEP_CHECK_EVERY == 0
-        elif self.shadow_steps:
+        elif self.shadow_steps and not self.checks_paused:
             self._tier0_rounds += 1
             if self._tier0_rounds <= CONFIRM_ROUNDS or (self._tier0_rounds - CONFIRM_ROUNDS) % SHADOW_EVERY == 0:
                 self._check(slots)

@@ -99,6 +99,9 @@ class HybridDrafter(Drafter):
     def enable_deep_checks(self, steps: frozenset[int]) -> None:
         self.model_drafter.enable_deep_checks(steps)
 
+    def pause_checks(self, paused: bool) -> None:
+        self.model_drafter.pause_checks(paused)  # the suffix draft's checks ride on the model's
+
     def observe_plain_round(self, slot_index, logits, next_tokens, sampling) -> None:
         self.model_drafter.observe_plain_round(slot_index, logits, next_tokens, sampling)
 
