@@ -27,7 +27,6 @@ import pytest
 
 from specswap import AdaptiveSpeculativeParams
 from specswap.adaptive_config import engine_adaptive_config
-from specswap.worker.ngram import SHADOW_DEPTH
 from specswap.worker.row_cost import DRAFT_COSTS, RowCosts
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -153,9 +152,9 @@ def replay(name, machine, table, *, batch=2, seed=0, jitter=0.05, steps=None):
         tier = steps if params is None else params.current_tier
         tiers.append(tier)
         cost = round_seconds(machine, tier, batch, model_drafter)
-        if params is not None and tier == 0:  # tier-0 checks: NGRAM every 4th round, SHADOW_DEPTH drafts; model
+        if params is not None and tier == 0:  # tier-0 checks: NGRAM every 4th round at its deepest tier; model
             since_drafting += 1                # drafters one draft, the first 8 rounds after drafting then every 8th
-            deepest = min(SHADOW_DEPTH, max(params.candidate_tiers))
+            deepest = max(params.candidate_tiers)
             if not model_drafter and since_drafting % 4 == 0:
                 params.shadow(requests.shadow(deepest), deepest)
             elif model_drafter and (since_drafting <= 8 or since_drafting % 8 == 0):

@@ -8,11 +8,11 @@ sampled rounds accept them against keyed draws (sampling.accept_keyed).
 
 At tier 0 nothing is verified, so the policy would be blind there; but a
 lookup's drafts can be checked against the tokens the request goes on to emit,
-for free: every SHADOW_EVERY-th tier-0 round, a chain of SHADOW_DEPTH drafts
-(at most the largest tier's) is looked up for every request of the batch and
-kept, and once the emitted tokens settle them (a mismatch, or all of them
-matched) what that chain would have accepted is reported as a shadow
-observation (``take_shadow``; the engine feeds it to the controller). Since a request's text does not depend on its
+for free: every SHADOW_EVERY-th tier-0 round, the drafts of the largest tier
+are looked up for every request of the batch and kept, and once the emitted
+tokens settle them (a mismatch, or all of them matched) what that tier would
+have accepted is reported as a shadow observation (``take_shadow``; the engine
+feeds it to the controller). Since a request's text does not depend on its
 tier (greedy, or keyed draws), this is what the tier would have accepted, and
 the round is checked as that tier would have run it: where no request has a
 lookup it would have run a plain decode (nothing observed), and a request
@@ -45,12 +45,6 @@ from specswap.worker.tiers import TierStages
 
 # tier-0 rounds apart of the lookups checked
 SHADOW_EVERY = 4
-# drafts a tier-0 check looks up (at most the largest tier's): a check whose drafts all match settles only once the
-# request has emitted that many tokens, one a tier-0 round, so a high phase waited 7-9 rounds at tier 0 for its
-# first checks of 7 to settle. Checks of 3 settle within 3 rounds, and the positions past them take the third's rate
-# (docs/policy.md). NGRAM transition, tune prompts (baseline, static7, adaptive; 3 repeats): adaptive over the
-# oracle 0.964 with checks of 7, 0.970 of 5, 0.981 of 3 (high phases 0.936 / 0.926 -> 0.991 / 0.962).
-SHADOW_DEPTH = 3
 
 
 class NgramDrafter(Drafter):
@@ -58,7 +52,7 @@ class NgramDrafter(Drafter):
     drafts_trees = True
     def __init__(self, slots: SlotTable, numbers: NumberTokens | None, shadow_steps: int = 0):
         self.slots, self.numbers = slots, numbers
-        self.shadow_steps = shadow_steps  # the chain tier-0 rounds check lookups for (0: none)
+        self.shadow_steps = shadow_steps  # the tier tier-0 rounds check lookups for (0: none)
         # per slot: (position the drafts would continue from, the drafts) not yet settled
         self._pending: list[list[tuple[int, list[int]]]] = [[] for _ in slots.host_tokens]
         self._tier0_rounds = 0  # tier-0 rounds so far: every SHADOW_EVERY-th is checked, the first included
@@ -77,8 +71,7 @@ class NgramDrafter(Drafter):
     @classmethod
     def build(cls, context) -> "NgramDrafter":
         # with tier 0 among the tiers, its rounds check lookups for the largest tier
-        return cls(context.slots, context.number_tokens,
-                   shadow_steps=min(SHADOW_DEPTH, context.max_steps) if 0 in context.tiers else 0)
+        return cls(context.slots, context.number_tokens, shadow_steps=context.max_steps if 0 in context.tiers else 0)
 
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         steps = tier.speculative_num_steps

@@ -24,7 +24,7 @@ import itertools
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
-from specswap.worker.ngram import SHADOW_DEPTH, NgramDrafter
+from specswap.worker.ngram import NgramDrafter
 from specswap.worker.slots import SlotTable
 
 INSTALL = ('pip install "specswap[suffix]" after its build tools: pip install nanobind==2.9.2 grpcio-tools '
@@ -96,7 +96,7 @@ class SuffixDrafter(NgramDrafter):
     @classmethod
     def build(cls, context) -> "SuffixDrafter":
         return cls(context.slots, SuffixConfig.from_options(context.options),
-                   shadow_steps=min(SHADOW_DEPTH, context.max_steps) if 0 in context.tiers else 0, numbers=context.number_tokens)
+                   shadow_steps=context.max_steps if 0 in context.tiers else 0, numbers=context.number_tokens)
 
     def _new_cache(self):
         return self._cache_class(self.config.max_tree_depth, self.config.max_cached_requests)
