@@ -477,7 +477,8 @@ def render_headline(results: list[Result]) -> str:
             if all(key in ratios for key in keys):
                 config = data.get("modes", {}).get("adaptive", {}).get("settings", {}).get(
                     "speculative_adaptive_config")
-                policy = f"`{Path(config).name}`" if config else "the default policy"
+                # "variant": a run of code that did not stay (named by its commit), not what runs now
+                policy = data.get("variant") or (f"`{Path(config).name}`" if config else "the default policy")
                 threads = data.get("settings", {}).get("threads")
                 rows.append((0, f"transition workload ({data.get('speculative_algorithm')}, {policy}"
                                 + (f", {threads} thread{'s' if threads != 1 else ''}" if threads else "")
