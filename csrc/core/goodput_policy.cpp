@@ -122,11 +122,6 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   const auto interval = static_cast<std::uint64_t>(config_.update_interval);
   const std::size_t before = index_;
   const std::uint64_t shadowed_requests = std::exchange(shadow_requests_, 0);
-  // A round in another cost table (batch-size bucket, greedy or sampled) than the last: the tier was chosen at
-  // the other table's costs, so it is decided again now (a phase's last request alone took tier 5 at batch 1's
-  // costs, where it pays, into the next phase at batch 2, where its round costs 2.4x tier 1's).
-  const bool new_table = num_batches_ > 1 && CostModel::table_of(static_cast<int>(accept_lengths.size()),
-                                                                 sampled) != last_table_;
 
   learn_verify(accept_lengths, round_seconds, sampled);
   ++batches_on_tier_;
@@ -188,8 +183,6 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   if (collapse != index_) {
     fast_ = collapse_fast_;
     phase_change_to(collapse);
-  } else if (new_table) {
-    decide(config_.min_gain);
   } else if ((num_batches_ - warmup) % interval != 0) {
     // Between decisions only a phase change moves the tier (tier 0 observes
     // no acceptance unless shadowed: its probes above handle it).

@@ -887,17 +887,3 @@ def test_drafting_can_pay_only_while_a_full_draft_would_beat_a_plain_decode():
     assert not every_row_counts.drafting_can_pay()
     assert timed({0: 1.0, 1: 1.9, 3: 4.2}, 8).drafting_can_pay()  # tier 1 under 2 plain decodes: it could pay
     assert goodput(0).drafting_can_pay()
-
-
-def test_a_round_in_another_cost_table_decides_again_at_once():
-    """The tier was chosen at one table's costs (batch-size bucket, greedy or sampled); the first round in another
-    decides again there, without waiting for update_interval (a phase's last request alone took tier 5 at batch
-    1's costs into the next phase at batch 2, where its rounds cost 2.4x tier 1's)."""
-    params = goodput(5, candidate_steps=[0, 1, 3, 5], probe_rounds=0, warmup_batches=0, update_interval=1000,
-                     cost_prior_slope=0.0)
-    params.set_row_costs({1: 1.0, 2: 1.05, 4: 1.1, 6: 1.2, 8: 1.3})
-    for _ in range(5):  # every draft rejected, but tier 0's gain (1.2x) is no phase change: no move between decisions
-        params.update([0], 1.2)
-    assert params.current_tier == 5
-    params.update([0, 0], 1.3)  # batch 2: another table
-    assert params.current_tier == 0
