@@ -52,9 +52,6 @@ class AdaptiveController:
         # the lookups of plain decodes run in the active tier's place since its last verify: charged to its next
         # verify, so a tier's cost is what being at it costs (see observe)
         self._carried_seconds, self._carried_tier = 0.0, None
-        # whether a drafting tier could pay at the last round's costs were every draft accepted (the drafter's
-        # tier-0 checks pause while not: ``Drafter.pause_checks``)
-        self.checks_pay = True
         pool.activate(self.params.current_tier)
         if row_costs:
             self.set_row_costs(row_costs)
@@ -87,6 +84,12 @@ class AdaptiveController:
         return self.params.ema
 
     @property
+    def checks_pay(self) -> bool:
+        """Whether a drafting tier could pay at the last round's costs were every draft accepted (the drafter's
+        tier-0 checks pause while not: ``Drafter.pause_checks``)."""
+        return self.params.drafting_can_pay()
+
+    @property
     def alpha(self) -> float:
         return self.params.alpha
 
@@ -113,9 +116,7 @@ class AdaptiveController:
             self._carried_seconds += result.lookup_seconds
         else:
             round_ = self._verify(result, shadow)
-        switched = self.params.observe(round_)
-        self.checks_pay = self.params.drafting_can_pay()
-        if not switched:
+        if not self.params.observe(round_):
             return None
         self.pool.activate(self.params.current_tier)
         return self.params.current_tier
