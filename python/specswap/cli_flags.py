@@ -100,8 +100,6 @@ def check_speculative_flags(args: argparse.Namespace, adaptive_flag: bool) -> No
                 algorithm(args.speculative_algorithm).hybrid(hybrid)
             except ValueError as error:
                 raise ValueError(f"--speculative-hybrid-drafter {hybrid}: {error}") from None
-        if args.speculative_eagle_topk > 1:
-            raise ValueError(f"--speculative-hybrid-drafter {hybrid} drafts chains: --speculative-eagle-topk must be 1")
     # None is "the model's default" (its head, else NGRAM); "NONE" is no speculation
     if adaptive_flag and args.speculative_algorithm is not None and algorithm(args.speculative_algorithm).name is None:
         raise ValueError("--speculative-adaptive needs a --speculative-algorithm (EAGLE, EAGLE3, STANDALONE or "

@@ -121,7 +121,7 @@ class EngineOptions:
     hybrid_drafter: str | None = field(default=None, metadata=flag(
         "--speculative-hybrid-drafter", dest="hybrid_drafter", type=str.upper, choices=HYBRID_DRAFTERS,
         help="SUFFIX drafts beside EAGLE, EAGLE3 or STANDALONE: each round verifies, per request, the suffix draft "
-             "where its score beats the model's mean accepted drafts (chains only)"))
+             "where its score beats the model's mean accepted drafts (chains and trees)"))
     # serve's alone: bench runs adaptive as one of its modes, each in this one process with its graphs
     speculative_adaptive: bool = field(default=False, metadata=flag(
         "--speculative-adaptive", action="store_true", commands=("serve",),
@@ -172,7 +172,7 @@ class EngineOptions:
         if self.shape[1] > 1 and spec.name is None:
             raise ValueError("speculative_eagle_topk > 1 needs a speculative_algorithm (EAGLE, STANDALONE or NGRAM)")
         if self.drafting.parts is not None:
-            self.round_graphs = _hybrid_round_graphs(self.shape, self.tp_size, self.round_graphs, self.disable_graphs)
+            self.round_graphs = _hybrid_round_graphs(self.tp_size, self.round_graphs, self.disable_graphs)
         self._check_distributed()
         if self.speculative_adaptive_config is not None and not self.speculative_adaptive:
             raise ValueError("speculative_adaptive_config was given but speculative_adaptive is False; pass "
@@ -210,12 +210,9 @@ class EngineOptions:
         return cls(speculative_algorithm=speculative_algorithm, **keywords)
 
 
-def _hybrid_round_graphs(shape, tp_size: int, round_graphs: bool | None, disable_graphs: bool) -> bool | None:
-    """A hybrid's checks (chains, one process per tensor group); its ``round_graphs``: off, said once (the draft
-    is chosen per request on the host, so its rounds run from stage graphs, never as one recorded round)."""
-    if shape[1] > 1:
-        raise ValueError("hybrid_drafter drafts chains: speculative_eagle_topk must be 1 (and the adaptive config "
-                         "without candidate_trees)")
+def _hybrid_round_graphs(tp_size: int, round_graphs: bool | None, disable_graphs: bool) -> bool | None:
+    """A hybrid's checks (one process per tensor group); its ``round_graphs``: off, said once (the draft is chosen
+    per request on the host, so its rounds run from stage graphs, never as one recorded round)."""
     if tp_size != 1:
         raise ValueError("hybrid_drafter runs in one process or under data parallelism (dp_size); tensor "
                          "parallelism (tp_size > 1) is not supported with it")

@@ -1,6 +1,6 @@
 """The hybrid (EAGLE + SUFFIX) through the Engine on the shipped tiny model and its EAGLE head: greedy output equal
-to target-only's, static and adaptive (the goodput policy over EAGLE's tiers, tier 0's checks included), eager and
-from stage graphs; sampled output equal to the same seeds' EAGLE-alone output law-wise is the worker's test
+to target-only's, static and adaptive (the goodput policy over EAGLE's tiers, tier 0's checks included; chains, and
+trees among them), eager and from stage graphs; sampled output equal to the same seeds' EAGLE-alone output law-wise is the worker's test
 (tests/worker/test_hybrid.py); the choices in stats(); the flag; the misfits refused."""
 
 import argparse
@@ -38,8 +38,12 @@ def reference():
 @pytest.mark.parametrize("options", [dict(speculative_num_steps=3, disable_graphs=True),
                                      dict(speculative_num_steps=1),
                                      dict(speculative_adaptive=True, speculative_adaptive_config="configs/goodput-eagle.json",
-                                          row_costs="off", disable_graphs=True)],
-                         ids=["chain3-eager", "chain1-stage-graphs", "adaptive"])
+                                          row_costs="off", disable_graphs=True),
+                                     dict(speculative_num_steps=3, speculative_eagle_topk=2,
+                                          speculative_num_draft_tokens=6),
+                                     dict(speculative_adaptive=True, row_costs="off", disable_graphs=True,
+                                          speculative_adaptive_config="configs/goodput-eagle-trees.json")],
+                         ids=["chain3-eager", "chain1-stage-graphs", "adaptive", "tree-stage-graphs", "adaptive-trees"])
 def test_greedy_identity_and_the_choices_counted(reference, options):
     engine = make(hybrid_drafter="SUFFIX", **options)
     assert [r.token_ids for r in engine.generate(PROMPTS, MAX_NEW)] == reference
@@ -63,7 +67,6 @@ def test_stage_graphs_not_round_graphs_said_once(caplog):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(algorithm="NGRAM", hybrid_drafter="SUFFIX"), "drafts beside a draft model or head"),
     (dict(hybrid_drafter="NGRAM"), "hybrid_drafter 'NGRAM' is not supported; valid: SUFFIX"),
-    (dict(hybrid_drafter="SUFFIX", speculative_eagle_topk=2, speculative_num_steps=2), "drafts chains"),
     (dict(hybrid_drafter="SUFFIX", round_graphs=True), "round_graphs=True"),
     (dict(suffix_decoding_max_tree_depth=8), "apply to speculative_algorithm SUFFIX; got EAGLE"),
 ])
@@ -95,5 +98,4 @@ def test_the_flag_reaches_build_engine_and_is_checked():
         check_speculative_flags(bad, adaptive_flag=False)
     tree = parser.parse_args(["--speculative-algorithm", "EAGLE", "--speculative-hybrid-drafter", "SUFFIX",
                               "--speculative-eagle-topk", "2"])
-    with pytest.raises(ValueError, match="drafts chains: --speculative-eagle-topk must be 1"):
-        check_speculative_flags(tree, adaptive_flag=False)
+    check_speculative_flags(tree, adaptive_flag=False)  # a hybrid drafts trees too

@@ -2,7 +2,9 @@
 output equal to target-only's for EAGLE, EAGLE with a reduced draft vocabulary and STANDALONE, eager and from stage
 graphs, under tier switches (tier 0 included); sampled output exact in law with suffix and model rows in the same
 batches (a biased rule caught); the choice (a repeated prompt takes the suffix draft, a model that is always right
-keeps its own), the choice counted, and tier 0's checks taking the suffix draft where the hybrid would."""
+keeps its own), the choice counted, and tier 0's checks taking the suffix draft where the hybrid would. Tree tiers
+too: a suffix row's tree (SUFFIX's, scored by its nodes' path probabilities) in place of the model's, greedy
+identity with switches among chains, trees and tier 0, and the law with suffix and model trees in one batch."""
 
 from __future__ import annotations
 
@@ -12,11 +14,14 @@ import pytest
 
 from components import require_module
 from spec_helpers import random_eagle_head, random_target, run_to_completion
+from test_draft_trees import _no_residual_tree_law
 from test_worker import (BIASED_VERIFIERS, PROMPTS, VOCAB, chi_square_pvalue, exact_law, pair, sample_continuations,
                          target_only)
 from specswap.algorithms import algorithm
-from specswap.sampling import LOSSLESS, SamplingParams
+from specswap.sampling import LOSSLESS, SamplingParams, Verifier
+from specswap.tier import Tier
 from specswap.worker import SpeculativeWorker
+from specswap.worker.layout import tier_key
 from specswap.worker.hybrid import MODEL_PRIOR
 from specswap.worker.suffix import INSTALL
 
@@ -26,10 +31,11 @@ MAX_NEW = 20
 REPEATED = PROMPTS + PROMPTS  # the second copies draft from the first copies' outputs (the global tree)
 
 
-def hybrid_worker(name, steps=3, tiers=(), **options):
+def hybrid_worker(name, steps=3, tiers=(), topk=1, nodes=None, **options):
     target, draft, model = pair(name)
     return SpeculativeWorker(target, draft, f"{model}+SUFFIX", speculative_num_steps=steps, tiers=tiers,
-                             max_seq_len=64, **options), target
+                             speculative_eagle_topk=topk, speculative_num_draft_tokens=nodes, max_seq_len=64,
+                             **options), target
 
 
 def choices(worker):
@@ -44,6 +50,30 @@ def test_greedy_equals_target_only(name, steps):
     assert run_to_completion(worker, REPEATED, MAX_NEW)[0] == target_only(target, REPEATED, MAX_NEW)
     suffix_rounds, model_rounds = choices(worker)
     assert suffix_rounds > 0 and model_rounds > 0  # both drafters' drafts verified (and rejected: rollbacks)
+
+
+@pytest.mark.parametrize("name", ["eagle_partial", "eagle_token_map", "standalone_copy"])
+@pytest.mark.parametrize("shape", [(2, 2, 4), (3, 3, 8)])
+def test_tree_tiers_are_lossless_greedy(name, shape):
+    worker, target = hybrid_worker(name, shape[0], topk=shape[1], nodes=shape[2])
+    assert run_to_completion(worker, REPEATED, MAX_NEW)[0] == target_only(target, REPEATED, MAX_NEW)
+    suffix_rounds, model_rounds = choices(worker)
+    assert suffix_rounds > 0 and model_rounds > 0
+    assert list(worker.drafter.stats()["hybrid"]["model_expected"]) == [Tier(*shape).label]
+
+
+@pytest.mark.parametrize("name", ["eagle_partial", "standalone_copy"])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_switching_among_chains_trees_and_tier_zero_is_lossless(name, graphs):
+    tree, wide = tier_key(3, 2, 6), tier_key(2, 3, 7)
+    worker, target = hybrid_worker(name, 3, topk=2, nodes=6, tiers=(0, 1, 3, wide), graphs=graphs,
+                                   round_graphs=False)
+    pattern = [tree, 1, 0, tree, 3, wide, 0, 0, tree, 3]
+    tokens, _, used = run_to_completion(worker, REPEATED, MAX_NEW, switch=lambda i: pattern[i % len(pattern)])
+    assert tokens == target_only(target, REPEATED, MAX_NEW)
+    assert {0, 1, 2, 3} <= set(used) and min(choices(worker)) > 0
+    assert Tier(3, 2, 6) in worker.drafter.expected  # each tier's own mean
+    assert set(worker.drafter.expected) <= {Tier(1), Tier(3), Tier(3, 2, 6), Tier(2, 3, 7)}
 
 
 @pytest.mark.parametrize("name", ["eagle_partial", "standalone_copy"])
@@ -64,11 +94,15 @@ def test_stage_graphs_are_lossless(name):
 
 # k = 1 puts the bonus token into the 3-token window, k = 2 a mid-chain rejection. Every sample's output joins the
 # global tree, so later samples' suffix drafts are verified beside other rows' model drafts in the same batch.
+# A tree tier (2, 2, 4) puts suffix trees and the model's trees in one batch: every child a point mass.
 @pytest.mark.parametrize("model,steps,params,biased", [
     ("EAGLE", 1, SamplingParams(max_new_tokens=3, temperature=1.0), False),
     ("EAGLE", 2, SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4, top_p=0.9), False),
     ("STANDALONE", 2, SamplingParams(max_new_tokens=3, temperature=1.0), False),
     ("EAGLE", 2, SamplingParams(max_new_tokens=3, temperature=1.0), True),
+    ("EAGLE", (2, 2, 4), SamplingParams(max_new_tokens=3, temperature=1.0), False),
+    ("STANDALONE", (2, 2, 4), SamplingParams(max_new_tokens=3, temperature=0.8, top_k=4), False),
+    ("EAGLE", (2, 2, 4), SamplingParams(max_new_tokens=3, temperature=1.0), True),
 ])
 def test_sampled_continuations_follow_the_target_law(device, model, steps, params, biased):
     target = random_target(VOCAB, 16, num_layers=1, seed=3, logit_scale=4.0)
@@ -78,8 +112,13 @@ def test_sampled_continuations_follow_the_target_law(device, model, steps, param
         draft = random_target(VOCAB, 16, num_layers=1, seed=4, logit_scale=4.0).to(device)
     else:  # a reduced draft vocabulary: a suffix draft outside it is a point mass where the head has no column
         draft = random_eagle_head(target, seed=4, token_map=[0, 2, 3, 5]).to(device)
-    worker = SpeculativeWorker(target, draft, f"{model}+SUFFIX", speculative_num_steps=steps, max_batch_size=8,
-                               max_seq_len=16, verifier=BIASED_VERIFIERS["accept_always"] if biased else LOSSLESS)
+    steps, topk, nodes = steps if isinstance(steps, tuple) else (steps, 1, None)
+    verifier = BIASED_VERIFIERS["accept_always"] if biased else LOSSLESS
+    if biased and topk > 1:
+        verifier = Verifier(tree_law=_no_residual_tree_law)  # the sibling rule without the residual
+    worker = SpeculativeWorker(target, draft, f"{model}+SUFFIX", speculative_num_steps=steps,
+                               speculative_eagle_topk=topk, speculative_num_draft_tokens=nodes, max_batch_size=8,
+                               max_seq_len=24, verifier=verifier)
     assert not worker.keyed_sampling  # the model's drafts have a law: generator draws, suffix rows as point masses
     # any choice that reads only the history keeps the law; this one mixes suffix and model rows in every batch
     speculate = worker.drafter.suffix._speculate
@@ -92,7 +131,7 @@ def test_sampled_continuations_follow_the_target_law(device, model, steps, param
     worker.drafter.model_expected = lambda tier: 0.0
     counts = sample_continuations(worker, params, num_samples=1200 if biased else 4000, seed=11)
     pvalue = chi_square_pvalue(counts, law)
-    label = f"{model}+SUFFIX k={steps} biased={biased}: chi-square p-value {pvalue:.3g}, choices {choices(worker)}"
+    label = f"{model}+SUFFIX k={steps} topk={topk} biased={biased}: chi-square p-value {pvalue:.3g}, choices {choices(worker)}"
     assert (pvalue < 1e-4) if biased else (pvalue > 1e-3), label
     assert min(choices(worker)) > 100, label
 
@@ -141,23 +180,47 @@ def test_a_repeated_prompt_takes_the_suffix_draft_and_a_right_model_keeps_its_ow
     exact, _ = hybrid_worker("eagle_exact", 3)
     run_to_completion(exact, REPEATED, MAX_NEW)
     suffix_rounds, model_rounds = choices(exact)
-    assert exact.drafter.model_expected(3) > 2.5 and model_rounds > 5 * suffix_rounds
+    assert exact.drafter.model_expected(Tier(3)) > 2.5 and model_rounds > 5 * suffix_rounds
 
 
 def test_the_rule_compares_the_suffix_score_with_the_model_s_mean_at_the_tier():
     worker, _ = hybrid_worker("eagle_partial", 3)
     drafter = worker.drafter
-    assert drafter.model_expected(3) == MODEL_PRIOR * 3  # before any model round at tier 3
+    assert drafter.model_expected(Tier(3)) == MODEL_PRIOR * 3  # before any model round at tier 3
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
     worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=8)])
     worker.slots.host_tokens[0] = list(prompt)  # the context ends in a match: 4, 5 follow
     found = drafter.suffix._speculate(0, 3, tree=False)
     assert found.score > 0 and list(found.token_ids)
-    drafter.expected[3] = found.score  # a tie goes to the model
-    assert drafter.suffix_draft(0, 3) is None
-    drafter.expected[3] = found.score - 0.01
-    draft = drafter.suffix_draft(0, 3)
-    assert draft[:len(found.token_ids)] == list(found.token_ids) and len(draft) == 3
+    drafter.expected[Tier(3)] = found.score  # a tie goes to the model
+    assert drafter.suffix_draft(0, Tier(3)) is None
+    drafter.expected[Tier(3)] = found.score - 0.01
+    draft, parents = drafter.suffix_draft(0, Tier(3))
+    assert draft[:len(found.token_ids)] == list(found.token_ids) and len(draft) == 3 and parents is None
+
+
+def test_a_tree_tier_compares_the_suffix_tree_s_score_and_pads_the_tree():
+    """At a tree tier the suffix draft is SUFFIX's tree for the shape, its score the sum of its nodes' path
+    probabilities: its first children are the chain's draft, a branch adds its probability, a cut removes it."""
+    worker, _ = hybrid_worker("eagle_partial", 3, topk=2, nodes=7)
+    drafter = worker.drafter
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 1, 2, 3, 4, 5, 1, 2, 3]  # after 1 2 3: 4, then 5 (x2) or 6 (x1)
+    worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=8)])
+    worker.slots.host_tokens[0] = list(prompt)  # the context ends in the match
+    chain = drafter.suffix._speculate(0, 3, tree=False)
+    tokens, parents, score = drafter.suffix.scored_suffix_tree(0, 3, 2, 6)
+    assert tokens[:3] == list(chain.token_ids) and parents[:3] == [0, 1, 2]  # the chain's path first
+    assert 6 in tokens and score > chain.score  # the branch to 6 adds its probability
+    narrow = drafter.suffix.scored_suffix_tree(0, 3, 1, 6)
+    assert narrow[0] == list(chain.token_ids) and narrow[2] == pytest.approx(chain.score)
+    tree = Tier(3, 2, 7)
+    drafter.expected[tree] = score - 0.01
+    draft, padded = drafter.suffix_draft(0, tree)
+    assert len(draft) == 6 and len(padded) == 7 and padded[0] == 0
+    assert draft[:len(tokens)] == tokens and draft[len(tokens):] == [prompt[-1]] * (6 - len(tokens))
+    assert padded[1:1 + len(parents)] == parents and set(padded[1 + len(parents):]) <= {0}
+    drafter.expected[tree] = score
+    assert drafter.suffix_draft(0, tree) is None
 
 
 def test_tier_zero_checks_take_the_suffix_draft_where_the_hybrid_would():
@@ -194,8 +257,5 @@ def test_hybrids_are_named_and_misfits_refused():
     with pytest.raises(ValueError, match="hybrid_drafter 'NGRAM' is not supported; valid: SUFFIX"):
         algorithm("EAGLE").hybrid("NGRAM")
     target, draft, _ = pair("eagle_partial")
-    with pytest.raises(ValueError, match="drafts chains only"):
-        SpeculativeWorker(target, draft, "EAGLE+SUFFIX", speculative_num_steps=2, speculative_eagle_topk=2,
-                          max_seq_len=64)
     with pytest.raises(ValueError, match="needs an EAGLE head"):
         SpeculativeWorker(target, None, "EAGLE+SUFFIX", max_seq_len=64)

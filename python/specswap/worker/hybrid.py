@@ -1,15 +1,18 @@
 """Hybrid drafting: a model drafter (EAGLE, EAGLE3, STANDALONE) and SUFFIX's trees side by side, the better draft
 verified per request each round (Arctic Inference's hybrid; ``Engine(..., hybrid_drafter="SUFFIX")``).
 
-Each drafting round (a chain of k), per request: SUFFIX's draft (its best path, at most k tokens, padded as SUFFIX
-pads it) and its score (the sum of its tokens' estimated probabilities, about the drafts it gets accepted) against
-what the model's drafts accepted per round at this tier (an EMA over the requests that verified them, from
-MODEL_PRIOR x k): the suffix draft is verified where its score is higher, the model's elsewhere (and after
-MODEL_REFRESH suffix drafts in a row, so the model's mean stays fresh). The choice
-reads only what the request emitted so far, never this round's draws, so each row's acceptance is exact: a suffix
-row's draft is a point mass (its ``draft_probs`` one-hot) under the model drafter's acceptance (accepted with
-probability p(d), a rejection draws p without d), the model's rows as the model drafter alone, greedy rows by the
-argmax. A batch whose every request takes the suffix draft runs no draft forward. The model drafter's state
+Each drafting round, per request: SUFFIX's draft and its score (the sum of its tokens' estimated path
+probabilities, about the drafts it gets accepted) against what the model's drafts accepted per round at this tier
+(an EMA over the requests that verified them, from MODEL_PRIOR x the tier's depth): the suffix draft is verified
+where its score is higher, the model's elsewhere (and after MODEL_REFRESH suffix drafts in a row, so the model's
+mean stays fresh). At a chain tier of k the suffix draft is its best path, at most k tokens, padded as SUFFIX pads
+it; at a tree tier it is SUFFIX's tree for the tier's shape (``SuffixDrafter.scored_suffix_tree``: its best path
+as the first children, padded with copies of the last token under the root), its nodes and parents written over
+the model's tree in that row. The choice reads only what the request emitted so far, never this round's draws, so
+each row's acceptance is exact: a suffix row's chain draft is a point mass (its ``draft_probs`` one-hot) under the
+model drafter's acceptance (accepted with probability p(d), a rejection draws p without d); a tree's children are
+point masses in every row already (the model's are its top-k); the model's rows as the model drafter alone,
+greedy rows by the argmax. A batch whose every request takes the suffix draft runs no draft forward. The model drafter's state
 follows the verified tokens whichever draft they came from: EAGLE's draft-extend runs over them; a standalone
 draft's cache keeps, for a suffix row, only what it held before the round and catches up the next.
 
@@ -17,7 +20,7 @@ At tier 0 the model drafter checks tier 1's draft now and then (``ModelDrafter``
 taken the suffix draft at tier 1 the check is that draft's first token instead (a point mass is accepted exactly
 when the emitted token equals it, in law too), so the policy sees what the hybrid would have accepted.
 
-Chains only (a tree tier is refused); the rounds run from stage graphs, not whole-round graphs (the choice is the
+Chains and trees; the rounds run from stage graphs, not whole-round graphs (the choice is the
 host's; the Engine says so once); one process or data parallelism (the Engine refuses tensor parallelism).
 """
 
@@ -29,6 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specswap.tier import Tier
 from specswap.worker.drafter import Drafter, ModelDrafter, PrefillBatch
 from specswap.worker.slots import SlotTable
 from specswap.worker.suffix import SuffixConfig, SuffixDrafter
@@ -42,6 +46,7 @@ MODEL_EMA_ALPHA = 0.05
 # suffix drafts taken in a row at a tier after which a request-round verifies the model's draft instead, so that
 # the model's mean there is never stale (one in 33 at most; the choice stays a function of the history)
 MODEL_REFRESH = 32
+TIER_ONE = Tier(1)  # what tier 0's checks stand for
 
 
 class HybridDrafter(Drafter):
@@ -50,7 +55,7 @@ class HybridDrafter(Drafter):
 
     keyed_sampling = False  # the model's drafts have a law: sampled rounds draw from each request's generator
     plain_fallback = False
-    drafts_trees = False
+    drafts_trees = True
     parts: tuple[Any, Any] = ()  # (the model drafter's Algorithm, the second drafter's), set by ``over``
 
     def __init__(self, model: ModelDrafter, suffix: SuffixDrafter, slots: SlotTable):
@@ -61,13 +66,14 @@ class HybridDrafter(Drafter):
         # a drafter without a draft-extend (standalone) keeps its own drafts in its cache: a suffix row rolls back
         self._rewinds = model.eager_forwards().draft_extend is None
         size = len(slots.host_tokens)
-        self.expected: dict[int, float] = {}          # tier k -> the model's accepted drafts per round (EMA)
-        self._suffix_streak: dict[int, int] = {}      # tier k -> suffix drafts taken since the model's last
+        self.expected: dict[Tier, float] = {}         # tier -> the model's accepted drafts per round (EMA)
+        self._suffix_streak: dict[Tier, int] = {}     # tier -> suffix drafts taken since the model's last
         self._start = [0] * size                      # per slot: its length when the round began
         self._chosen: list[str | None] = [None] * size  # per slot this round: "suffix", "model" or None (plain)
         self._suffix_rows: list[int] = []             # this round's rows verifying the suffix draft
         self._suffix_index: torch.Tensor | None = None   # [R] those rows
-        self._suffix_tokens: torch.Tensor | None = None  # [R, k] their drafts
+        self._suffix_tokens: torch.Tensor | None = None  # [R, k] their drafts (a tree's nodes: [R, T-1])
+        self._suffix_parents: torch.Tensor | None = None  # [R, T] a tree tier's: their parents
         self._run_model = True                        # whether the model drafts this round (a row takes it)
         self._point_masses = None                     # the last sampled round's one-hot cells: (draft_probs, index)
         self._shadow_suffix: dict[int, tuple[int, int]] = {}  # tier-0 checks taken by the suffix draft: slot -> (pos, token)
@@ -130,26 +136,34 @@ class HybridDrafter(Drafter):
 
     # ---- the choice ----
 
-    def model_expected(self, steps: int) -> float:
-        """The model's accepted drafts per round at tier ``steps`` so far (MODEL_PRIOR x steps before any)."""
-        return self.expected.get(steps, MODEL_PRIOR * steps)
+    def model_expected(self, tier: Tier) -> float:
+        """The model's accepted drafts per round at ``tier`` so far (MODEL_PRIOR x its depth before any)."""
+        return self.expected.get(tier, MODEL_PRIOR * tier.steps)
 
-    def suffix_draft(self, slot: int, steps: int) -> list[int] | None:
-        """The suffix draft of ``steps`` tokens (padded) where its score beats the model's expectation, else None."""
+    def suffix_draft(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None] | None:
+        """The suffix draft at ``tier`` where its score beats the model's expectation there, else None: a chain's k
+        tokens (padded with its last) and None, or a tree's T-1 node tokens and its parents [T] (padded with
+        copies of the request's last token under the root, as SUFFIX pads a tree)."""
         if not self.suffix._drafting(slot):
             return None
-        found = self.suffix._speculate(slot, steps, tree=False)
-        tokens = list(found.token_ids)
-        if not tokens or found.score <= self.model_expected(steps):
+        if tier.is_tree:
+            tokens, parents, score = self.suffix.scored_suffix_tree(slot, tier.steps, tier.topk, tier.drafts)
+        else:
+            found = self.suffix._speculate(slot, tier.steps, tree=False)
+            tokens, parents, score = list(found.token_ids), None, found.score
+        if not tokens or score <= self.model_expected(tier):
             return None
-        return tokens + tokens[-1:] * (steps - len(tokens))
+        pad = tier.drafts - len(tokens)
+        if parents is None:
+            return tokens + tokens[-1:] * pad, None
+        return tokens + [self.slots.host_tokens[slot][-1]] * pad, [0] + parents + [0] * pad
 
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         self.model_drafter.begin_round(tier, slots)  # catch-up, tier-0 checks, checks past the chain
         self.deep_check_due = self.model_drafter.deep_check_due
-        steps = tier.speculative_num_steps
+        shape = tier.tier
         self._suffix_rows = []
-        if not steps:
+        if not shape.steps:
             self._suffix_checks(slots)
             return True
         table, rows, drafts = self.slots, [], []
@@ -158,13 +172,13 @@ class HybridDrafter(Drafter):
             if table.params[slot].disable_speculative_decoding or table.banned_ids(slot):
                 self._chosen[slot] = None  # verifies no draft this round (sampling.PlainRows)
                 continue
-            draft = self.suffix_draft(slot, steps)
+            draft = self.suffix_draft(slot, shape)
             if draft is not None:
-                self._suffix_streak[steps] = streak = self._suffix_streak.get(steps, 0) + 1
+                self._suffix_streak[shape] = streak = self._suffix_streak.get(shape, 0) + 1
                 if streak > MODEL_REFRESH:
                     draft = None
             if draft is None:
-                self._suffix_streak[steps] = 0
+                self._suffix_streak[shape] = 0
             self._chosen[slot] = "model" if draft is None else "suffix"
             if draft is not None:
                 rows.append(row)
@@ -174,7 +188,9 @@ class HybridDrafter(Drafter):
         if rows:
             device = table.device
             self._suffix_index = torch.tensor(rows, device=device)
-            self._suffix_tokens = torch.tensor(drafts, dtype=torch.long, device=device)
+            self._suffix_tokens = torch.tensor([tokens for tokens, _ in drafts], dtype=torch.long, device=device)
+            self._suffix_parents = torch.tensor([parents for _, parents in drafts], dtype=torch.long,
+                                                device=device) if shape.is_tree else None
         return True
 
     def draft(self, tier: TierStages, forwards: Forwards, slot_index: torch.Tensor, seq_lens: torch.Tensor,
@@ -190,6 +206,9 @@ class HybridDrafter(Drafter):
             return
         rows, tokens = self._suffix_index, self._suffix_tokens
         tier.draft.draft_tokens.index_copy_(0, rows, tokens)
+        if self._suffix_parents is not None:  # a tree: its parents (every tree child is a point mass already)
+            tier.verify.layout.parents.index_copy_(0, rows, self._suffix_parents)
+            return
         if sampling is not None:  # a point mass at each suffix draft: accepted with probability p(d)
             probs = tier.draft.draft_probs
             probs.index_fill_(0, rows, 0.0)
@@ -199,6 +218,8 @@ class HybridDrafter(Drafter):
 
     def extend(self, tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths, next_tokens,
                key_length) -> None:
+        if self._rewinds and not self._run_model:  # a standalone draft's tree moves: none drafted this round
+            return
         # over the verified tokens, whichever drafter drafted them (EAGLE's draft-extend)
         self.model_drafter.extend(tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths,
                                   next_tokens, key_length)
@@ -206,8 +227,8 @@ class HybridDrafter(Drafter):
     def end_round(self, tier: TierStages, slots: Sequence[int]) -> None:
         self.model_drafter.end_round(tier, slots)
         self.suffix.end_round(tier, slots)  # the trees take the committed tokens
-        steps = tier.speculative_num_steps
-        if not steps:
+        shape = tier.tier
+        if not shape.steps:
             return
         model = self.model_drafter
         for slot in slots:
@@ -218,8 +239,8 @@ class HybridDrafter(Drafter):
             self.counts[f"{chosen}_rounds"] += 1
             self.counts[f"{chosen}_accepted"] += accepted
             if chosen == "model":
-                mean = self.model_expected(steps)
-                self.expected[steps] = mean + MODEL_EMA_ALPHA * (accepted - mean)
+                mean = self.model_expected(shape)
+                self.expected[shape] = mean + MODEL_EMA_ALPHA * (accepted - mean)
             elif self._rewinds:  # its cache holds the model's drafts past m-1, not the suffix's: caught up next
                 model.draft_len[slot] = min(model.draft_len[slot], self._start[slot] - model.lag)
 
@@ -244,9 +265,9 @@ class HybridDrafter(Drafter):
             self._shadow_suffix.pop(slot, None)
             if self.slots.params[slot].disable_speculative_decoding:
                 continue
-            draft = self.suffix_draft(slot, 1)
+            draft = self.suffix_draft(slot, TIER_ONE)
             if draft is not None:
-                self._shadow_suffix[slot] = (check[0], draft[0])
+                self._shadow_suffix[slot] = (check[0], draft[0][0])
 
     def take_shadow(self, slots: Sequence[int], drafting: bool):
         checked = [slot for slot in slots if self.model_drafter._pending[slot] is not None]
@@ -269,4 +290,5 @@ class HybridDrafter(Drafter):
             "drafter": self.parts[1].name if self.parts else None,
             "suffix_rounds": counts["suffix_rounds"], "model_rounds": counts["model_rounds"],
             "suffix_accepted": counts["suffix_accepted"], "model_accepted": counts["model_accepted"],
-            "model_expected": {steps: round(value, 3) for steps, value in sorted(self.expected.items())}}}
+            "model_expected": {tier.label: round(value, 3) for tier, value in
+                               sorted(self.expected.items(), key=lambda item: item[0].key)}}}

@@ -185,11 +185,27 @@ class SuffixDrafter(NgramDrafter):
 
     def suffix_tree(self, slot: int, depth: int, topk: int, max_nodes: int) -> tuple[list[int], list[int]]:
         """The trees' best path as a trie, then their best-first tree, within the tier (([], []): none)."""
-        path = list(self._speculate(slot, depth, tree=False).token_ids)
+        tokens, parents, _ = self.scored_suffix_tree(slot, depth, topk, max_nodes)
+        return tokens, parents
+
+    def scored_suffix_tree(self, slot: int, depth: int, topk: int,
+                           max_nodes: int) -> tuple[list[int], list[int], float]:
+        """``suffix_tree`` and its score: the sum of its nodes' estimated path probabilities (the library's; the
+        higher where the path's and the tree's lookups both hold a node), the drafts it is expected to get
+        accepted, as a chain's score is for a chain (([], [], 0.0): none)."""
+        found = self._speculate(slot, depth, tree=False)
+        path = list(found.token_ids)
         if not path:
-            return [], []
+            return [], [], 0.0
         tree = self._speculate(slot, 2 * max_nodes, tree=True)  # more than fit: those past the cuts make room
-        return merge_tree(path, tree.token_ids, tree.parents, depth, topk, max_nodes)
+        tokens, parents = merge_tree(path, tree.token_ids, tree.parents, depth, topk, max_nodes)
+        probs = _path_probs(path, [i - 1 for i in range(len(path))], found.probs)
+        for key, prob in _path_probs(tree.token_ids, tree.parents, tree.probs).items():  # (two matches' estimates)
+            probs[key] = max(prob, probs.get(key, 0.0))
+        paths: list[tuple[int, ...]] = [()]  # per merged node (0: the root): its tokens from the root
+        for token, parent in zip(tokens, parents):
+            paths.append(paths[parent] + (token,))
+        return tokens, parents, float(sum(probs.get(key, 0.0) for key in paths[1:]))
 
     # ---- the global tree's size ----
 
@@ -248,3 +264,12 @@ def merge_tree(path: Sequence[int], tokens: Sequence[int], parents: Sequence[int
         above = 0 if parent < 0 else placed[parent]
         placed.append(None if above is None else insert(above, token))
     return node_tokens, node_parents
+
+
+def _path_probs(tokens: Sequence[int], parents: Sequence[int], probs: Sequence[float]) -> dict[tuple[int, ...], float]:
+    """The library's nodes (``parents``: -1 under the root, else an earlier index) as {tokens from the root: its
+    estimated probability}."""
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(tokens, parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return dict(zip(paths, probs))
