@@ -180,6 +180,20 @@ def test_bench_in_process_writes_json_schema_and_plot(tmp_path, capsys, monkeypa
     assert result["cpu_capability"] == cpu_capability().as_dict()
 
 
+def test_trace_estimates_records_the_policy_s_view_each_step_of_each_repeat(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSWAP_ROW_COSTS", "off")
+    args = _args(tmp_path, "--speculative-adaptive-config", _config(tmp_path), "--repeats", "2",
+                 "--modes", "static3", "adaptive", "--trace-estimates")
+    assert run_from_args(args, loaded_models("NGRAM")) == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert "estimates_by_repeat" not in result["modes"]["static3"]  # no policy: nothing to record
+    repeats = result["modes"]["adaptive"]["estimates_by_repeat"]
+    assert len(repeats) == 2 and len(repeats[0]) == len(result["modes"]["adaptive"]["trace"])
+    for t_s, tier, batch, chains in repeats[0]:
+        assert t_s > 0 and tier in (1, 3) and 1 <= batch <= 2 and set(chains) == {"1", "3"}
+        assert all(tokens >= 1.0 and ms > 0 for tokens, ms in chains.values())
+
+
 def _config(tmp_path):
     path = tmp_path / "adaptive.json"
     path.write_text(json.dumps({"candidate_steps": [1, 3], "warmup_batches": 0, "update_interval": 1}))

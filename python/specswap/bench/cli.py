@@ -37,6 +37,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the modes this many times, interleaved; figures pool every repeat")
     parser.add_argument("--seed", type=int, default=0, help="request i of a mode is seeded with seed + i")
+    parser.add_argument("--trace-estimates", action="store_true",
+                        help="adaptive modes: record each step's expected tokens and cost per round of every "
+                             "candidate chain (the JSON's estimates_by_repeat: [t_s, tier, batch, {k: [E(k), ms]}])")
     parser.add_argument("--output", default=None, help="write the results as JSON (schema: docs/bench.md)")
     parser.add_argument("--plot", default=None, help="write a PNG of tier and throughput over time per mode")
     parser.add_argument("--server", action="append", default=None, metavar="[NAME=]URL",
@@ -149,7 +152,8 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
                 del warm
             engine = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
             runners[name] = EngineRunner(engine, args.concurrency, args.max_new_tokens, args.seed,
-                                         on_request_done=lambda: progress.update(1), ignore_eos=args.ignore_eos)
+                                         on_request_done=lambda: progress.update(1), ignore_eos=args.ignore_eos,
+                                         estimates=getattr(args, "trace_estimates", False))
         for phase_index, phase in enumerate(phases):
             shift = phase_index % len(names)
             progress.set_description(phase.name)

@@ -40,7 +40,10 @@ def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
                        "requests": [r for p in same for r in p["requests"]],
                        "repeat_throughput_tok_s": [_figures(p["requests"], _phase_seconds(p))["throughput_tok_s"]
                                                    for p in same]})
-    return {"phases": phases, "trace": runs[0]["trace"], "repeats": len(runs)}
+    pooled = {"phases": phases, "trace": runs[0]["trace"], "repeats": len(runs)}
+    if any("estimates" in run for run in runs):
+        pooled["estimates_by_repeat"] = [run.get("estimates", []) for run in runs]
+    return pooled
 
 
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
@@ -57,8 +60,11 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     for _, tier, _, _ in run["trace"]:
         rounds_per_tier[str(tier)] = rounds_per_tier.get(str(tier), 0) + 1
     switches = sum(1 for a, b in zip(run["trace"], run["trace"][1:]) if a[1] != b[1])
-    return {"overall": overall, "phases": phases, "rounds_per_tier": rounds_per_tier, "tier_switches": switches,
-            "phase_starts_s": [phase["start_s"] for phase in run["phases"]], "trace": run["trace"]}
+    summary = {"overall": overall, "phases": phases, "rounds_per_tier": rounds_per_tier, "tier_switches": switches,
+               "phase_starts_s": [phase["start_s"] for phase in run["phases"]], "trace": run["trace"]}
+    if "estimates" in run or "estimates_by_repeat" in run:  # --trace-estimates
+        summary["estimates_by_repeat"] = run.get("estimates_by_repeat", [run.get("estimates", [])])
+    return summary
 
 
 def oracle(modes: dict[str, dict[str, Any]], candidates: list[str] | None = None) -> dict[str, Any] | None:

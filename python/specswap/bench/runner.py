@@ -28,8 +28,11 @@ class EngineRunner:
     times, so that modes can be interleaved step by step without other modes' time counting against them."""
 
     def __init__(self, engine, concurrency: int, max_new_tokens: int, seed: int = 0,
-                 on_request_done: Callable[[], None] | None = None, ignore_eos: bool = False):
+                 on_request_done: Callable[[], None] | None = None, ignore_eos: bool = False,
+                 estimates: bool = False):
         self.engine, self.concurrency, self.max_new_tokens, self.seed = engine, concurrency, max_new_tokens, seed
+        # each step, the adaptive policy's view of its chains: [t_s, tier, batch, {k: [E(k), ms per round]}]
+        self.estimates = [] if estimates and getattr(engine, "controller", None) is not None else None
         self.ignore_eos = ignore_eos  # every request runs to max_new_tokens: the modes then do equal work
         self.on_request_done = on_request_done
         self.run: dict[str, Any] = {"phases": [], "trace": []}
@@ -81,10 +84,22 @@ class EngineRunner:
                     if self.on_request_done is not None:
                         self.on_request_done()
             self.run["trace"].append([now, tier, step_tokens, phase_index])
+            if self.estimates is not None:
+                self._estimate(now, tier, len(step.outputs))
             self.clock = now
             yield
         self.run["phases"].append({"name": phase.name, "temperature": phase.temperature, "start_s": phase_start,
                                    "end_s": self.clock, "requests": records})
+
+    def _estimate(self, now: float, tier: int, batch: int) -> None:
+        """The policy's expected tokens and cost per round of each candidate chain after this step (outside the
+        step's time)."""
+        params = self.engine.controller.params
+        costs = params.cost_estimates()
+        self.estimates.append([now, tier, batch, {
+            key: [round(params.model_tokens(key), 3), round(seconds * 1e3, 2)]
+            for key, seconds in costs.items() if key < 64}])  # chains (a tree's key is its packed shape)
+        self.run["estimates"] = self.estimates
 
     def run_phase(self, phase_index: int, phase: Phase) -> None:
         """The whole of ``phase``, step after step."""
