@@ -189,8 +189,9 @@ def test_trace_estimates_records_the_policy_s_view_each_step_of_each_repeat(tmp_
     assert "estimates_by_repeat" not in result["modes"]["static3"]  # no policy: nothing to record
     repeats = result["modes"]["adaptive"]["estimates_by_repeat"]
     assert len(repeats) == 2 and len(repeats[0]) == len(result["modes"]["adaptive"]["trace"])
-    for t_s, tier, batch, chains in repeats[0]:
-        assert t_s > 0 and tier in (1, 3) and 1 <= batch <= 2 and set(chains) == {"1", "3"}
+    for (t_s, tier, batch, phase, chains), step in zip(repeats[0], result["modes"]["adaptive"]["trace"]):
+        assert t_s == step[0] and tier == step[1] and phase == step[3]
+        assert tier in (1, 3) and 1 <= batch <= 2 and set(chains) == {"1", "3"}
         assert all(tokens >= 1.0 and ms > 0 for tokens, ms in chains.values())
 
 

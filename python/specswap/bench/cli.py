@@ -39,7 +39,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="request i of a mode is seeded with seed + i")
     parser.add_argument("--trace-estimates", action="store_true",
                         help="adaptive modes: record each step's expected tokens and cost per round of every "
-                             "candidate chain (the JSON's estimates_by_repeat: [t_s, tier, batch, {k: [E(k), ms]}])")
+                             "candidate chain (the JSON's estimates_by_repeat: [t_s, tier, batch, phase, {k: [E(k), ms]}])")
     parser.add_argument("--output", default=None, help="write the results as JSON (schema: docs/bench.md)")
     parser.add_argument("--plot", default=None, help="write a PNG of tier and throughput over time per mode")
     parser.add_argument("--server", action="append", default=None, metavar="[NAME=]URL",

@@ -31,7 +31,7 @@ class EngineRunner:
                  on_request_done: Callable[[], None] | None = None, ignore_eos: bool = False,
                  estimates: bool = False):
         self.engine, self.concurrency, self.max_new_tokens, self.seed = engine, concurrency, max_new_tokens, seed
-        # each step, the adaptive policy's view of its chains: [t_s, tier, batch, {k: [E(k), ms per round]}]
+        # each step, the adaptive policy's view of its chains: [t_s, tier, batch, phase, {k: [E(k), ms a round]}]
         self.estimates = [] if estimates and getattr(engine, "controller", None) is not None else None
         self.ignore_eos = ignore_eos  # every request runs to max_new_tokens: the modes then do equal work
         self.on_request_done = on_request_done
@@ -85,20 +85,21 @@ class EngineRunner:
                         self.on_request_done()
             self.run["trace"].append([now, tier, step_tokens, phase_index])
             if self.estimates is not None:
-                self._estimate(now, tier, len(step.outputs))
+                self._estimate(now, tier, len(step.outputs), phase_index)
             self.clock = now
             yield
         self.run["phases"].append({"name": phase.name, "temperature": phase.temperature, "start_s": phase_start,
                                    "end_s": self.clock, "requests": records})
 
-    def _estimate(self, now: float, tier: int, batch: int) -> None:
+    def _estimate(self, now: float, tier: int, batch: int, phase_index: int) -> None:
         """The policy's expected tokens and cost per round of each candidate chain after this step (outside the
         step's time)."""
+        from specswap.tier import Tier
+
         params = self.engine.controller.params
-        costs = params.cost_estimates()
-        self.estimates.append([now, tier, batch, {
+        self.estimates.append([now, tier, batch, phase_index, {
             key: [round(params.model_tokens(key), 3), round(seconds * 1e3, 2)]
-            for key, seconds in costs.items() if key < 64}])  # chains (a tree's key is its packed shape)
+            for key, seconds in params.cost_estimates().items() if not Tier.from_key(key).is_tree}])
         self.run["estimates"] = self.estimates
 
     def run_phase(self, phase_index: int, phase: Phase) -> None:
