@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from components import require_module
 from spec_helpers import random_eagle_head, random_target, run_to_completion
@@ -181,6 +182,52 @@ def test_a_repeated_prompt_takes_the_suffix_draft_and_a_right_model_keeps_its_ow
     run_to_completion(exact, REPEATED, MAX_NEW)
     suffix_rounds, model_rounds = choices(exact)
     assert exact.drafter.model_expected(Tier(3)) > 2.5 and model_rounds > 5 * suffix_rounds
+
+
+@pytest.mark.parametrize("name", ["eagle_partial", "eagle_token_map", "standalone_copy"])
+def test_suffix_rounds_leave_the_model_behind_and_its_catch_up_restores_it(name):
+    """Rounds whose every request takes the suffix draft run neither the model's draft nor its draft-extend: the
+    model falls behind. When a request next verifies the model's draft it is caught up first, to the state the
+    model drafter alone would have at that position (an EAGLE head from the verified target features it kept)."""
+    worker, target = hybrid_worker(name, 3)
+    drafter, model = worker.drafter, worker.drafter.model_drafter
+    calls = {"extend": 0, "draft": 0}
+    extend, draft, snapshots = model.extend, model.draft, []
+
+    def counted_extend(*args, **kwargs):
+        calls["extend"] += 1
+        return extend(*args, **kwargs)
+
+    def counted_draft(tier, forwards, slot_index, *args, **kwargs):
+        calls["draft"] += 1
+        if hasattr(model, "next_draft_logits"):  # what the head drafts d_1 from, once caught up
+            snapshots.append((worker.slots.host_seq_lens[0], model.next_draft_logits[slot_index].clone()))
+        return draft(tier, forwards, slot_index, *args, **kwargs)
+    model.extend, model.draft = counted_extend, counted_draft
+    prompt = [7, 3, 11, 5, 9, 2]
+    worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=40)])
+    suffix = lambda slot, tier: ([worker.slots.host_tokens[slot][-1]] * 3, None)  # noqa: E731 (a wrong draft)
+    drafter.suffix_draft = suffix
+    for _ in range(4):
+        worker.decode_round([0])
+    assert calls == {"extend": 0, "draft": 0}
+    assert model.draft_len[0] < worker.slots.host_seq_lens[0] - model.lag  # behind
+    drafter.suffix_draft = lambda slot, tier: None  # the model's draft from here on
+    for _ in range(2):
+        worker.decode_round([0])
+    assert calls["draft"] == 2 and model.draft_len[0] == worker.slots.host_seq_lens[0] - model.lag  # in step
+    tokens = worker.slots.host_tokens[0]
+    assert tokens[len(prompt):] == target_only(target, [prompt], len(tokens) - len(prompt))[0]
+    if snapshots:  # the caught-up head's law of d_1 against a fresh one prefilled with the same tokens
+        length, logits = snapshots[0]
+        fresh = SpeculativeWorker(target, model.model, name_algorithm(name), speculative_num_steps=3,
+                                  max_seq_len=64)
+        fresh.prefill([0], [tokens[:length - 1]], [SamplingParams(max_new_tokens=2)])
+        torch.testing.assert_close(logits[0], fresh.drafter.next_draft_logits[0], rtol=1e-4, atol=1e-4)
+
+
+def name_algorithm(name):
+    return pair(name)[2]
 
 
 def test_the_rule_compares_the_suffix_score_with_the_model_s_mean_at_the_tier():

@@ -42,11 +42,13 @@ class EagleDrafter(ModelDrafter):
         self.next_draft_logits = torch.zeros(cache_rows, self.vocab_size, dtype=dtype,
                                              device=device)  # [S, Vd] head output at m-2
         self.next_draft_hidden = torch.zeros(cache_rows, hidden_size, dtype=dtype, device=device)  # [S, H]
-        # f_{m-1} of tier-0 rounds, for the catch-up: [S, capacity, H] (only when tier 0 is a candidate)
-        self.tier0_features = torch.zeros(cache_rows, cache_capacity, hidden_size, dtype=dtype,
-                                          device=device) if keep_tier0_features else None
+        # f_{m-1} of tier-0 rounds, for the catch-up: [S, capacity, F] (only when tier 0 is a candidate, or a
+        # hybrid's rounds may leave the head behind: keep_features)
+        self.tier0_features: torch.Tensor | None = None
+        self._feature_shape = (cache_rows, cache_capacity)
         self._rows = torch.arange(len(slots.host_seq_lens), device=device)  # 0..max_batch-1
         if keep_tier0_features:  # tier 0 runs: check the head's drafts there
+            self.keep_features()
             self.enable_checks(target.config.vocab_size)
 
     @classmethod
@@ -56,6 +58,23 @@ class EagleDrafter(ModelDrafter):
 
     def supports(self, steps: int) -> bool:
         return steps > 0 or self.tier0_features is not None
+
+    def feature_size(self) -> int:
+        """The width F of the target features the head reads (EAGLE: the hidden size)."""
+        return self.next_draft_hidden.shape[-1]
+
+    def keep_features(self) -> None:
+        """Keep the target features the catch-up reads ([S, capacity, F]): tier 0's, and a drafting round's
+        where ``keep_verified_features`` is called (a hybrid whose suffix rounds skip the draft-extend)."""
+        if self.tier0_features is None:
+            self.tier0_features = torch.zeros(*self._feature_shape, self.feature_size(),
+                                              dtype=self.next_draft_hidden.dtype, device=self.next_draft_hidden.device)
+
+    def keep_verified_features(self, slot_index: torch.Tensor, positions: torch.Tensor,
+                               target_hidden: torch.Tensor) -> None:
+        """A drafting round's target features [B, T, F] at their positions [B, T] (the accepted path as a chain;
+        entries past it are rewritten by later rounds before a catch-up reads them), for a later catch-up."""
+        self.tier0_features[slot_index.unsqueeze(-1), positions] = target_hidden
 
     def prefill(self, batch: PrefillBatch) -> None:
         super().prefill(batch)

@@ -29,9 +29,9 @@ class Eagle3Drafter(EagleDrafter):
         # the target as this worker calls it: returning the fused features the head reads
         self.aux_target = AuxHiddenTarget(target, head.capture_points)
         super().__init__(head, target, slots, cache_rows, cache_capacity, keep_tier0_features)
-        if self.tier0_features is not None:  # the verify's fused features f_{m-1}, for the catch-up: 3H wide
-            self.tier0_features = torch.zeros(cache_rows, cache_capacity, head.fused_feature_size,
-                                              dtype=target.dtype, device=target.device)
+
+    def feature_size(self) -> int:
+        return self.model.fused_feature_size  # the verify's fused features, for the catch-up: 3H wide
 
     def target_view(self, target: torch.nn.Module) -> torch.nn.Module:
         if target is not self.aux_target.target:

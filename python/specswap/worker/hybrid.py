@@ -12,9 +12,15 @@ the model's tree in that row. The choice reads only what the request emitted so 
 each row's acceptance is exact: a suffix row's chain draft is a point mass (its ``draft_probs`` one-hot) under the
 model drafter's acceptance (accepted with probability p(d), a rejection draws p without d); a tree's children are
 point masses in every row already (the model's are its top-k); the model's rows as the model drafter alone,
-greedy rows by the argmax. A batch whose every request takes the suffix draft runs no draft forward. The model drafter's state
-follows the verified tokens whichever draft they came from: EAGLE's draft-extend runs over them; a standalone
-draft's cache keeps, for a suffix row, only what it held before the round and catches up the next.
+greedy rows by the argmax.
+
+The model drafter is kept in step lazily. A round catches it up only for the requests that verify its draft; a
+round where every request takes the suffix draft runs no draft forward and no draft-extend, so those requests
+fall behind, as in tier-0 rounds (an EAGLE head keeps the verified target features for it). In a round where
+some request takes the model's draft, EAGLE's draft-extend runs over every request's verified tokens: a suffix
+row then in step stays in step, one behind stays behind; a standalone draft's cache keeps, for a suffix row,
+only what it held before the round. A request behind is caught up (one forward over what it missed) when it next
+verifies the model's draft or tier 0 checks it.
 
 At tier 0 the model drafter checks tier 1's draft now and then (``ModelDrafter``); where the hybrid would have
 taken the suffix draft at tier 1 the check is that draft's first token instead (a point mass is accepted exactly
@@ -65,10 +71,16 @@ class HybridDrafter(Drafter):
         self.shadow_steps = model.shadow_steps
         # a drafter without a draft-extend (standalone) keeps its own drafts in its cache: a suffix row rolls back
         self._rewinds = model.eager_forwards().draft_extend is None
+        # an EAGLE head's catch-up reads target features: kept from every drafting round (keep_verified_features)
+        self._keeps_features = hasattr(model, "keep_verified_features")
+        if self._keeps_features:
+            model.keep_features()
         size = len(slots.host_tokens)
         self.expected: dict[Tier, float] = {}         # tier -> the model's accepted drafts per round (EMA)
         self._suffix_streak: dict[Tier, int] = {}     # tier -> suffix drafts taken since the model's last
         self._start = [0] * size                      # per slot: its length when the round began
+        self._draft_len = [0] * size                  # per slot: the model's draft_len when the round began
+        self._in_step = [False] * size                # per slot: the model was in step when the round began
         self._chosen: list[str | None] = [None] * size  # per slot this round: "suffix", "model" or None (plain)
         self._suffix_rows: list[int] = []             # this round's rows verifying the suffix draft
         self._suffix_index: torch.Tensor | None = None   # [R] those rows
@@ -159,14 +171,14 @@ class HybridDrafter(Drafter):
         return tokens + [self.slots.host_tokens[slot][-1]] * pad, [0] + parents + [0] * pad
 
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
-        self.model_drafter.begin_round(tier, slots)  # catch-up, tier-0 checks, checks past the chain
-        self.deep_check_due = self.model_drafter.deep_check_due
-        shape = tier.tier
+        shape, model = tier.tier, self.model_drafter
         self._suffix_rows = []
         if not shape.steps:
+            model.begin_round(tier, slots)  # tier-0 checks (each catches its request up)
+            self.deep_check_due, self._run_model = model.deep_check_due, True
             self._suffix_checks(slots)
             return True
-        table, rows, drafts = self.slots, [], []
+        table, rows, drafts, model_slots = self.slots, [], [], []
         for row, slot in enumerate(slots):
             self._start[slot] = table.host_seq_lens[slot]
             if table.params[slot].disable_speculative_decoding or table.banned_ids(slot):
@@ -183,8 +195,17 @@ class HybridDrafter(Drafter):
             if draft is not None:
                 rows.append(row)
                 drafts.append(draft)
+            else:
+                model_slots.append(slot)
+        # the model catches up only the requests that verify its draft (and checks past the chain): the others
+        # may stay behind, their features kept (extend), until they verify its draft or tier 0 checks them
+        model.begin_round(tier, model_slots)
+        self.deep_check_due = model.deep_check_due
+        for slot in slots:
+            self._draft_len[slot] = model.draft_len[slot]
+            self._in_step[slot] = model.draft_len[slot] >= table.host_seq_lens[slot] - model.lag
         self._suffix_rows = rows
-        self._run_model = len(rows) < len(slots)
+        self._run_model = bool(model_slots)
         if rows:
             device = table.device
             self._suffix_index = torch.tensor(rows, device=device)
@@ -218,7 +239,10 @@ class HybridDrafter(Drafter):
 
     def extend(self, tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths, next_tokens,
                key_length) -> None:
-        if self._rewinds and not self._run_model:  # a standalone draft's tree moves: none drafted this round
+        steps = tier.speculative_num_steps
+        if steps and self._keeps_features:  # what a later catch-up of a request left behind reads
+            self.model_drafter.keep_verified_features(slot_index, positions, target_hidden)
+        if steps and not self._run_model:  # no request verified the model's draft: it stays behind, caught up later
             return
         # over the verified tokens, whichever drafter drafted them (EAGLE's draft-extend)
         self.model_drafter.extend(tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths,
@@ -241,8 +265,10 @@ class HybridDrafter(Drafter):
             if chosen == "model":
                 mean = self.model_expected(shape)
                 self.expected[shape] = mean + MODEL_EMA_ALPHA * (accepted - mean)
-            elif self._rewinds:  # its cache holds the model's drafts past m-1, not the suffix's: caught up next
-                model.draft_len[slot] = min(model.draft_len[slot], self._start[slot] - model.lag)
+        for slot in slots:  # left behind: no draft-extend ran, or it ran over a request already behind
+            # (a standalone draft's cache holds its own drafts past m-1 in a suffix row, not the suffix's)
+            if not (self._run_model and self._in_step[slot]) or (self._rewinds and self._chosen[slot] == "suffix"):
+                model.draft_len[slot] = self._draft_len[slot]
 
     def take_deep_checks(self, accept_lengths: Sequence[int], next_tokens: Sequence[int],
                          steps: int) -> list[int] | None:
