@@ -122,6 +122,11 @@ def test_modes_default_to_the_candidates_and_reject_unknown_names():
                                        "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 6}
     with pytest.raises(ValueError, match="unknown bench mode"):
         mode_settings(["static3", "fast"], "NGRAM", [1, 3, 7], 3, None)
+    # a second adaptive config beside the first, interleaved with it (tuning one against the other)
+    both = mode_settings(["adaptive", "adaptive:configs/goodput.json"], "NGRAM", [1, 3], 3, None)
+    assert both["adaptive"]["speculative_adaptive_config"] is None
+    assert both["adaptive:configs/goodput.json"] == {**both["adaptive"],
+                                                     "speculative_adaptive_config": "configs/goodput.json"}
 
 
 def test_a_mode_at_another_drafter_runs_beside_the_loaded_one():

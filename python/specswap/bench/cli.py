@@ -105,6 +105,8 @@ def mode_settings(modes: list[str] | None, algorithm: str | None, steps: list[in
             steps, topk, nodes = map(int, shape)  # tree<steps>x<topk>x<num_draft_tokens>, as SGLang's three flags
             available.setdefault(name, {"speculative_algorithm": algorithm, "speculative_num_steps": steps,
                                         "speculative_eagle_topk": topk, "speculative_num_draft_tokens": nodes})
+        if name.startswith("adaptive:") and algorithm is not None:  # adaptive:<config path>: a config beside
+            available.setdefault(name, {**available["adaptive"], "speculative_adaptive_config": name[9:]})
     for name in modes:  # <mode>@<ALGORITHM>: that mode with another drafter over the same weights, interleaved
         base, _, other = name.partition("@")
         if other:  # an unknown base mode is refused by the call below, naming it
@@ -116,7 +118,7 @@ def mode_settings(modes: list[str] | None, algorithm: str | None, steps: list[in
     unknown = [name for name in modes if name not in available]
     if unknown:
         raise ValueError(f"unknown bench mode(s) {unknown}; valid: {', '.join(available)} (or static<k>, "
-                         f"tree<steps>x<topk>x<num_draft_tokens>, <mode>@<ALGORITHM>[+SUFFIX])")
+                         f"tree<steps>x<topk>x<num_draft_tokens>, adaptive:<config>, <mode>@<ALGORITHM>[+SUFFIX])")
     return {name: available[name] for name in modes}
 
 
