@@ -127,6 +127,10 @@ def test_modes_default_to_the_candidates_and_reject_unknown_names():
     assert both["adaptive"]["speculative_adaptive_config"] is None
     assert both["adaptive:configs/goodput.json"] == {**both["adaptive"],
                                                      "speculative_adaptive_config": "configs/goodput.json"}
+    hybrid = mode_settings(["adaptive:configs/goodput-eagle-trees.json@EAGLE+SUFFIX"], "NGRAM", [1, 3], 3, None)
+    assert hybrid["adaptive:configs/goodput-eagle-trees.json@EAGLE+SUFFIX"] == {
+        **both["adaptive"], "speculative_algorithm": "EAGLE", "hybrid_drafter": "SUFFIX",
+        "speculative_adaptive_config": "configs/goodput-eagle-trees.json"}
 
 
 def test_a_mode_at_another_drafter_runs_beside_the_loaded_one():

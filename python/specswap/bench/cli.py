@@ -105,7 +105,7 @@ def mode_settings(modes: list[str] | None, algorithm: str | None, steps: list[in
             steps, topk, nodes = map(int, shape)  # tree<steps>x<topk>x<num_draft_tokens>, as SGLang's three flags
             available.setdefault(name, {"speculative_algorithm": algorithm, "speculative_num_steps": steps,
                                         "speculative_eagle_topk": topk, "speculative_num_draft_tokens": nodes})
-        if name.startswith("adaptive:") and algorithm is not None:  # adaptive:<config path>: a config beside
+        if name.startswith("adaptive:") and "@" not in name and algorithm is not None:  # adaptive:<config>: beside
             available.setdefault(name, {**available["adaptive"], "speculative_adaptive_config": name[9:]})
     for name in modes:  # <mode>@<ALGORITHM>: that mode with another drafter over the same weights, interleaved
         base, _, other = name.partition("@")
