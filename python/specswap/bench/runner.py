@@ -36,6 +36,8 @@ class EngineRunner:
         self.ignore_eos = ignore_eos  # every request runs to max_new_tokens: the modes then do equal work
         self.on_request_done = on_request_done
         self.run: dict[str, Any] = {"phases": [], "trace": []}
+        if self.estimates is not None:
+            self.run["estimates"] = self.estimates
         self.clock = 0.0
         self.request_index = 0
 
@@ -100,7 +102,6 @@ class EngineRunner:
         self.estimates.append([now, tier, batch, phase_index, {
             key: [round(params.model_tokens(key), 3), round(seconds * 1e3, 2)]
             for key, seconds in params.cost_estimates().items() if not Tier.from_key(key).is_tree}])
-        self.run["estimates"] = self.estimates
 
     def run_phase(self, phase_index: int, phase: Phase) -> None:
         """The whole of ``phase``, step after step."""

@@ -80,7 +80,6 @@ class HybridDrafter(Drafter):
         self._suffix_streak: dict[Tier, int] = {}     # tier -> suffix drafts taken since the model's last
         self._start = [0] * size                      # per slot: its length when the round began
         self._draft_len = [0] * size                  # per slot: the model's draft_len when the round began
-        self._in_step = [False] * size                # per slot: the model was in step when the round began
         self._chosen: list[str | None] = [None] * size  # per slot this round: "suffix", "model" or None (plain)
         self._suffix_rows: list[int] = []             # this round's rows verifying the suffix draft
         self._suffix_index: torch.Tensor | None = None   # [R] those rows
@@ -203,7 +202,6 @@ class HybridDrafter(Drafter):
         self.deep_check_due = model.deep_check_due
         for slot in slots:
             self._draft_len[slot] = model.draft_len[slot]
-            self._in_step[slot] = model.draft_len[slot] >= table.host_seq_lens[slot] - model.lag
         self._suffix_rows = rows
         self._run_model = bool(model_slots)
         if rows:
@@ -267,7 +265,8 @@ class HybridDrafter(Drafter):
                 self.expected[shape] = mean + MODEL_EMA_ALPHA * (accepted - mean)
         for slot in slots:  # left behind: no draft-extend ran, or it ran over a request already behind
             # (a standalone draft's cache holds its own drafts past m-1 in a suffix row, not the suffix's)
-            if not (self._run_model and self._in_step[slot]) or (self._rewinds and self._chosen[slot] == "suffix"):
+            in_step = self._draft_len[slot] >= self._start[slot] - model.lag  # when the round began
+            if not (self._run_model and in_step) or (self._rewinds and self._chosen[slot] == "suffix"):
                 model.draft_len[slot] = self._draft_len[slot]
 
     def take_deep_checks(self, accept_lengths: Sequence[int], next_tokens: Sequence[int],

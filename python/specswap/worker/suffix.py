@@ -199,13 +199,11 @@ class SuffixDrafter(NgramDrafter):
             return [], [], 0.0
         tree = self._speculate(slot, 2 * max_nodes, tree=True)  # more than fit: those past the cuts make room
         tokens, parents = merge_tree(path, tree.token_ids, tree.parents, depth, topk, max_nodes)
-        probs = _path_probs(path, [i - 1 for i in range(len(path))], found.probs)
-        for key, prob in _path_probs(tree.token_ids, tree.parents, tree.probs).items():  # (two matches' estimates)
+        probs = dict(zip(_node_paths(path, range(-1, len(path) - 1)), found.probs))
+        for key, prob in zip(_node_paths(tree.token_ids, tree.parents), tree.probs):  # (two matches' estimates)
             probs[key] = max(prob, probs.get(key, 0.0))
-        paths: list[tuple[int, ...]] = [()]  # per merged node (0: the root): its tokens from the root
-        for token, parent in zip(tokens, parents):
-            paths.append(paths[parent] + (token,))
-        return tokens, parents, float(sum(probs.get(key, 0.0) for key in paths[1:]))
+        merged = _node_paths(tokens, [parent - 1 for parent in parents])  # ours number from 1, 0 the root
+        return tokens, parents, float(sum(probs.get(key, 0.0) for key in merged))
 
     # ---- the global tree's size ----
 
@@ -266,10 +264,9 @@ def merge_tree(path: Sequence[int], tokens: Sequence[int], parents: Sequence[int
     return node_tokens, node_parents
 
 
-def _path_probs(tokens: Sequence[int], parents: Sequence[int], probs: Sequence[float]) -> dict[tuple[int, ...], float]:
-    """The library's nodes (``parents``: -1 under the root, else an earlier index) as {tokens from the root: its
-    estimated probability}."""
+def _node_paths(tokens: Sequence[int], parents: Sequence[int]) -> list[tuple[int, ...]]:
+    """Each node's tokens from the root (``parents``: -1 under the root, else an earlier node's index)."""
     paths: list[tuple[int, ...]] = []
     for token, parent in zip(tokens, parents):
         paths.append((paths[parent] if parent >= 0 else ()) + (token,))
-    return dict(zip(paths, probs))
+    return paths
