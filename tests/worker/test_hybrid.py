@@ -57,7 +57,17 @@ def test_greedy_equals_target_only(name, steps):
 @pytest.mark.parametrize("shape", [(2, 2, 4), (3, 3, 8)])
 def test_tree_tiers_are_lossless_greedy(name, shape):
     worker, target = hybrid_worker(name, shape[0], topk=shape[1], nodes=shape[2])
+    drafter, verified = worker.drafter, []
+    draft = drafter.draft
+
+    def checked(tier, *args):  # a suffix row verifies the suffix tree: its tokens and its parents
+        draft(tier, *args)
+        for index, row in enumerate(drafter._suffix_rows):
+            verified.append(tier.draft.draft_tokens[row].tolist() == drafter._suffix_tokens[index].tolist()
+                            and tier.verify.layout.parents[row].tolist() == drafter._suffix_parents[index].tolist())
+    drafter.draft = checked
     assert run_to_completion(worker, REPEATED, MAX_NEW)[0] == target_only(target, REPEATED, MAX_NEW)
+    assert verified and all(verified)
     suffix_rounds, model_rounds = choices(worker)
     assert suffix_rounds > 0 and model_rounds > 0
     assert list(worker.drafter.stats()["hybrid"]["model_expected"]) == [Tier(*shape).label]
