@@ -171,8 +171,9 @@ class EngineOptions:
                                 self.speculative_num_draft_tokens)
         if self.shape[1] > 1 and spec.name is None:
             raise ValueError("speculative_eagle_topk > 1 needs a speculative_algorithm (EAGLE, STANDALONE or NGRAM)")
-        if self.drafting.parts is not None:
-            self.round_graphs = _hybrid_round_graphs(self.tp_size, self.round_graphs, self.disable_graphs)
+        if self.drafting.parts is not None and self.tp_size != 1:
+            raise ValueError("hybrid_drafter runs in one process or under data parallelism (dp_size); tensor "
+                             "parallelism (tp_size > 1) is not supported with it")
         self._check_distributed()
         if self.speculative_adaptive_config is not None and not self.speculative_adaptive:
             raise ValueError("speculative_adaptive_config was given but speculative_adaptive is False; pass "
@@ -185,7 +186,8 @@ class EngineOptions:
         self.adaptive = None  # adaptive_config.AdaptiveSetting: its "auto" tiers chosen once row costs are known
         if self.speculative_adaptive:  # None config: the default policy for this drafter
             from specswap.adaptive_config import engine_adaptive_config
-            self.adaptive = engine_adaptive_config(self.speculative_adaptive_config, model_drafter=spec.needs_draft)
+            self.adaptive = engine_adaptive_config(self.speculative_adaptive_config, model_drafter=spec.needs_draft,
+                                                   hybrid=self.drafting.parts is not None)
         from specswap.worker.row_cost import check_request
         check_request(self.row_costs)
 
@@ -208,25 +210,6 @@ class EngineOptions:
             raise TypeError(f"Engine() got unknown keyword(s) {', '.join(unknown)}; it takes "
                             f"{', '.join(sorted(names))}")
         return cls(speculative_algorithm=speculative_algorithm, **keywords)
-
-
-def _hybrid_round_graphs(tp_size: int, round_graphs: bool | None, disable_graphs: bool) -> bool | None:
-    """A hybrid's checks (one process per tensor group); its ``round_graphs``: off, said once (the draft is chosen
-    per request on the host, so its rounds run from stage graphs, never as one recorded round)."""
-    if tp_size != 1:
-        raise ValueError("hybrid_drafter runs in one process or under data parallelism (dp_size); tensor "
-                         "parallelism (tp_size > 1) is not supported with it")
-    if round_graphs:
-        raise ValueError("round_graphs=True: a hybrid_drafter chooses each request's draft on the host, so its "
-                         "rounds run from stage graphs, not whole-round graphs")
-    if not disable_graphs and not _HYBRID_SAID:
-        _HYBRID_SAID.append(True)
-        logger.warning("specswap: hybrid drafting runs each round from its stages' graphs, not one whole-round graph "
-                       "(the draft is chosen per request on the host)")
-    return None if disable_graphs else False
-
-
-_HYBRID_SAID: list[bool] = []  # the round-graph line logged once a process
 
 
 def _load(model, draft, options: EngineOptions):

@@ -1,10 +1,9 @@
 """The hybrid (EAGLE + SUFFIX) through the Engine on the shipped tiny model and its EAGLE head: greedy output equal
 to target-only's, static and adaptive (the goodput policy over EAGLE's tiers, tier 0's checks included; chains, and
-trees among them), eager and from stage graphs; sampled output equal to the same seeds' EAGLE-alone output law-wise is the worker's test
+trees among them), eager and in graph mode (whole-round graphs); sampled output equal to the same seeds' EAGLE-alone output law-wise is the worker's test
 (tests/worker/test_hybrid.py); the choices in stats(); the flag; the misfits refused."""
 
 import argparse
-import logging
 
 import pytest
 import torch
@@ -43,7 +42,7 @@ def reference():
                                           speculative_num_draft_tokens=6),
                                      dict(speculative_adaptive=True, row_costs="off", disable_graphs=True,
                                           speculative_adaptive_config="configs/goodput-eagle-trees.json")],
-                         ids=["chain3-eager", "chain1-stage-graphs", "adaptive", "tree-stage-graphs", "adaptive-trees"])
+                         ids=["chain3-eager", "chain1-graphs", "adaptive", "tree-graphs", "adaptive-trees"])
 def test_greedy_identity_and_the_choices_counted(reference, options):
     engine = make(hybrid_drafter="SUFFIX", **options)
     assert [r.token_ids for r in engine.generate(PROMPTS, MAX_NEW)] == reference
@@ -52,22 +51,13 @@ def test_greedy_identity_and_the_choices_counted(reference, options):
     assert stats["speculative_algorithm"] == "EAGLE" and hybrid["drafter"] == "SUFFIX"
     assert hybrid["suffix_rounds"] > 0 and hybrid["model_rounds"] > 0, hybrid  # repeated prompts take the suffix's
     assert hybrid["suffix_accepted"] > 0 and stats["suffix_global_tree"]["cached_requests"] == len(PROMPTS)
-    assert engine.worker.round_graphs_enabled is False
-
-
-def test_stage_graphs_not_round_graphs_said_once(caplog):
-    with caplog.at_level(logging.WARNING, logger="specswap.engine_builder"):
-        make(hybrid_drafter="SUFFIX", speculative_num_steps=1)
-        make(hybrid_drafter="SUFFIX", speculative_num_steps=1)
-    lines = [r.message for r in caplog.records if "whole-round graph" in r.message]
-    from specswap import engine_builder
-    assert len(lines) <= 1 and engine_builder._HYBRID_SAID  # once a process (earlier tests may have said it)
+    # graph mode on the tiny pair: whole-round graphs, the all-model and all-suffix rounds' (eager: none)
+    assert engine.worker.round_graphs_enabled is not options.get("disable_graphs", False)
 
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(algorithm="NGRAM", hybrid_drafter="SUFFIX"), "drafts beside a draft model or head"),
     (dict(hybrid_drafter="NGRAM"), "hybrid_drafter 'NGRAM' is not supported; valid: SUFFIX"),
-    (dict(hybrid_drafter="SUFFIX", round_graphs=True), "round_graphs=True"),
     (dict(suffix_decoding_max_tree_depth=8), "apply to speculative_algorithm SUFFIX; got EAGLE"),
 ])
 def test_misfits_are_refused_naming_them(kwargs, match):

@@ -8,6 +8,8 @@ identity with switches among chains, trees and tier 0, and the law with suffix a
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -23,7 +25,7 @@ from specswap.sampling import LOSSLESS, SamplingParams, Verifier
 from specswap.tier import Tier
 from specswap.worker import SpeculativeWorker
 from specswap.worker.layout import tier_key
-from specswap.worker.hybrid import MODEL_PRIOR
+from specswap.worker.hybrid import MODEL_COST_ALPHA, MODEL_PRIOR, ModelCost
 from specswap.worker.suffix import INSTALL
 
 require_module("arctic_inference", "arctic-inference's suffix trees (SUFFIX)", INSTALL)
@@ -101,6 +103,57 @@ def test_stage_graphs_are_lossless(name):
     worker, target = hybrid_worker(name, 3, tiers=(0, 3), graphs=True, round_graphs=False)
     tokens, _, _ = run_to_completion(worker, REPEATED, MAX_NEW, switch=lambda i: (3, 3, 0)[i % 3])
     assert tokens == target_only(target, REPEATED, MAX_NEW) and min(choices(worker)) > 0
+
+
+@pytest.mark.parametrize("name", ["eagle_partial", "eagle_token_map", "standalone_copy"])
+@pytest.mark.parametrize("shape", [(3, 1, None), (2, 2, 4)], ids=["chain", "tree"])
+def test_whole_round_graphs_replay_all_model_and_all_suffix_rounds_losslessly(name, shape):
+    """In graph mode a greedy round where every request verifies the model's draft replays the model's round graph,
+    one where every request verifies the suffix draft the all-suffix graph (drafts written by the host, no model
+    forward, features kept); mixed rounds run their stages. Output stays target-only's, across tier switches and
+    the three kinds of round in turn (the choice forced: the suffix draft, where taken, is the real one or the last
+    token repeated)."""
+    steps, topk, nodes = shape
+    runs, replays, features = {}, Counter(), {}
+    for graphs in (False, True):
+        worker, target = hybrid_worker(name, steps, tiers=(0, 1), topk=topk, nodes=nodes, graphs=True,
+                                       round_graphs=graphs)
+        drafter, kind = worker.drafter, ["model"]
+        real = drafter.suffix_draft
+
+        def forced(slot, tier, worker=worker, kind=kind, real=real):
+            if kind[0] == "model" or (kind[0] == "mixed" and slot % 2):
+                return None
+            last = worker.slots.host_tokens[slot][-1]
+            return real(slot, tier) or ([last] * tier.drafts, [0] * (tier.drafts + 1) if tier.is_tree else None)
+        drafter.suffix_draft = forced
+        for round_ in worker.rounds.values():
+            assert len(round_.graphs) == (0 if not graphs else 2 if round_.stages.speculative_num_steps else 1)
+            round_.graphs = tuple(_Counted(graph, graph_kind, replays)
+                                  for graph, graph_kind in zip(round_.graphs, ("model", "suffix")))
+        main = worker.pool.active_tier
+
+        def switch(index, kind=kind, main=main):
+            kind[0] = ("model", "suffix", "mixed")[index // 4 % 3]
+            return (main, main, 1, 0)[index % 4]
+        runs[graphs] = run_to_completion(worker, REPEATED, MAX_NEW, switch=switch)
+        features[graphs] = getattr(drafter.model_drafter, "tier0_features", None)
+        assert min(choices(worker)) > 0
+    assert runs[True][0] == runs[False][0] == target_only(target, REPEATED, MAX_NEW)
+    assert runs[True][1] == runs[False][1]  # each round accepted alike: the same drafts, the model kept alike
+    if features[True] is not None:  # an EAGLE head: the target features a catch-up reads, kept in every round
+        slots = len(REPEATED)  # past them: graph mode's scratch row, which padded batch rows write
+        torch.testing.assert_close(features[True][:slots], features[False][:slots])
+    assert replays["model"] > 0 and replays["suffix"] > 0, replays
+
+
+class _Counted:
+    def __init__(self, graph, kind, replays):
+        self.graph, self.kind, self.replays = graph, kind, replays
+
+    def __call__(self, *args):
+        self.replays[self.kind] += 1
+        return self.graph(*args)
 
 
 # k = 1 puts the bonus token into the 3-token window, k = 2 a mid-chain rejection. Every sample's output joins the
@@ -234,6 +287,45 @@ def test_suffix_rounds_leave_the_model_behind_and_its_catch_up_restores_it(name)
                                   max_seq_len=64)
         fresh.prefill([0], [tokens[:length - 1]], [SamplingParams(max_new_tokens=2)])
         torch.testing.assert_close(logits[0], fresh.drafter.next_draft_logits[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_round_prices_the_model_drafter_at_its_share_of_rounds():
+    """Per-drafter cost accounting: a round's wall time less its model part, plus the model's cost at the tier times
+    its share of drafting rounds lately (ModelCost)."""
+    cost, six, three = ModelCost(), Tier(6), Tier(3)
+    assert cost.price(six, 0.084, 0.050, drafted=True) == pytest.approx(0.084)  # the model alone's price at first
+    assert cost.model_seconds(three) == pytest.approx(0.025)  # never drafted there: the cost per step times 3
+    priced = [cost.price(six, 0.034, 0.0, drafted=False) for _ in range(20)]  # every request takes the suffix draft
+    share = (1 - MODEL_COST_ALPHA) ** 20
+    assert cost.share == pytest.approx(share)
+    assert priced[-1] == pytest.approx(0.034 + share * 0.050)  # the tier's price follows the mix
+    assert priced == sorted(priced, reverse=True)
+    # a model round now pays the model's mean cost at the share, not its own wall time
+    share = share + MODEL_COST_ALPHA * (1 - share)
+    assert cost.price(six, 0.094, 0.060, drafted=True) == pytest.approx(0.034 + share * 0.051)
+
+
+def test_the_worker_reports_a_slow_model_s_rounds_at_the_model_s_share():
+    """The worker's RoundResult.round_seconds (what the policy reads) from a hybrid: the model's calls are timed,
+    rounds where it drafted and rounds where it did not price the tier alike once the mix is known."""
+    worker, _ = hybrid_worker("eagle_partial", 3)
+    drafter, model = worker.drafter, worker.drafter.model_drafter
+    draft = model.draft
+
+    def slow_draft(*args, **kwargs):
+        time.sleep(0.05)
+        return draft(*args, **kwargs)
+    model.draft = slow_draft
+    worker.prefill([0], [[7, 3, 11, 5, 9, 2]], [SamplingParams(max_new_tokens=40)])
+    drafter.suffix_draft = lambda slot, tier: None  # the model's draft
+    model_rounds = [worker.decode_round([0]).round_seconds for _ in range(2)]
+    assert min(model_rounds) >= 0.05 and drafter.model_cost.cost[Tier(3)] >= 0.05
+    drafter.suffix_draft = lambda slot, tier: ([worker.slots.host_tokens[slot][-1]] * 3, None)
+    suffix_rounds = [worker.decode_round([0]).round_seconds for _ in range(10)]
+    share = drafter.stats()["hybrid"]["model_share"]
+    assert share == pytest.approx((1 - MODEL_COST_ALPHA) ** 10, abs=1e-3)
+    assert suffix_rounds[0] >= 0.9 * 0.05  # priced with the model's share, though no model ran
+    assert suffix_rounds[-1] < min(model_rounds) - 0.025  # the share fell
 
 
 def name_algorithm(name):

@@ -125,6 +125,21 @@ class Drafter:
     def end_round(self, tier: TierStages, slots: Sequence[int]) -> None:
         """Host-side bookkeeping after the round's tokens are committed."""
 
+    # after begin_round: which of round_graph_drafters()' whole-round graphs a greedy batch of this round may
+    # replay (None: none; the round runs its stages)
+    round_graph = 0
+
+    def round_graph_drafters(self, steps: int) -> tuple["Drafter", ...]:
+        """What tier ``steps``'s whole-round graphs record (graph mode, small targets), one graph each: this
+        drafter (the hybrid's drafting tiers: its all-model and its all-suffix rounds)."""
+        return (self,)
+
+    def round_cost(self, tier: TierStages, seconds: float) -> float:
+        """What the round just ended (after ``end_round``) costs the policy's estimate of its tier, from its wall
+        time ``seconds``: the wall time (``HybridDrafter``: the model drafter's part priced at its running share
+        of rounds)."""
+        return seconds
+
     shadow_steps = 0  # the tier take_shadow's observations are for (0: it makes none)
     checks_paused = False  # pause_checks(True): no drafting tier could pay now, so no tier-0 check could matter
 

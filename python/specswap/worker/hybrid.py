@@ -26,13 +26,17 @@ At tier 0 the model drafter checks tier 1's draft now and then (``ModelDrafter``
 taken the suffix draft at tier 1 the check is that draft's first token instead (a point mass is accepted exactly
 when the emitted token equals it, in law too), so the policy sees what the hybrid would have accepted.
 
-Chains and trees; the rounds run from stage graphs, not whole-round graphs (the choice is the
-host's; the Engine says so once); one process or data parallelism (the Engine refuses tensor parallelism).
+Chains and trees; one process or data parallelism (the Engine refuses tensor parallelism). In graph mode a tier
+has two whole-round graphs: a greedy round where every request verifies the model's draft replays the model
+drafter's round, one where every request verifies the suffix draft replays a round with the drafts already in the
+tier's buffers (as NGRAM's) that keeps the verified features and runs no model; a round that mixes them, or that
+samples, runs from the stages' graphs.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections import Counter
 from typing import Any, Sequence
 
@@ -53,6 +57,46 @@ MODEL_EMA_ALPHA = 0.05
 # the model's mean there is never stale (one in 33 at most; the choice stays a function of the history)
 MODEL_REFRESH = 32
 TIER_ONE = Tier(1)  # what tier 0's checks stand for
+# weight of each drafting round in the model drafter's share of rounds and in its cost per round at a tier (EMAs)
+MODEL_COST_ALPHA = 0.1
+
+
+class ModelCost:
+    """Per-drafter cost accounting: a hybrid round's cost as the policy should price its tier. A round where some
+    request verifies the model's draft pays the model's catch-up, draft steps and draft-extend; one where every
+    request takes the suffix draft pays none of it, so the same tier's rounds cost up to twice as much one round
+    as the next (an EAGLE chain of 6 on Gemma 3 270M: 84 ms with the model's draft, about 35 without). Priced by
+    its wall time alone, a tier timed in a model round keeps that price while the suffix drafts nearly every round
+    there. ``price`` gives a round's wall time less its model part plus the model's cost at the tier times its
+    share of drafting rounds lately: every round of a tier then prices it at the running mix.
+
+    The model part is host-timed around the model drafter's calls: exact on a CPU; on an accelerator it times the
+    launches alone, and the tier is priced near its wall time, as without this."""
+
+    def __init__(self):
+        self.share = 1.0  # EMA over drafting rounds of whether the model drafted: from the model drafter alone's price
+        self.cost: dict[Tier, float] = {}  # tier -> the model's seconds in a round where it drafted (EMA)
+
+    def price(self, tier: Tier, seconds: float, model_seconds: float | None, drafted: bool) -> float:
+        """One drafting round at ``tier`` of wall time ``seconds``, ``model_seconds`` of it the model's (None: not
+        timed apart, a whole-round graph's: its running cost there stands in; ``drafted``: some request verified
+        the model's draft)."""
+        self.share += MODEL_COST_ALPHA * (float(drafted) - self.share)
+        if model_seconds is None:
+            model_seconds = self.model_seconds(tier) if drafted else 0.0
+        elif drafted:
+            before = self.cost.get(tier)
+            self.cost[tier] = model_seconds if before is None else before + MODEL_COST_ALPHA * (model_seconds - before)
+        return seconds - model_seconds + self.share * self.model_seconds(tier)
+
+    def model_seconds(self, tier: Tier) -> float:
+        """The model's cost in a round at ``tier`` where it drafts: measured there, else the measured tiers' mean
+        cost per draft step times the tier's steps (0 before any)."""
+        cost = self.cost.get(tier)
+        if cost is not None:
+            return cost
+        per_step = [value / shape.steps for shape, value in self.cost.items()]
+        return sum(per_step) / len(per_step) * tier.steps if per_step else 0.0
 
 
 class HybridDrafter(Drafter):
@@ -86,6 +130,9 @@ class HybridDrafter(Drafter):
         self._suffix_tokens: torch.Tensor | None = None  # [R, k] their drafts (a tree's nodes: [R, T-1])
         self._suffix_parents: torch.Tensor | None = None  # [R, T] a tree tier's: their parents
         self._run_model = True                        # whether the model drafts this round (a row takes it)
+        self._model_seconds = 0.0                     # this round's host time in the model drafter's calls
+        self._drafted_eagerly = False                 # whether this round's model draft ran here (not replayed)
+        self.model_cost = ModelCost()
         self._point_masses = None                     # the last sampled round's one-hot cells: (draft_probs, index)
         self._shadow_suffix: dict[int, tuple[int, int]] = {}  # tier-0 checks taken by the suffix draft: slot -> (pos, token)
         self.counts: Counter[str] = Counter()         # suffix_rounds / model_rounds and what each accepted
@@ -171,7 +218,7 @@ class HybridDrafter(Drafter):
 
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         shape, model = tier.tier, self.model_drafter
-        self._suffix_rows = []
+        self._suffix_rows, self._drafted_eagerly, self.round_graph = [], False, 0
         if not shape.steps:
             model.begin_round(tier, slots)  # tier-0 checks (each catches its request up)
             self.deep_check_due, self._run_model = model.deep_check_due, True
@@ -198,7 +245,9 @@ class HybridDrafter(Drafter):
                 model_slots.append(slot)
         # the model catches up only the requests that verify its draft (and checks past the chain): the others
         # may stay behind, their features kept (extend), until they verify its draft or tier 0 checks them
+        began = time.perf_counter()
         model.begin_round(tier, model_slots)
+        self._model_seconds = time.perf_counter() - began
         self.deep_check_due = model.deep_check_due
         for slot in slots:
             self._draft_len[slot] = model.draft_len[slot]
@@ -210,7 +259,16 @@ class HybridDrafter(Drafter):
             self._suffix_tokens = torch.tensor([tokens for tokens, _ in drafts], dtype=torch.long, device=device)
             self._suffix_parents = torch.tensor([parents for _, parents in drafts], dtype=torch.long,
                                                 device=device) if shape.is_tree else None
+        self.round_graph = 0 if not rows else None
+        if len(rows) == len(slots):  # every request verifies the suffix draft: the drafts go in now (as NGRAM's)
+            self.round_graph = SUFFIX_ROUNDS
+            tier.draft.draft_tokens[:len(rows)].copy_(self._suffix_tokens)
+            if self._suffix_parents is not None:
+                tier.verify.layout.parents[:len(rows)].copy_(self._suffix_parents)
         return True
+
+    def round_graph_drafters(self, steps: int) -> tuple[Drafter, ...]:
+        return (_ModelRounds(self), _SuffixRounds(self)) if steps else (_ModelRounds(self),)
 
     def draft(self, tier: TierStages, forwards: Forwards, slot_index: torch.Tensor, seq_lens: torch.Tensor,
               key_length: int, sampling) -> None:
@@ -220,7 +278,10 @@ class HybridDrafter(Drafter):
             self._point_masses[0][self._point_masses[1:]] = 0.0
             self._point_masses = None
         if self._run_model:
+            began = time.perf_counter()
             self.model_drafter.draft(tier, forwards, slot_index, seq_lens, key_length, sampling)
+            self._model_seconds += time.perf_counter() - began
+            self._drafted_eagerly = True
         if not self._suffix_rows:
             return
         rows, tokens = self._suffix_index, self._suffix_tokens
@@ -243,8 +304,11 @@ class HybridDrafter(Drafter):
         if steps and not self._run_model:  # no request verified the model's draft: it stays behind, caught up later
             return
         # over the verified tokens, whichever drafter drafted them (EAGLE's draft-extend)
+        began = time.perf_counter()
         self.model_drafter.extend(tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths,
                                   next_tokens, key_length)
+        if steps:
+            self._model_seconds += time.perf_counter() - began
 
     def end_round(self, tier: TierStages, slots: Sequence[int]) -> None:
         self.model_drafter.end_round(tier, slots)
@@ -268,6 +332,12 @@ class HybridDrafter(Drafter):
             in_step = self._draft_len[slot] >= self._start[slot] - model.lag  # when the round began
             if not (self._run_model and in_step) or (self._rewinds and self._chosen[slot] == "suffix"):
                 model.draft_len[slot] = self._draft_len[slot]
+
+    def round_cost(self, tier: TierStages, seconds: float) -> float:
+        if not tier.speculative_num_steps:
+            return seconds
+        replayed = self._run_model and not self._drafted_eagerly  # the model's part inside a whole-round graph
+        return self.model_cost.price(tier.tier, seconds, None if replayed else self._model_seconds, self._run_model)
 
     def take_deep_checks(self, accept_lengths: Sequence[int], next_tokens: Sequence[int],
                          steps: int) -> list[int] | None:
@@ -315,5 +385,46 @@ class HybridDrafter(Drafter):
             "drafter": self.parts[1].name if self.parts else None,
             "suffix_rounds": counts["suffix_rounds"], "model_rounds": counts["model_rounds"],
             "suffix_accepted": counts["suffix_accepted"], "model_accepted": counts["model_accepted"],
-            "model_expected": {tier.label: round(value, 3) for tier, value in
-                               sorted(self.expected.items(), key=lambda item: item[0].key)}}}
+            "model_expected": _by_tier(self.expected, 3),
+            "model_share": round(self.model_cost.share, 3),  # of drafting rounds lately, the policy's price
+            "model_seconds": _by_tier(self.model_cost.cost, 6)}}
+
+
+SUFFIX_ROUNDS = 1  # round_graph_drafters()' all-suffix round
+
+
+class _ModelRounds(Drafter):
+    """The hybrid's greedy round where every request verifies the model's draft, as a whole-round graph records
+    it: the model drafter's draft and draft-extend, the verified features kept (as ``HybridDrafter`` runs it)."""
+
+    def __init__(self, hybrid: HybridDrafter):
+        self.hybrid = hybrid
+
+    def draft(self, tier, forwards, slot_index, seq_lens, key_length, sampling) -> None:
+        self.hybrid.model_drafter.draft(tier, forwards, slot_index, seq_lens, key_length, sampling)
+
+    def extend(self, tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths, next_tokens,
+               key_length) -> None:
+        model = self.hybrid.model_drafter
+        if tier.speculative_num_steps and self.hybrid._keeps_features:
+            model.keep_verified_features(slot_index, positions, target_hidden)
+        model.extend(tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths, next_tokens,
+                     key_length)
+
+
+class _SuffixRounds(Drafter):
+    """The hybrid's greedy drafting round where every request verifies the suffix draft, as a whole-round graph
+    records it: the drafts (a tree's parents too) already in the tier's buffers (``HybridDrafter.begin_round``
+    wrote them), no model forward, the verified features kept for the model's later catch-up."""
+
+    def __init__(self, hybrid: HybridDrafter):
+        self.hybrid = hybrid
+
+    def extend(self, tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths, next_tokens,
+               key_length) -> None:
+        if self.hybrid._keeps_features:
+            self.hybrid.model_drafter.keep_verified_features(slot_index, positions, target_hidden)
+
+
+def _by_tier(values: dict[Tier, float], digits: int) -> dict[str, float]:
+    return {tier.label: round(value, digits) for tier, value in sorted(values.items(), key=lambda item: item[0].key)}

@@ -127,16 +127,16 @@ class TierStages:
 class TierRound:
     """What runs a tier's round: the driver over its stages (``worker.round.Round``, on the forwards chosen for
     the tier: eager or stage graphs) and, in graph mode for small targets, its whole greedy round captured as
-    one graph (``specswap.graphs.RoundGraphs``)."""
+    one graph (``specswap.graphs.RoundGraphs``) per drafter of ``Drafter.round_graph_drafters``."""
 
     stages: TierStages
     run: Any                # worker.round.Round
-    graph: Any = None       # specswap.graphs.RoundGraphs, or None
+    graphs: tuple = ()      # specswap.graphs.RoundGraphs, one per round_graph_drafters() (none: stage path only)
 
     def memory_bytes(self) -> int:
         """Bytes its buffers and graph runners hold beyond the shared weights and caches."""
         forwards = self.run.forwards
-        graphs = (forwards.verify, forwards.draft_extend, self.graph)
+        graphs = (forwards.verify, forwards.draft_extend, *self.graphs)
         return self.stages.buffer_bytes() + sum(g.memory_bytes() for g in graphs if g is not None)
 
 

@@ -46,7 +46,9 @@ class RoundResult:
     accept_lengths: list[int]     # a, bonus excluded
     tier: Tier                    # the active tier the round ran for
     ran: Tier                     # the tier that ran: ``tier``, or tier 0 in its place (NGRAM with nothing to look up)
-    round_seconds: float = 0.0    # wall time of the round, host bookkeeping included
+    # the round's cost for the policy: its wall time, host bookkeeping included (Drafter.round_cost: the hybrid's
+    # model drafter priced at its share of rounds)
+    round_seconds: float = 0.0
     sampled: bool = False         # not all-greedy
     # per request: whether it speculates (False: speculation off for it, disable_speculative_decoding)
     speculating: list[bool] = field(default_factory=list)
@@ -252,9 +254,11 @@ class SpeculativeWorker:
         forwards.verify = verify
         round_ = TierRound(stages, Round(stages, self.slots, self.drafter, forwards, self.verifier))
         if self.round_graphs_enabled:  # the same round with the models called directly, recorded as one tape
-            round_.graph = RoundGraphs(context, stages, Round(stages, self.slots, self.drafter, eager, self.verifier),
-                                       self.slots.seq_lens, self.target)
-            round_.graph.capture()
+            round_.graphs = tuple(RoundGraphs(context, stages, Round(stages, self.slots, drafter, eager, self.verifier),
+                                              self.slots.seq_lens, self.target)
+                                  for drafter in self.drafter.round_graph_drafters(steps))
+            for graph in round_.graphs:
+                graph.capture()
         return round_
 
     def tier_shapes(self) -> dict[int, tuple[int, int, int]]:
@@ -376,9 +380,10 @@ class SpeculativeWorker:
         # an all-greedy batch skips building distributions: argmax in, argmax out (same tokens)
         all_greedy = table.all_greedy(slots)
         plain = table.plain_rows(slots, drafting=steps > 0)  # speculation off (drafting rounds) or short of min tokens
-        if all_greedy and plain is None and round_.graph is not None and not self.drafter.deep_check_due:
+        graph = self.drafter.round_graph
+        if all_greedy and plain is None and round_.graphs and graph is not None and not self.drafter.deep_check_due:
             # the whole round replayed from one tape: drafts, verify, acceptance, draft-extend, commit
-            accept_lengths, next_tokens = round_.graph(slots, key_length)
+            accept_lengths, next_tokens = round_.graphs[graph](slots, key_length)
         else:
             slot_index = torch.tensor(slots, device=self.device)        # [B]
             sampling = None if all_greedy else table.sampling(stages, slots, slot_index, self._keyed_noise,
@@ -402,6 +407,7 @@ class SpeculativeWorker:
             layout = stages.verify.layout
             chain_accepted = layout.chain_accepted[:len(slots)].tolist()
             chain_depths = layout.chain_depth[:len(slots)].tolist()
-        return RoundResult(new_tokens, accept_list, active.stages.tier, stages.tier, time.perf_counter() - round_start,
+        seconds = self.drafter.round_cost(stages, time.perf_counter() - round_start)
+        return RoundResult(new_tokens, accept_list, active.stages.tier, stages.tier, seconds,
                            not all_greedy, speculating, shadow, lookup_seconds, chain_accepted, chain_depths,
                            deep_checks)
