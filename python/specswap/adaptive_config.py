@@ -203,6 +203,9 @@ class AdaptiveSetting:
     trees_auto: bool
     model_drafter: bool
     default: bool  # no config was given: the default policy
+    # a hybrid (a model drafter with SUFFIX beside it): "auto" chains are both kinds' (a suffix draft that runs on
+    # pays at a lookup's deep tier, where its round, priced at the model's share of rounds, runs no model)
+    hybrid: bool = False
 
     def for_machine(self, row_costs: Any) -> AdaptiveConfig:
         """The config with its "auto" chains (``worker.row_cost.auto_steps``) and trees (``auto_trees``) chosen
@@ -213,8 +216,9 @@ class AdaptiveSetting:
         values = self.config.to_dict()
         if self.steps_auto:
             # without a table: the tuned configs' own tiers, priced by the policy's start-up probes
-            values["candidate_steps"] = list(DEFAULT_STEPS[bool(self.model_drafter)]) if row_costs is None \
-                else auto_steps(row_costs, self.model_drafter)
+            kinds = {bool(self.model_drafter), False} if self.hybrid else {bool(self.model_drafter)}
+            values["candidate_steps"] = sorted(set().union(*(
+                DEFAULT_STEPS[kind] if row_costs is None else auto_steps(row_costs, kind) for kind in kinds)))
         if self.trees_auto:
             values["candidate_trees"] = auto_trees(row_costs, values["candidate_steps"])
         return _from_dict(values, "")
@@ -223,6 +227,8 @@ class AdaptiveSetting:
         """One line: which policy runs, over which tiers, and why."""
         what = "the default policy" if self.default else "the adaptive config"
         kind = "a model drafter" if self.model_drafter else "a lookup drafter"
+        if self.hybrid:
+            kind += " with SUFFIX beside it (both kinds' tiers)"
         tiers = list(config.candidate_steps) + [list(tree) for tree in config.candidate_trees]
         if not (self.steps_auto or self.trees_auto):
             return f"{what}: {config.policy}, tiers {tiers}"
@@ -231,14 +237,15 @@ class AdaptiveSetting:
         return f"{what}: {config.policy} for {kind}, tiers {tiers} ({basis})"
 
 
-def engine_adaptive_config(source: ConfigSource, *, model_drafter: bool) -> AdaptiveSetting:
+def engine_adaptive_config(source: ConfigSource, *, model_drafter: bool, hybrid: bool = False) -> AdaptiveSetting:
     """The Engine's reading of ``speculative_adaptive_config``: None is the default policy (``DEFAULT_POLICY`` of
-    the drafter's kind: a model drafter's, or a lookup's for NGRAM / SUFFIX); a path, dict or AdaptiveConfig is
-    read as ``load_adaptive_config`` reads it, "auto" allowed in ``candidate_steps`` and ``candidate_trees``."""
+    the drafter's kind: a model drafter's, or a lookup's for NGRAM / SUFFIX; a hybrid's is its model drafter's,
+    its "auto" chains both kinds'); a path, dict or AdaptiveConfig is read as ``load_adaptive_config`` reads it,
+    "auto" allowed in ``candidate_steps`` and ``candidate_trees``."""
     default = source is None
     config, auto, _ = _read(DEFAULT_POLICY[bool(model_drafter)] if default else source, model_drafter)
     return AdaptiveSetting(config, "candidate_steps" in auto, "candidate_trees" in auto, bool(model_drafter),
-                           default)
+                           default, hybrid)
 
 
 def _load_object(source: Any) -> AdaptiveConfig:

@@ -35,6 +35,18 @@ def test_the_tiers_follow_the_machine_and_the_drafter():
             for kind in (True, False)] == [[0, 1, 2, 3], [0, 1, 3, 7]]  # no table: the configs' own tiers
 
 
+def test_a_hybrid_s_tiers_are_both_kinds():
+    """EAGLE with SUFFIX beside it: the model drafter's policy over the model's tiers and the lookup's deeper ones."""
+    hybrid = engine_adaptive_config(None, model_drafter=True, hybrid=True)
+    assert hybrid.config.to_dict() == engine_adaptive_config(None, model_drafter=True).config.to_dict()
+    assert list(hybrid.for_machine(RowCosts(XEON, "given")).candidate_steps) == [0, 1, 3, 6, 7]
+    assert list(hybrid.for_machine(RowCosts(AVX2, "given")).candidate_steps) == [0, 1, 2, 3, 6]
+    assert list(hybrid.for_machine(None).candidate_steps) == [0, 1, 2, 3, 7]
+    assert "with SUFFIX beside it" in hybrid.describe(hybrid.for_machine(None), None)
+    listed = engine_adaptive_config({"policy": "goodput", "candidate_steps": [0, 2]}, model_drafter=True, hybrid=True)
+    assert list(listed.for_machine(RowCosts(XEON, "given")).candidate_steps) == [0, 2]  # a list is what it says
+
+
 def test_no_config_is_the_default_and_a_config_is_what_it_says():
     default = engine_adaptive_config(None, model_drafter=True)
     assert default.default and default.steps_auto and default.config.policy == "goodput"
