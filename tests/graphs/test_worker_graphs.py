@@ -113,14 +113,14 @@ def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(device, a
                                                  pair=pair), PROMPTS, 20)
     worker = _worker(device, algorithm, steps, graphs=True, round_graphs=True, pair=pair)
     tier_states = worker.rounds.values()
-    assert all(tier.graph is not None for tier in tier_states) and steps in worker.rounds
+    assert all(len(tier.graphs) == 1 for tier in tier_states) and steps in worker.rounds  # one drafter: one graph
     replays = []
     for tier in tier_states:
-        def counted(slots, key_length, graphs=tier.graph):
+        def counted(slots, key_length, graphs=tier.graphs[0]):
             replays.append(len(slots))
             return graphs(slots, key_length)
 
-        tier.graph = counted
+        tier.graphs = (counted,)
 
     def no_stage_replay(*args, **kwargs):
         raise AssertionError("a greedy round replayed a stage graph instead of its round graph")
@@ -139,7 +139,7 @@ def test_round_graphs_replay_every_greedy_round_and_match_stage_graphs(device, a
 def test_round_graphs_follow_tier_switches_and_report_memory(device):
     worker = _worker(device, "EAGLE", 3, graphs=True, tiers=(1, 3, 7), round_graphs=True, pair="attention")
     controller = _switching_every_round(worker)
-    assert {t for t, tier in worker.rounds.items() if tier.graph is not None} == {1, 3, 7}
+    assert {t for t, tier in worker.rounds.items() if tier.graphs} == {1, 3, 7}
     captured = capture_count()
     tokens, _, tiers = run_to_completion(worker, PROMPTS, 40, controller=controller)
     assert capture_count() == captured
@@ -151,7 +151,7 @@ def test_round_graphs_follow_tier_switches_and_report_memory(device):
     memory = worker.tier_memory_bytes()
     for t in (1, 3, 7):
         tier = worker.rounds[t]
-        rounds, stages = tier.graph.memory_bytes(), tier.run.forwards
+        rounds, stages = tier.graphs[0].memory_bytes(), tier.run.forwards
         assert rounds > 0
         assert memory[t] >= rounds + stages.verify.memory_bytes() + stages.draft_extend.memory_bytes()
 
