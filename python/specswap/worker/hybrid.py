@@ -299,8 +299,7 @@ class HybridDrafter(Drafter):
     def extend(self, tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths, next_tokens,
                key_length) -> None:
         steps = tier.speculative_num_steps
-        if steps and self._keeps_features:  # what a later catch-up of a request left behind reads
-            self.model_drafter.keep_verified_features(slot_index, positions, target_hidden)
+        self._keep_features(tier, slot_index, positions, target_hidden)
         if steps and not self._run_model:  # no request verified the model's draft: it stays behind, caught up later
             return
         # over the verified tokens, whichever drafter drafted them (EAGLE's draft-extend)
@@ -309,6 +308,12 @@ class HybridDrafter(Drafter):
                                   next_tokens, key_length)
         if steps:
             self._model_seconds += time.perf_counter() - began
+
+    def _keep_features(self, tier: TierStages, slot_index, positions, target_hidden) -> None:
+        """A drafting round's verified target features, what a later catch-up of a request left behind reads (an
+        EAGLE head's; a standalone draft keeps none)."""
+        if tier.speculative_num_steps and self._keeps_features:
+            self.model_drafter.keep_verified_features(slot_index, positions, target_hidden)
 
     def end_round(self, tier: TierStages, slots: Sequence[int]) -> None:
         self.model_drafter.end_round(tier, slots)
@@ -405,11 +410,9 @@ class _ModelRounds(Drafter):
 
     def extend(self, tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths, next_tokens,
                key_length) -> None:
-        model = self.hybrid.model_drafter
-        if tier.speculative_num_steps and self.hybrid._keeps_features:
-            model.keep_verified_features(slot_index, positions, target_hidden)
-        model.extend(tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths, next_tokens,
-                     key_length)
+        self.hybrid._keep_features(tier, slot_index, positions, target_hidden)
+        self.hybrid.model_drafter.extend(tier, forwards, slot_index, seq_lens, positions, target_hidden,
+                                         accept_lengths, next_tokens, key_length)
 
 
 class _SuffixRounds(Drafter):
@@ -422,8 +425,7 @@ class _SuffixRounds(Drafter):
 
     def extend(self, tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths, next_tokens,
                key_length) -> None:
-        if self.hybrid._keeps_features:
-            self.hybrid.model_drafter.keep_verified_features(slot_index, positions, target_hidden)
+        self.hybrid._keep_features(tier, slot_index, positions, target_hidden)
 
 
 def _by_tier(values: dict[Tier, float], digits: int) -> dict[str, float]:
