@@ -226,6 +226,154 @@ class NgramReplay:
         return pad_tree(nodes, parents, shape.nodes, tokens[-1]) if nodes else ([], [])
 
 
+# ---- the bound: what any per-round choice could reach -----------------------------------------------------
+
+
+BOUND_WHAT = ("SUFFIX against NGRAM by replay, speeds modelled by the forward's cost by rows (drafting's host time "
+              "not counted): each at its best fixed chain tier, SUFFIX score-gated, and both clairvoyant (each round "
+              "a plain decode or any tier's draft, chosen knowing what it accepts); ratios to NGRAM's best fixed tier")
+BOUND_TIERS = tuple(range(1, 8))  # chain tiers k (k + 1 rows verified)
+SCORE_GATES = (0.5, 1.0, 2.0)     # the trees' draft first where its score is at least this
+
+
+@dataclass
+class Position:
+    """What each chain tier would accept at one position of a stream (None: no draft): prompt lookup's chain,
+    the trees' chain padded to k (SuffixDrafter.propose), and the trees' own path unpadded (its length, score)."""
+
+    lookup: dict[int, int | None]
+    trees: dict[int, int | None]
+    path: dict[int, tuple[int, int, float] | None]  # k -> (accepted, length, score)
+
+
+def common_prefix(draft: Sequence[int], actual: Sequence[int]) -> int:
+    return accepted_length(*chain(draft), actual)
+
+
+def stream_positions(requests, numbers: NumberTokens | None, config: SuffixConfig,
+                     max_cached_requests: int = 10000) -> list[list[Position]]:
+    """Per request (in order, one global tree), per output position after the first: every tier's drafts."""
+    from specswap.worker.suffix import suffix_cache_class
+    cache = suffix_cache_class()(config.max_tree_depth, max_cached_requests)
+    streams = []
+    for request, (prompt, output) in enumerate(requests):
+        cache.start_request(request, list(prompt))
+        cache.add_active_response(request, list(output[:1]))
+        tokens, index, positions = list(prompt) + list(output[:1]), NgramIndex(), []
+        for position in range(1, len(output)):
+            actual = output[position:]
+            at = Position({}, {}, {})
+            for k in BOUND_TIERS:
+                drafts = propose_ngram(tokens, k, numbers=numbers, index=index)
+                at.lookup[k] = common_prefix(drafts, actual) if drafts else None
+                found = cache.speculate(request, tokens[-config.max_tree_depth:], max_spec_tokens=k,
+                                        max_spec_factor=config.max_spec_factor, max_spec_offset=0.0,
+                                        min_token_prob=config.min_token_prob, use_tree_spec=False)
+                path = list(found.token_ids)
+                at.trees[k] = common_prefix(path + path[-1:] * (k - len(path)), actual) if path else None
+                at.path[k] = (common_prefix(path, actual), len(path), found.score) if path else None
+            positions.append(at)
+            tokens.append(output[position])
+            cache.add_active_response(request, [output[position]])
+        cache.stop_request(request)
+        streams.append(positions)
+    return streams
+
+
+class RowCosts:
+    """A forward's cost by rows, relative to one row (``bench/bench_gemma_forward.py``'s JSON:
+    ``forward_ratio_to_one`` per ``tokens``), linear between the measured counts."""
+
+    def __init__(self, ratios: dict[int, float]):
+        self.ratios = dict(sorted(ratios.items()))
+
+    @classmethod
+    def from_json(cls, path: str) -> "RowCosts":
+        results = json.loads(Path(path).read_text())["results"]
+        return cls({int(r["tokens"]): float(r["forward_ratio_to_one"]) for r in results})
+
+    def __call__(self, rows: int) -> float:
+        if rows in self.ratios:
+            return self.ratios[rows]
+        below = max(r for r in self.ratios if r < rows)
+        above = min(r for r in self.ratios if r > rows)
+        return self.ratios[below] + (self.ratios[above] - self.ratios[below]) * (rows - below) / (above - below)
+
+
+def clairvoyant_time(streams: list[list[Position]], costs: RowCosts, sources: Sequence[str]) -> float:
+    """The least forward time (one-row forwards) to emit the streams when every round may choose, knowing what
+    each would accept, a plain decode or any tier's draft from any of ``sources`` ("lookup", "trees"): a
+    shortest path over each stream's positions."""
+    total = 0.0
+    for positions in streams:
+        best = [0.0] + [float("inf")] * len(positions)
+        for i, at in enumerate(positions):
+            moves = [(1, 1.0)] + [(accepted + 1, costs(k + 1)) for source in sources
+                                  for k, accepted in getattr(at, source).items() if accepted is not None]
+            for advance, cost in moves:
+                j = min(i + advance, len(positions))
+                best[j] = min(best[j], best[i] + cost)
+        total += best[-1]
+    return total
+
+
+def fixed_time(streams: list[list[Position]], costs: RowCosts, k: int, rule: str) -> float:
+    """Forward time at tier k, a plain decode where the rule has no draft. Rules: "NGRAM" (prompt lookup),
+    "SUFFIX" (as built: lookup first, the trees padded to k where it finds nothing), "score>=s" (the trees' path
+    first where its score is at least s, its own length verified; else as SUFFIX; "score>=s padded": padded to k,
+    as a tier verifies today)."""
+    gate = float(rule.split(">=")[1].split()[0]) if rule.startswith("score>=") else None
+    padded = rule.endswith(" padded")
+    total = 0.0
+    for positions in streams:
+        i = 0
+        while i < len(positions):
+            at = positions[i]
+            path = at.path[k]
+            if gate is not None and path is not None and path[2] >= gate:
+                accepted, rows = (at.trees[k], k) if padded else (path[0], path[1])
+            elif at.lookup[k] is not None:
+                accepted, rows = at.lookup[k], k
+            elif rule != "NGRAM" and at.trees[k] is not None:
+                accepted, rows = (path[0], path[1]) if gate is not None and not padded else (at.trees[k], k)
+            else:
+                accepted, rows = None, 0
+            total += 1.0 if accepted is None else costs(rows + 1)
+            i += 1 if accepted is None else accepted + 1
+    return total
+
+
+def bound_rows(streams: dict, costs: RowCosts, workloads: Sequence[str]) -> list[dict]:
+    """Per workload, speeds modelled by forward cost (drafting's host time not counted) as ratios to NGRAM at
+    its best fixed tier: SUFFIX as built and score-gated (the trees' path first where its score is high) at their
+    best tiers, and both drafters clairvoyant."""
+    numbers = NumberTokens(streams["number_tokens"]) if streams.get("number_tokens") else None
+    rows = []
+    for workload in workloads:
+        requests = [(r["prompt_ids"], r["output_ids"]) for r in streams["workloads"][workload]]
+        positions = stream_positions(requests, numbers, SuffixConfig())
+        tokens = sum(len(p) for p in positions)
+
+        def best(rule):
+            times = {k: fixed_time(positions, costs, k, rule) for k in BOUND_TIERS}
+            tier = min(times, key=times.get)
+            return tier, times[tier]
+        ngram_tier, ngram = best("NGRAM")
+        row = {"workload": workload, "tokens": tokens, "ngram_best_tier": ngram_tier,
+               "ngram_best_vs_plain": round(tokens / ngram, 3)}
+        for rule in ("SUFFIX", *(f"score>={gate:g}{pad}" for pad in ("", " padded") for gate in SCORE_GATES)):
+            tier, time_ = best(rule)
+            row[rule] = {"best_tier": tier, "vs_ngram": round(ngram / time_, 3)}
+        lookup_only = clairvoyant_time(positions, costs, ["lookup"])
+        both = clairvoyant_time(positions, costs, ["lookup", "trees"])
+        row.update(ngram_clairvoyant_vs_ngram=round(ngram / lookup_only, 3),
+                   suffix_clairvoyant_vs_ngram=round(ngram / both, 3),
+                   suffix_clairvoyant_vs_ngram_clairvoyant=round(lookup_only / both, 3))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 # ---- the streams --------------------------------------------------------------------------------------------
 
 
@@ -406,6 +554,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-cached-requests", type=int, default=10000)
     parser.add_argument("--chosen", nargs=3, type=float, default=None, metavar=("DEPTH", "FACTOR", "MIN_PROB"),
                         help="a setting of the grid to compare with vLLM's defaults in the JSON (\"chosen\")")
+    parser.add_argument("--bound", action="store_true",
+                        help="instead of the grid: SUFFIX and NGRAM at every chain tier, score-gated, and clairvoyant "
+                             "(any per-round choice), speeds modelled by --row-costs")
+    parser.add_argument("--row-costs", default="results/gemma-forward-t1-xeon-amx.json",
+                        help="bench/bench_gemma_forward.py's JSON: the forward's cost by rows (--bound)")
     parser.add_argument("--json", default=None, help="write the rows and the summary here")
     return parser
 
@@ -414,6 +567,15 @@ def main() -> None:
     args = build_parser().parse_args()
     streams = load_streams(args)
     started = time.perf_counter()
+    if args.bound:
+        rows = bound_rows(streams, RowCosts.from_json(args.row_costs), args.workloads)
+        print(f"replay: {time.perf_counter() - started:.1f} s")
+        if args.json:
+            provenance.write_report(args.json, {
+                **provenance.stamp(), "what": BOUND_WHAT, **stream_settings(args), "streams_commit": streams["commit"],
+                "row_costs": args.row_costs, "tiers": list(BOUND_TIERS), "suffix_settings": asdict(SuffixConfig()),
+                "rows": rows})
+        return
     rows = run_grid(streams, args)
     print_rows(rows)
     print(f"replay: {time.perf_counter() - started:.1f} s")

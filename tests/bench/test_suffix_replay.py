@@ -128,3 +128,44 @@ def test_suffix_pads_as_the_worker_does():
     trace = []
     replay_script.replay([([3, 4], [3, 3, 9])], suffix(replay_script.Shape(2, 2, 6), 24, 1.0, 0.1), trace)
     assert trace == [1]
+
+
+def _at(lookup=None, trees=None, path=None):
+    """A Position where every tier k has the given accepted counts (a dict k -> accepted, or None: no draft)."""
+    tiers = replay_script.BOUND_TIERS
+    return replay_script.Position({k: (lookup or {}).get(k) for k in tiers}, {k: (trees or {}).get(k) for k in tiers},
+                                  {k: (path or {}).get(k) for k in tiers})
+
+
+def test_row_costs_interpolate_between_measured_counts():
+    costs = replay_script.RowCosts({1: 1.0, 2: 1.1, 4: 1.3, 8: 2.1})
+    assert costs(2) == 1.1 and costs(3) == pytest.approx(1.2) and costs(6) == pytest.approx(1.7)
+
+
+def test_clairvoyant_time_is_the_shortest_path():
+    costs = replay_script.RowCosts({1: 1.0, 2: 1.5, 4: 2.0, 8: 4.0})
+    # 4 positions: at the first, lookup's tier-3 draft accepts 3 (4 rows, cost 2.0, moves 4: the stream is done);
+    # the trees' tier-1 draft accepts 1 (2 rows, 1.5, moves 2)
+    stream = [_at(lookup={3: 3}, trees={1: 1}), _at(), _at(), _at()]
+    assert replay_script.clairvoyant_time([stream], costs, ["lookup"]) == pytest.approx(2.0)
+    assert replay_script.clairvoyant_time([stream], costs, ["trees"]) == pytest.approx(1.5 + 2.0)  # then 2 plain
+    # a draft that accepts nothing is never worth its rows: four plain decodes
+    assert replay_script.clairvoyant_time([[_at(lookup={7: 0})] * 4], costs, ["lookup"]) == pytest.approx(4.0)
+
+
+def test_fixed_time_follows_each_rule():
+    costs = replay_script.RowCosts({1: 1.0, 2: 1.5, 4: 2.0, 8: 4.0})
+    k = 3
+    # position 0: lookup accepts 0, the trees' padded chain 2, their own path (2 tokens, score 1.5) 2
+    stream = [_at(lookup={k: 0}, trees={k: 2}, path={k: (2, 2, 1.5)}), _at(trees={k: 0}, path={k: (0, 1, 0.2)}),
+              _at(), _at()]
+    # NGRAM: verify (2.0, moves 1), plain (no lookup draft), plain, plain
+    assert replay_script.fixed_time([stream], costs, k, "NGRAM") == pytest.approx(2.0 + 3)
+    # SUFFIX as built: lookup first (2.0, moves 1); then the trees padded to k (2.0, accepts 0, moves 1); 2 plain
+    assert replay_script.fixed_time([stream], costs, k, "SUFFIX") == pytest.approx(2.0 + 2.0 + 2)
+    # score >= 1: the trees' path first (3 rows at 1.75, moves 3), then one plain
+    assert replay_script.fixed_time([stream], costs, k, "score>=1") == pytest.approx(1.75 + 1)
+    # padded, as a tier verifies today: the trees' chain padded to k (4 rows, 2.0; accepts 2, moves 3), one plain
+    assert replay_script.fixed_time([stream], costs, k, "score>=1 padded") == pytest.approx(2.0 + 1)
+    # below the gate the trees go after lookup, at their own length (position 1: 2 rows, 1.5, accepts 0)
+    assert replay_script.fixed_time([stream], costs, k, "score>=2") == pytest.approx(2.0 + 1.5 + 2)
