@@ -25,7 +25,7 @@ from specswap.sampling import LOSSLESS, SamplingParams, Verifier
 from specswap.tier import Tier
 from specswap.worker import SpeculativeWorker
 from specswap.worker.layout import tier_key
-from specswap.worker.hybrid import MODEL_COST_ALPHA, MODEL_PRIOR, ModelCost
+from specswap.worker.hybrid import MODEL_COST_ALPHA, MODEL_PRIOR, REFRESH, SUFFIX_EMA_ALPHA, ModelCost
 from specswap.worker.suffix import INSTALL
 
 require_module("arctic_inference", "arctic-inference's suffix trees (SUFFIX)", INSTALL)
@@ -125,8 +125,9 @@ def test_whole_round_graphs_replay_all_model_and_all_suffix_rounds_losslessly(na
             if kind[0] == "model" or (kind[0] == "mixed" and slot % 2):
                 return None
             last = worker.slots.host_tokens[slot][-1]
-            return real(slot, tier) or ([last] * tier.drafts, [0] * (tier.drafts + 1) if tier.is_tree else None)
+            return real(slot, tier) or ([last] * tier.drafts, [0] * (tier.drafts + 1) if tier.is_tree else None, 1.0)
         drafter.suffix_draft = forced
+        drafter.model_cost.pays = lambda tier, gain: True  # the kinds as forced, whatever the model costs
         for round_ in worker.rounds.values():
             assert len(round_.graphs) == (0 if not graphs else 2 if round_.stages.speculative_num_steps else 1)
             round_.graphs = tuple(_Counted(graph, graph_kind, replays)
@@ -242,6 +243,7 @@ def test_a_repeated_prompt_takes_the_suffix_draft_and_a_right_model_keeps_its_ow
     assert suffix_rounds > model_rounds and sum(second[1][0]) > sum(first[1][0]), (first[1], second[1])
     # a head that is always right: its tier's mean reaches k, which no suffix score (at most k) beats
     exact, _ = hybrid_worker("eagle_exact", 3)
+    exact.drafter.model_cost.pays = lambda tier, gain: True  # the choice alone, whatever the model costs
     run_to_completion(exact, REPEATED, MAX_NEW)
     suffix_rounds, model_rounds = choices(exact)
     assert exact.drafter.model_expected(Tier(3)) > 2.5 and model_rounds > 5 * suffix_rounds
@@ -269,8 +271,9 @@ def test_suffix_rounds_leave_the_model_behind_and_its_catch_up_restores_it(name)
     model.extend, model.draft = counted_extend, counted_draft
     prompt = [7, 3, 11, 5, 9, 2]
     worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=40)])
-    suffix = lambda slot, tier: ([worker.slots.host_tokens[slot][-1]] * 3, None)  # noqa: E731 (a wrong draft)
+    suffix = lambda slot, tier: ([worker.slots.host_tokens[slot][-1]] * 3, None, 1.0)  # noqa: E731 (a wrong draft)
     drafter.suffix_draft = suffix
+    drafter.model_cost.pays = lambda tier, gain: True  # the kinds as forced, whatever the model costs
     for _ in range(4):
         worker.decode_round([0])
     assert calls == {"extend": 0, "draft": 0}
@@ -318,9 +321,10 @@ def test_the_worker_reports_a_slow_model_s_rounds_at_the_model_s_share():
     model.draft = slow_draft
     worker.prefill([0], [[7, 3, 11, 5, 9, 2]], [SamplingParams(max_new_tokens=40)])
     drafter.suffix_draft = lambda slot, tier: None  # the model's draft
+    drafter.model_cost.pays = lambda tier, gain: True  # the kinds as forced, whatever the model costs
     model_rounds = [worker.decode_round([0]).round_seconds for _ in range(2)]
     assert min(model_rounds) >= 0.05 and drafter.model_cost.cost[Tier(3)] >= 0.05
-    drafter.suffix_draft = lambda slot, tier: ([worker.slots.host_tokens[slot][-1]] * 3, None)
+    drafter.suffix_draft = lambda slot, tier: ([worker.slots.host_tokens[slot][-1]] * 3, None, 1.0)
     suffix_rounds = [worker.decode_round([0]).round_seconds for _ in range(10)]
     share = drafter.stats()["hybrid"]["model_share"]
     assert share == pytest.approx((1 - MODEL_COST_ALPHA) ** 10, abs=1e-3)
@@ -344,8 +348,104 @@ def test_the_rule_compares_the_suffix_score_with_the_model_s_mean_at_the_tier():
     drafter.expected[Tier(3)] = found.score  # a tie goes to the model
     assert drafter.suffix_draft(0, Tier(3)) is None
     drafter.expected[Tier(3)] = found.score - 0.01
-    draft, parents = drafter.suffix_draft(0, Tier(3))
+    draft, parents, _ = drafter.suffix_draft(0, Tier(3))
     assert draft[:len(found.token_ids)] == list(found.token_ids) and len(draft) == 3 and parents is None
+
+
+def test_the_suffix_score_is_calibrated_by_what_its_drafts_got_accepted():
+    """Suffix drafts that score 3 and are never accepted (the last token repeated) pull the tier's calibration
+    down until the model's draft (its mean at 0.3) wins; then only every REFRESH + 1-th choice takes the suffix
+    draft, and a right suffix draft taken that way raises the calibration again."""
+    worker, _ = hybrid_worker("eagle_partial", 3)
+    drafter, tier = worker.drafter, Tier(3)
+    taken = []
+
+    def rounds(count):  # one request at a time, a new one before the cache fills
+        for _ in range(count):
+            if worker.slots.host_seq_lens[0] > 48 or not taken:
+                if taken:
+                    worker.release(0)
+                worker.prefill([0], [[7, 3, 11, 5, 9, 2]], [SamplingParams(max_new_tokens=60)])
+            worker.decode_round([0])
+            taken.append(drafter._chosen[0])
+    wrong = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0)  # noqa: E731 (a token the target never emits first)
+    drafter.suffix_candidate = wrong
+    drafter.expected[tier] = 0.3
+    drafter.model_expected = lambda t: 0.3  # the model's mean held where it is
+    drafter.model_cost.pays = lambda t, gain: True  # the choice alone (its cost: the next tests)
+    assert drafter.suffix_expected(tier, 3.0) == pytest.approx(3.0)  # uncalibrated: the score as it is
+    rounds(40)
+    accepted, scored = drafter.calibration[tier]
+    first = taken.index("model")  # the calibration moved far enough: 3 x accepted / scored < 0.3
+    assert 0 < first and set(taken[:first]) == {"suffix"}
+    decay = (1 - SUFFIX_EMA_ALPHA) ** first  # EMAs from 1.0: accepted toward 0, scored toward 3
+    assert accepted == pytest.approx(decay) and scored == pytest.approx(3 - 2 * decay)
+    assert 3 * (1 - SUFFIX_EMA_ALPHA) ** (first - 1) / (3 - 2 * (1 - SUFFIX_EMA_ALPHA) ** (first - 1)) >= 0.3
+    assert drafter.suffix_expected(tier, 3.0) < 0.3
+    assert drafter.stats()["hybrid"]["suffix_calibration"] == {"3": round(accepted / scored, 3)}
+    # from here, the model's draft REFRESH times in a row, then the suffix draft once
+    rounds(2 * (REFRESH + 1))
+    run = taken[first:first + REFRESH + 1]
+    assert run == ["model"] * REFRESH + ["suffix"], run
+    # a tier never calibrated is not moved by another's rounds
+    assert drafter.suffix_expected(Tier(1), 2.0) == pytest.approx(2.0)
+
+
+def test_the_model_drafts_only_where_its_gain_pays_for_its_draft_steps():
+    cost, tier = ModelCost(), Tier(3)
+    assert cost.pays(tier, 0.0)  # nothing measured: the model runs, and is timed
+    # a model round: 60 ms, 30 of them the model's, 10 of those its catch-up; an all-suffix round of 30 ms
+    cost.price(tier, 0.060, 0.030, drafted=True, catch_up_seconds=0.010)
+    cost.price(tier, 0.030, 0.0, drafted=False)
+    assert cost.drafting[tier] == pytest.approx(0.020) and cost.rest[tier] == pytest.approx(0.030)
+    assert cost.pays(tier, 0.7) and not cost.pays(tier, 0.6)  # 20 ms of draft steps against 30 of the rest
+    assert cost.pays(Tier(1), 0.0)  # another tier: not measured
+
+
+def test_a_slow_model_that_gains_little_stops_drafting_but_for_its_turns():
+    """A model whose draft steps take 50 ms and get 0.2 accepted a round, against suffix drafts expected to get
+    0.1: once timed, the rounds verify the suffix drafts (no model forward) but for every REFRESH + 1-th, the
+    model's turn; output stays target-only's."""
+    worker, target = hybrid_worker("eagle_partial", 3)
+    drafter, tier = worker.drafter, Tier(3)
+    model = drafter.model_drafter
+    draft = model.draft
+
+    def slow_draft(*args, **kwargs):
+        time.sleep(0.05)
+        return draft(*args, **kwargs)
+    model.draft = slow_draft
+    drafter.model_expected = lambda t: 0.2
+    drafter.suffix_candidate = lambda slot, t: ([worker.slots.host_tokens[slot][-1]] * 3, None, 0.1)
+    prompt, ran, outputs = [7, 3, 11, 5, 9, 2], [], []
+    for _ in range(3):  # three requests in turn: 2 * (REFRESH + 1) rounds and more
+        first = worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=40)])
+        output = list(first)
+        while len(output) < 40 and worker.slots.host_seq_lens[0] < 60:
+            output += worker.decode_round([0]).new_tokens[0]
+            ran.append(drafter._run_model)
+        worker.release(0)
+        outputs.append(output)
+    reference = target_only(target, [prompt], 40)[0]
+    assert all(output == reference[:len(output)] for output in outputs)
+    assert ran[0] and not any(ran[1:REFRESH])  # timed once, then not worth its steps
+    turns = [i for i, model_ran in enumerate(ran) if model_ran]
+    assert len(turns) >= 3 and all(b - a == REFRESH + 1 for a, b in zip(turns[1:], turns[2:])), turns
+
+
+def test_a_long_run_of_suffix_drafts_gives_the_model_its_turn():
+    worker, _ = hybrid_worker("eagle_partial", 3)
+    drafter, tier = worker.drafter, Tier(3)
+    drafter.suffix_candidate = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0)  # never accepted: a token a round
+    drafter.model_expected = lambda t: 0.0
+    taken = []
+    for _ in range(2):  # one request a run of rounds, before the cache fills
+        worker.prefill([0], [[7, 3, 11, 5, 9, 2]], [SamplingParams(max_new_tokens=3 * REFRESH)])
+        for _ in range(REFRESH + 1):
+            worker.decode_round([0])
+            taken.append(drafter._chosen[0])
+        worker.release(0)
+    assert taken == (["suffix"] * REFRESH + ["model"]) * 2
 
 
 def test_a_tree_tier_compares_the_suffix_tree_s_score_and_pads_the_tree():
@@ -364,7 +464,7 @@ def test_a_tree_tier_compares_the_suffix_tree_s_score_and_pads_the_tree():
     assert narrow[0] == list(chain.token_ids) and narrow[2] == pytest.approx(chain.score)
     tree = Tier(3, 2, 7)
     drafter.expected[tree] = score - 0.01
-    draft, padded = drafter.suffix_draft(0, tree)
+    draft, padded, _ = drafter.suffix_draft(0, tree)
     assert len(draft) == 6 and len(padded) == 7 and padded[0] == 0
     assert draft[:len(tokens)] == tokens and draft[len(tokens):] == [prompt[-1]] * (6 - len(tokens))
     assert padded[1:1 + len(parents)] == parents and set(padded[1 + len(parents):]) <= {0}

@@ -2,12 +2,18 @@
 verified per request each round (Arctic Inference's hybrid; ``Engine(..., hybrid_drafter="SUFFIX")``).
 
 Each drafting round, per request: SUFFIX's draft and its score (the sum of its tokens' estimated path
-probabilities, about the drafts it gets accepted) against what the model's drafts accepted per round at this tier
-(an EMA over the requests that verified them, from MODEL_PRIOR x the tier's depth): the suffix draft is verified
-where its score is higher, the model's elsewhere (and after MODEL_REFRESH suffix drafts in a row, so the model's
-mean stays fresh). At a chain tier of k the suffix draft is its best path, at most k tokens, padded as SUFFIX pads
-it; at a tree tier it is SUFFIX's tree for the tier's shape (``SuffixDrafter.scored_suffix_tree``: its best path
-as the first children, padded with copies of the last token under the root), its nodes and parents written over
+probabilities) calibrated at the tier (times what the suffix drafts verified there got accepted over what they
+scored, EMAs over those request-rounds: on sampled prose the trees' scores promise several times what they get)
+against what the model's drafts accepted per round at this tier (an EMA over the requests that verified them, from
+MODEL_PRIOR x the tier's depth): the suffix draft is verified where its calibrated score is higher, the model's
+elsewhere. The model then drafts in the round only if it pays for its draft steps: what the requests that chose
+its draft expect from it over their suffix drafts, as a share of what the round emits without it, beats those
+steps' seconds over the rest of the round's (``ModelCost.pays``); else they verify their suffix drafts (the last
+token repeated where the trees have none). After REFRESH drafts of one kind in a row at a tier (where the other
+had one too), the other's is taken once, the model's even where it does not pay, so neither mean goes stale.
+At a chain tier of k the suffix draft is its best path, at most k tokens, padded as SUFFIX pads it; at a tree
+tier it is SUFFIX's tree for the tier's shape (``SuffixDrafter.scored_suffix_tree``: its best path as the first
+children, padded with copies of the last token under the root), its nodes and parents written over
 the model's tree in that row. The choice reads only what the request emitted so far, never this round's draws, so
 each row's acceptance is exact: a suffix row's chain draft is a point mass (its ``draft_probs`` one-hot) under the
 model drafter's acceptance (accepted with probability p(d), a rejection draws p without d); a tree's children are
@@ -53,9 +59,14 @@ from specswap.worker.tiers import Forwards, TierStages
 MODEL_PRIOR = 0.5
 # weight of each model-drafted request-round in the tier's running mean (an EMA)
 MODEL_EMA_ALPHA = 0.05
-# suffix drafts taken in a row at a tier after which a request-round verifies the model's draft instead, so that
-# the model's mean there is never stale (one in 33 at most; the choice stays a function of the history)
-MODEL_REFRESH = 32
+# drafts of one kind taken in a row at a tier (where the other kind had a draft too) after which a request-round
+# verifies the other's instead, so that neither kind's mean there goes stale (one in 33 at most; the choice stays
+# a function of the history)
+REFRESH = 32
+# weight of each suffix-drafted request-round in the tier's calibration (EMAs of its accepted drafts and score),
+# which starts at the score as it is (SUFFIX_PRIOR accepted per SUFFIX_PRIOR scored)
+SUFFIX_EMA_ALPHA = 0.05
+SUFFIX_PRIOR = 1.0
 TIER_ONE = Tier(1)  # what tier 0's checks stand for
 # weight of each drafting round in the model drafter's share of rounds and in its cost per round at a tier (EMAs)
 MODEL_COST_ALPHA = 0.1
@@ -76,18 +87,31 @@ class ModelCost:
     def __init__(self):
         self.share = 1.0  # EMA over drafting rounds of whether the model drafted: from the model drafter alone's price
         self.cost: dict[Tier, float] = {}  # tier -> the model's seconds in a round where it drafted (EMA)
+        self.drafting: dict[Tier, float] = {}  # tier -> of those, its draft and draft-extend's alone (EMA)
+        self.rest: dict[Tier, float] = {}  # tier -> a round's seconds less the model's (EMA)
 
-    def price(self, tier: Tier, seconds: float, model_seconds: float | None, drafted: bool) -> float:
+    def price(self, tier: Tier, seconds: float, model_seconds: float | None, drafted: bool,
+              catch_up_seconds: float = 0.0) -> float:
         """One drafting round at ``tier`` of wall time ``seconds``, ``model_seconds`` of it the model's (None: not
-        timed apart, a whole-round graph's: its running cost there stands in; ``drafted``: some request verified
-        the model's draft)."""
+        timed apart, a whole-round graph's: its running cost there stands in), ``catch_up_seconds`` of that its
+        catch-up over what it missed; ``drafted``: some request verified the model's draft."""
         self.share += MODEL_COST_ALPHA * (float(drafted) - self.share)
         if model_seconds is None:
             model_seconds = self.model_seconds(tier) if drafted else 0.0
-        elif drafted:
-            before = self.cost.get(tier)
-            self.cost[tier] = model_seconds if before is None else before + MODEL_COST_ALPHA * (model_seconds - before)
+        else:
+            _ema(self.rest, tier, seconds - model_seconds)
+            if drafted:
+                _ema(self.cost, tier, model_seconds)
+                _ema(self.drafting, tier, model_seconds - catch_up_seconds)
         return seconds - model_seconds + self.share * self.model_seconds(tier)
+
+    def pays(self, tier: Tier, gain: float) -> bool:
+        """Whether the model's drafts, adding ``gain`` to the tokens a round at ``tier`` emits (a share of what
+        it emits without them), are worth its draft steps: gain > their seconds over the rest of the round's.
+        Its catch-up is left out: it falls due whichever round runs the model, and grows the longer it waits.
+        True until both are measured."""
+        drafting, rest = self.drafting.get(tier), self.rest.get(tier)
+        return drafting is None or not rest or gain > drafting / rest
 
     def model_seconds(self, tier: Tier) -> float:
         """The model's cost in a round at ``tier`` where it drafts: measured there, else the measured tiers' mean
@@ -121,7 +145,11 @@ class HybridDrafter(Drafter):
             model.keep_features()
         size = len(slots.host_tokens)
         self.expected: dict[Tier, float] = {}         # tier -> the model's accepted drafts per round (EMA)
-        self._suffix_streak: dict[Tier, int] = {}     # tier -> suffix drafts taken since the model's last
+        self.calibration: dict[Tier, list[float]] = {}  # tier -> the suffix drafts' [accepted, score] a round (EMAs)
+        self._streak: dict[Tier, tuple[str, int]] = {}  # tier -> the kind taken in a row (where both had one), times
+        self._score: list[float | None] = [0.0] * size  # per slot this round: its suffix draft's score (None: filler)
+        self._candidate: list[tuple | None] = [None] * size  # per slot this round: the suffix draft it had, if any
+        self._turn = [False] * size                   # per slot this round: the model's draft taken as its turn
         self._start = [0] * size                      # per slot: its length when the round began
         self._draft_len = [0] * size                  # per slot: the model's draft_len when the round began
         self._chosen: list[str | None] = [None] * size  # per slot this round: "suffix", "model" or None (plain)
@@ -131,6 +159,7 @@ class HybridDrafter(Drafter):
         self._suffix_parents: torch.Tensor | None = None  # [R, T] a tree tier's: their parents
         self._run_model = True                        # whether the model drafts this round (a row takes it)
         self._model_seconds = 0.0                     # this round's host time in the model drafter's calls
+        self._catch_up_seconds = 0.0                  # of which its begin_round's (the catch-up)
         self._drafted_eagerly = False                 # whether this round's model draft ran here (not replayed)
         self.model_cost = ModelCost()
         self._point_masses = None                     # the last sampled round's one-hot cells: (draft_probs, index)
@@ -198,10 +227,16 @@ class HybridDrafter(Drafter):
         """The model's accepted drafts per round at ``tier`` so far (MODEL_PRIOR x its depth before any)."""
         return self.expected.get(tier, MODEL_PRIOR * tier.steps)
 
-    def suffix_draft(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None] | None:
-        """The suffix draft at ``tier`` where its score beats the model's expectation there, else None: a chain's k
-        tokens (padded with its last) and None, or a tree's T-1 node tokens and its parents [T] (padded with
-        copies of the request's last token under the root, as SUFFIX pads a tree)."""
+    def suffix_expected(self, tier: Tier, score: float) -> float:
+        """What a suffix draft of ``score`` is expected to get accepted at ``tier``: the score times the tier's
+        calibration (accepted over scored, from SUFFIX_PRIOR each)."""
+        accepted, scored = self.calibration.get(tier, (SUFFIX_PRIOR, SUFFIX_PRIOR))
+        return score * accepted / scored
+
+    def suffix_candidate(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None, float] | None:
+        """The suffix draft at ``tier`` and its score, or None where the trees have none: a chain's k tokens
+        (padded with its last) and None, or a tree's T-1 node tokens and its parents [T] (padded with copies of
+        the request's last token under the root, as SUFFIX pads a tree)."""
         if not self.suffix._drafting(slot):
             return None
         if tier.is_tree:
@@ -209,12 +244,31 @@ class HybridDrafter(Drafter):
         else:
             found = self.suffix._speculate(slot, tier.steps, tree=False)
             tokens, parents, score = list(found.token_ids), None, found.score
-        if not tokens or score <= self.model_expected(tier):
+        if not tokens:
             return None
         pad = tier.drafts - len(tokens)
         if parents is None:
-            return tokens + tokens[-1:] * pad, None
-        return tokens + [self.slots.host_tokens[slot][-1]] * pad, [0] + parents + [0] * pad
+            return tokens + tokens[-1:] * pad, None, score
+        return tokens + [self.slots.host_tokens[slot][-1]] * pad, [0] + parents + [0] * pad, score
+
+    def suffix_draft(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None, float] | None:
+        """The suffix draft at ``tier`` (``suffix_candidate``) where its calibrated score beats the model's
+        expectation there, or where the model's draft was taken REFRESH times in a row against one (``_taken``),
+        unless the suffix's was; else None."""
+        found = self._candidate[slot] = self.suffix_candidate(slot, tier)
+        if found is None:
+            return None
+        wins = self.suffix_expected(tier, found[2]) > self.model_expected(tier)
+        kind, count = self._streak.get(tier, ("", 0))
+        if count >= REFRESH:  # the other kind's turn, whichever is preferred: its mean is refreshed
+            wins = kind == "model"
+            self._turn[slot] = kind == "suffix"
+        return found if wins else None
+
+    def _taken(self, tier: Tier, kind: str) -> None:
+        """A request-round at ``tier`` verified ``kind``'s draft where the other had one too: the streak."""
+        last, count = self._streak.get(tier, ("", 0))
+        self._streak[tier] = (kind, count + 1 if last == kind else 1)
 
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         shape, model = tier.tier, self.model_drafter
@@ -224,30 +278,40 @@ class HybridDrafter(Drafter):
             self.deep_check_due, self._run_model = model.deep_check_due, True
             self._suffix_checks(slots)
             return True
-        table, rows, drafts, model_slots = self.slots, [], [], []
+        table, rows, drafts, model_slots, model_rows = self.slots, [], [], [], []
         for row, slot in enumerate(slots):
             self._start[slot] = table.host_seq_lens[slot]
             if table.params[slot].disable_speculative_decoding or table.banned_ids(slot):
                 self._chosen[slot] = None  # verifies no draft this round (sampling.PlainRows)
                 continue
+            self._candidate[slot], self._turn[slot] = None, False
             draft = self.suffix_draft(slot, shape)
-            if draft is not None:
-                self._suffix_streak[shape] = streak = self._suffix_streak.get(shape, 0) + 1
-                if streak > MODEL_REFRESH:
-                    draft = None
-            if draft is None:
-                self._suffix_streak[shape] = 0
             self._chosen[slot] = "model" if draft is None else "suffix"
             if draft is not None:
                 rows.append(row)
-                drafts.append(draft)
+                drafts.append(draft[:2])
+                self._score[slot] = draft[2]
             else:
                 model_slots.append(slot)
+                model_rows.append(row)
+        if model_slots and not self._model_pays(shape, slots, model_slots):
+            for row, slot in zip(model_rows, model_slots):  # the suffix draft, else the last token repeated
+                last = table.host_tokens[slot][-1]
+                filler = ([last] * shape.drafts, [0] * (shape.drafts + 1) if shape.is_tree else None, None)
+                tokens, parents, self._score[slot] = self._candidate[slot] or filler
+                self._chosen[slot] = "suffix"
+                rows.append(row)
+                drafts.append((tokens, parents))
+            order = sorted(range(len(rows)), key=rows.__getitem__)
+            rows, drafts, model_slots = [rows[i] for i in order], [drafts[i] for i in order], []
+        for slot in slots:  # the kinds taken, towards the other's turn (a filler counts: the model could have run)
+            if self._chosen[slot] == "suffix" or (self._chosen[slot] == "model" and self._candidate[slot] is not None):
+                self._taken(shape, self._chosen[slot])
         # the model catches up only the requests that verify its draft (and checks past the chain): the others
         # may stay behind, their features kept (extend), until they verify its draft or tier 0 checks them
         began = time.perf_counter()
         model.begin_round(tier, model_slots)
-        self._model_seconds = time.perf_counter() - began
+        self._model_seconds = self._catch_up_seconds = time.perf_counter() - began
         self.deep_check_due = model.deep_check_due
         for slot in slots:
             self._draft_len[slot] = model.draft_len[slot]
@@ -266,6 +330,19 @@ class HybridDrafter(Drafter):
             if self._suffix_parents is not None:
                 tier.verify.layout.parents[:len(rows)].copy_(self._suffix_parents)
         return True
+
+    def _model_pays(self, tier: Tier, slots: Sequence[int], model_slots: Sequence[int]) -> bool:
+        """Whether the model drafts this round for ``model_slots`` (the requests that chose its draft): what they
+        expect from it over their suffix drafts (calibrated; none: 0), as a share of what the round emits without
+        it, against the model's draft steps' cost (``ModelCost.pays``). A request's turn for the model's draft
+        (REFRESH) always runs it."""
+        if any(self._turn[slot] for slot in model_slots):
+            return True
+        model = self.model_expected(tier)
+        suffix = {slot: 0.0 if self._candidate[slot] is None else self.suffix_expected(tier, self._candidate[slot][2])
+                  for slot in slots if self._chosen[slot] is not None}
+        gain = sum(max(model - suffix[slot], 0.0) for slot in model_slots)
+        return self.model_cost.pays(tier, gain / sum(1.0 + value for value in suffix.values()))
 
     def round_graph_drafters(self, steps: int) -> tuple[Drafter, ...]:
         return (_ModelRounds(self), _SuffixRounds(self)) if steps else (_ModelRounds(self),)
@@ -332,6 +409,10 @@ class HybridDrafter(Drafter):
             if chosen == "model":
                 mean = self.model_expected(shape)
                 self.expected[shape] = mean + MODEL_EMA_ALPHA * (accepted - mean)
+            elif self._score[slot] is not None:  # (a filler, the last token repeated, has no score)
+                means = self.calibration.setdefault(shape, [SUFFIX_PRIOR, SUFFIX_PRIOR])
+                means[0] += SUFFIX_EMA_ALPHA * (accepted - means[0])
+                means[1] += SUFFIX_EMA_ALPHA * (self._score[slot] - means[1])
         for slot in slots:  # left behind: no draft-extend ran, or it ran over a request already behind
             # (a standalone draft's cache holds its own drafts past m-1 in a suffix row, not the suffix's)
             in_step = self._draft_len[slot] >= self._start[slot] - model.lag  # when the round began
@@ -342,7 +423,8 @@ class HybridDrafter(Drafter):
         if not tier.speculative_num_steps:
             return seconds
         replayed = self._run_model and not self._drafted_eagerly  # the model's part inside a whole-round graph
-        return self.model_cost.price(tier.tier, seconds, None if replayed else self._model_seconds, self._run_model)
+        return self.model_cost.price(tier.tier, seconds, None if replayed else self._model_seconds, self._run_model,
+                                     self._catch_up_seconds)
 
     def take_deep_checks(self, accept_lengths: Sequence[int], next_tokens: Sequence[int],
                          steps: int) -> list[int] | None:
@@ -384,13 +466,15 @@ class HybridDrafter(Drafter):
 
     def stats(self) -> dict[str, Any]:
         """The global tree (SUFFIX's) and the hybrid's choices: request-rounds each drafter's draft was verified in,
-        the drafts each got accepted, and the model's running mean per tier."""
+        the drafts each got accepted, the model's running mean and the suffix score's calibration per tier."""
         counts = self.counts
         return {**self.suffix.stats(), "hybrid": {
             "drafter": self.parts[1].name if self.parts else None,
             "suffix_rounds": counts["suffix_rounds"], "model_rounds": counts["model_rounds"],
             "suffix_accepted": counts["suffix_accepted"], "model_accepted": counts["model_accepted"],
             "model_expected": _by_tier(self.expected, 3),
+            "suffix_calibration": _by_tier({tier: accepted / scored for tier, (accepted, scored)
+                                            in self.calibration.items()}, 3),  # accepted per scored
             "model_share": round(self.model_cost.share, 3),  # of drafting rounds lately, the policy's price
             "model_seconds": _by_tier(self.model_cost.cost, 6)}}
 
@@ -426,6 +510,11 @@ class _SuffixRounds(Drafter):
     def extend(self, tier, forwards, slot_index, seq_lens, positions, target_hidden, accept_lengths, next_tokens,
                key_length) -> None:
         self.hybrid._keep_features(tier, slot_index, positions, target_hidden)
+
+
+def _ema(values: dict[Tier, float], tier: Tier, value: float) -> None:
+    before = values.get(tier)
+    values[tier] = value if before is None else before + MODEL_COST_ALPHA * (value - before)
 
 
 def _by_tier(values: dict[Tier, float], digits: int) -> dict[str, float]:
