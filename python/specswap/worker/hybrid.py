@@ -263,6 +263,7 @@ class HybridDrafter(Drafter):
         if count >= REFRESH:  # the other kind's turn, whichever is preferred: its mean is refreshed
             wins = kind == "model"
             self._turn[slot] = kind == "suffix"
+            self._streak[tier] = ("", 0)  # one request-round's turn, not every request's of this round
         return found if wins else None
 
     def _taken(self, tier: Tier, kind: str) -> None:
