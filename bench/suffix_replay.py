@@ -318,10 +318,10 @@ def clairvoyant_time(streams: list[list[Position]], costs: RowCosts, sources: Se
 
 
 def fixed_time(streams: list[list[Position]], costs: RowCosts, k: int, rule: str) -> float:
-    """Forward time at tier k, a plain decode where the rule has no draft. Rules: "NGRAM" (prompt lookup),
-    "SUFFIX" (as built: lookup first, the trees padded to k where it finds nothing), "score>=s" (the trees' path
-    first where its score is at least s, its own length verified; else as SUFFIX; "score>=s padded": padded to k,
-    as a tier verifies today)."""
+    """Forward time at tier k, a plain decode where the rule has no draft. Rules: "lookup" (NGRAM's prompt
+    lookup), "lookup, then trees" (SUFFIX as built: the trees padded to k where lookup finds nothing), "score>=s"
+    (the trees' path first where its score is at least s, its own length verified; else as SUFFIX; "score>=s
+    padded": padded to k, as a tier verifies today)."""
     gate = float(rule.split(">=")[1].split()[0]) if rule.startswith("score>=") else None
     padded = rule.endswith(" padded")
     total = 0.0
@@ -334,7 +334,7 @@ def fixed_time(streams: list[list[Position]], costs: RowCosts, k: int, rule: str
                 accepted, rows = (at.trees[k], k) if padded else (path[0], path[1])
             elif at.lookup[k] is not None:
                 accepted, rows = at.lookup[k], k
-            elif rule != "NGRAM" and at.trees[k] is not None:
+            elif rule != "lookup" and at.trees[k] is not None:
                 accepted, rows = (path[0], path[1]) if gate is not None and not padded else (at.trees[k], k)
             else:
                 accepted, rows = None, 0
@@ -358,10 +358,11 @@ def bound_rows(streams: dict, costs: RowCosts, workloads: Sequence[str]) -> list
             times = {k: fixed_time(positions, costs, k, rule) for k in BOUND_TIERS}
             tier = min(times, key=times.get)
             return tier, times[tier]
-        ngram_tier, ngram = best("NGRAM")
+        ngram_tier, ngram = best("lookup")
         row = {"workload": workload, "tokens": tokens, "ngram_best_tier": ngram_tier,
                "ngram_best_vs_plain": round(tokens / ngram, 3)}
-        for rule in ("SUFFIX", *(f"score>={gate:g}{pad}" for pad in ("", " padded") for gate in SCORE_GATES)):
+        gated = [f"score>={gate:g}{pad}" for pad in ("", " padded") for gate in SCORE_GATES]
+        for rule in ("lookup, then trees", *gated):
             tier, time_ = best(rule)
             row[rule] = {"best_tier": tier, "vs_ngram": round(ngram / time_, 3)}
         lookup_only = clairvoyant_time(positions, costs, ["lookup"])

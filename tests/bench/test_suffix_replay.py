@@ -159,10 +159,10 @@ def test_fixed_time_follows_each_rule():
     # position 0: lookup accepts 0, the trees' padded chain 2, their own path (2 tokens, score 1.5) 2
     stream = [_at(lookup={k: 0}, trees={k: 2}, path={k: (2, 2, 1.5)}), _at(trees={k: 0}, path={k: (0, 1, 0.2)}),
               _at(), _at()]
-    # NGRAM: verify (2.0, moves 1), plain (no lookup draft), plain, plain
-    assert replay_script.fixed_time([stream], costs, k, "NGRAM") == pytest.approx(2.0 + 3)
+    # NGRAM's lookup: verify (2.0, moves 1), plain (no lookup draft), plain, plain
+    assert replay_script.fixed_time([stream], costs, k, "lookup") == pytest.approx(2.0 + 3)
     # SUFFIX as built: lookup first (2.0, moves 1); then the trees padded to k (2.0, accepts 0, moves 1); 2 plain
-    assert replay_script.fixed_time([stream], costs, k, "SUFFIX") == pytest.approx(2.0 + 2.0 + 2)
+    assert replay_script.fixed_time([stream], costs, k, "lookup, then trees") == pytest.approx(2.0 + 2.0 + 2)
     # score >= 1: the trees' path first (3 rows at 1.75, moves 3), then one plain
     assert replay_script.fixed_time([stream], costs, k, "score>=1") == pytest.approx(1.75 + 1)
     # padded, as a tier verifies today: the trees' chain padded to k (4 rows, 2.0; accepts 2, moves 3), one plain
