@@ -25,7 +25,7 @@ from specswap.sampling import LOSSLESS, SamplingParams, Verifier
 from specswap.tier import Tier
 from specswap.worker import SpeculativeWorker
 from specswap.worker.layout import tier_key
-from specswap.worker.hybrid import MODEL_COST_ALPHA, MODEL_PRIOR, REFRESH, SUFFIX_EMA_ALPHA, ModelCost
+from specswap.worker.hybrid import MODEL_COST_ALPHA, MODEL_PRIOR, REFRESH, SUFFIX_EMA_ALPHA, TIER_ONE, ModelCost
 from specswap.worker.suffix import INSTALL
 
 require_module("arctic_inference", "arctic-inference's suffix trees (SUFFIX)", INSTALL)
@@ -504,6 +504,36 @@ def test_tier_zero_checks_take_the_suffix_draft_where_the_hybrid_would():
         settled[name] = shadows
     assert len(settled["EAGLE"]) == len(settled["EAGLE+SUFFIX"]) >= 8
     assert sum(settled["EAGLE+SUFFIX"]) > sum(settled["EAGLE"]) + 3, settled
+
+
+def test_a_turn_is_one_request_round_not_a_whole_batch():
+    worker, _ = hybrid_worker("eagle_partial", 3, max_batch_size=4)
+    drafter, slots = worker.drafter, [0, 1, 2, 3]
+    drafter.suffix_candidate = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0)  # preferred, never accepted
+    drafter.model_expected = lambda t: 0.0
+    worker.prefill(slots, [[7, 3, 11, 5, 9, 2]] * 4, [SamplingParams(max_new_tokens=40)] * 4)
+    per_round = []
+    for _ in range(12):  # 48 request-rounds: one turn after the first 32 suffix drafts
+        worker.decode_round(slots)
+        per_round.append(sum(drafter._chosen[slot] == "model" for slot in slots))
+    assert per_round == [0] * 8 + [1] + [0] * 3, per_round
+
+
+def test_tier_zero_checks_take_no_turn():
+    """A tier-0 check stands for the hybrid's preference at tier 1; a turn due there waits for a drafting round."""
+    target = pair("eagle_partial")[0]
+    worker = SpeculativeWorker(target, random_eagle_head(target, seed=9), "EAGLE+SUFFIX", speculative_num_steps=1,
+                               tiers=(0, 1), max_seq_len=64)
+    drafter = worker.drafter
+    run_to_completion(worker, [[7, 3, 11, 5]], 24)  # its output in the global tree: the checks find suffix drafts
+    worker.prefill([0], [[7, 3, 11, 5]], [SamplingParams(max_new_tokens=24)])
+    worker.decode_round([0])
+    worker.pool.activate(0)
+    due = ("suffix", REFRESH)  # the model's turn is due at tier 1
+    drafter._streak[TIER_ONE] = due
+    checked = sum(worker.decode_round([0]).shadow is not None for _ in range(6))
+    assert checked >= 4 and drafter._streak[TIER_ONE] == due
+    assert not any(drafter._turn)
 
 
 def test_hybrids_are_named_and_misfits_refused():

@@ -244,12 +244,20 @@ class HybridDrafter(Drafter):
         else:
             found = self.suffix._speculate(slot, tier.steps, tree=False)
             tokens, parents, score = list(found.token_ids), None, found.score
-        if not tokens:
-            return None
+        return (*self._padded(slot, tier, tokens, parents), score) if tokens else None
+
+    def _padded(self, slot: int, tier: Tier, tokens: list[int], parents: list[int] | None):
+        """A suffix draft filled to the tier's drafts, as SUFFIX fills it: a chain with its last token (none: the
+        request's), a tree with copies of the request's last token under the root (its parents [T], 0 the root's)."""
         pad = tier.drafts - len(tokens)
-        if parents is None:
-            return tokens + tokens[-1:] * pad, None, score
-        return tokens + [self.slots.host_tokens[slot][-1]] * pad, [0] + parents + [0] * pad, score
+        last = self.slots.host_tokens[slot][-1]
+        if not tier.is_tree:
+            return tokens + (tokens[-1:] or [last]) * pad, None
+        return tokens + [last] * pad, [0] + (parents or []) + [0] * pad
+
+    def _prefers_suffix(self, tier: Tier, score: float) -> bool:
+        """Whether a suffix draft of ``score`` is expected to get more accepted at ``tier`` than the model's."""
+        return self.suffix_expected(tier, score) > self.model_expected(tier)
 
     def suffix_draft(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None, float] | None:
         """The suffix draft at ``tier`` (``suffix_candidate``) where its calibrated score beats the model's
@@ -258,7 +266,7 @@ class HybridDrafter(Drafter):
         found = self._candidate[slot] = self.suffix_candidate(slot, tier)
         if found is None:
             return None
-        wins = self.suffix_expected(tier, found[2]) > self.model_expected(tier)
+        wins = self._prefers_suffix(tier, found[2])
         kind, count = self._streak.get(tier, ("", 0))
         if count >= REFRESH:  # the other kind's turn, whichever is preferred: its mean is refreshed
             wins = kind == "model"
@@ -297,8 +305,7 @@ class HybridDrafter(Drafter):
                 model_rows.append(row)
         if model_slots and not self._model_pays(shape, slots, model_slots):
             for row, slot in zip(model_rows, model_slots):  # the suffix draft, else the last token repeated
-                last = table.host_tokens[slot][-1]
-                filler = ([last] * shape.drafts, [0] * (shape.drafts + 1) if shape.is_tree else None, None)
+                filler = (*self._padded(slot, shape, [], None), None)
                 tokens, parents, self._score[slot] = self._candidate[slot] or filler
                 self._chosen[slot] = "suffix"
                 rows.append(row)
@@ -448,9 +455,10 @@ class HybridDrafter(Drafter):
             self._shadow_suffix.pop(slot, None)
             if self.slots.params[slot].disable_speculative_decoding:
                 continue
-            draft = self.suffix_draft(slot, TIER_ONE)
-            if draft is not None:
-                self._shadow_suffix[slot] = (check[0], draft[0][0])
+            # the hybrid's preference at tier 1 (a check takes no turn: turns are drafting rounds')
+            found = self.suffix_candidate(slot, TIER_ONE)
+            if found is not None and self._prefers_suffix(TIER_ONE, found[2]):
+                self._shadow_suffix[slot] = (check[0], found[0][0])
 
     def take_shadow(self, slots: Sequence[int], drafting: bool):
         checked = [slot for slot in slots if self.model_drafter._pending[slot] is not None]
