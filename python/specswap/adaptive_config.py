@@ -56,10 +56,10 @@ GOODPUT_ONLY = tuple(field["name"] for field in FIELDS
 # configs/goodput-eagle.json and configs/goodput.json (tests/core/test_default_policy.py holds them equal), the
 # chains chosen for the machine ("auto"); without a row-cost table their own (DEFAULT_STEPS).
 _TUNED = {"policy": "goodput", "acceptance_model": "positional", "probe_interval": 100, "refresh_interval": 50,
-          "blind_zero_margin": 0.25, "collapse_evidence": 4.6}
+          "blind_zero_margin": 0.25}
 DEFAULT_POLICY: dict[bool, dict[str, Any]] = {
     True: {**_TUNED, "candidate_steps": AUTO},
-    False: {**_TUNED, "candidate_steps": AUTO, "noise_margin": 1.0},
+    False: {**_TUNED, "candidate_steps": AUTO, "noise_margin": 1.0, "collapse_evidence": 4.6},
 }
 DEFAULT_STEPS: dict[bool, list[int]] = {True: [0, 1, 2, 3], False: [0, 1, 3, 7]}
 
