@@ -5,6 +5,7 @@ import json
 import pytest
 
 from server_helpers import loaded_models, random_models, running_server
+from specswap.adaptive_config import VALID_KEYS
 from specswap.bench import report
 from specswap.bench.cli import mode_settings, oracle_candidates, run_from_args
 from specswap.bench.workloads import REPORT_HIGH_PROMPTS, REPORT_LOW_PROMPTS, build_workload
@@ -174,6 +175,10 @@ def test_bench_in_process_writes_json_schema_and_plot(tmp_path, capsys, monkeypa
     assert result["modes"]["baseline"]["overall"]["accept_length"] == 1.0
     assert result["modes"]["adaptive"]["overall"]["requests"] == 2 * 4 * 2  # 2 per phase, 4 phases, 2 repeats
     assert result["modes"]["static3"]["rounds_per_tier"].keys() == {"3"}
+    assert "adaptive_config" not in result["modes"]["static3"]  # no policy ran
+    ran = result["modes"]["adaptive"]["adaptive_config"]  # the config the engine read, every field
+    assert ran["candidate_steps"] == [1, 3] and ran["warmup_batches"] == 0 and ran["update_interval"] == 1
+    assert set(ran) == set(VALID_KEYS)
     assert result["oracle"]["candidates"] == ["static1", "static3", "static7", "baseline"]
     assert len(result["oracle"]["phases"]) == 4
     assert {"adaptive_vs_baseline", "adaptive_vs_best_static", "adaptive_vs_oracle"} <= set(result["ratios"])

@@ -140,6 +140,7 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
     batch_size = min(args.max_batch_size, args.concurrency)
     names = list(modes)
     runs: dict[str, list[dict]] = {name: [] for name in names}
+    configs: dict[str, dict[str, Any]] = {}  # mode -> the adaptive config its engine ran ("auto" resolved)
     for _ in range(args.repeats):
         runners = {}
         for name in names:
@@ -153,6 +154,9 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
                                   temperature=phase.temperature, seed=index)
                 del warm
             engine = build_engine(models, max_batch_size=batch_size, max_seq_len=args.max_seq_len, **settings)
+            controller = getattr(engine, "controller", None)
+            if controller is not None:
+                configs.setdefault(name, controller.config.to_dict())
             runners[name] = EngineRunner(engine, args.concurrency, args.max_new_tokens, args.seed,
                                          on_request_done=lambda: progress.update(1), ignore_eos=args.ignore_eos,
                                          estimates=getattr(args, "trace_estimates", False))
@@ -166,6 +170,8 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
     for name, settings in modes.items():
         summaries[name] = report.summarize(report.pool_runs(runs[name]))
         summaries[name]["settings"] = {k: v for k, v in settings.items() if v is not None}
+        if name in configs:  # what the run read, whether or not the config file stays
+            summaries[name]["adaptive_config"] = configs[name]
     return summaries
 
 
