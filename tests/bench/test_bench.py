@@ -96,9 +96,17 @@ def test_phase_ratios_pair_adaptive_with_the_oracle_mode_repeat_by_repeat():
     assert ratios[0]["by_repeat"] == pytest.approx([45 / 50, 40 / 40])
     assert ratios[1]["adaptive_vs_oracle"] == pytest.approx(270 / 300)
     assert ratios[1]["by_repeat"] == pytest.approx([160 / 200, 110 / 100])  # repeat 2's static3 was slow
+    assert [p["median"] for p in ratios] == pytest.approx([0.95, 0.95])
+    # overall, repeat by repeat: each repeat's tokens over its seconds, the oracle's phases at their modes' repeat
+    # (repeat 1: adaptive 45 + 160 tokens in 2 s, the oracle 50 + 200 in 2 s; repeat 2: 150 in 2 s, 140 in 2 s)
+    assert report.oracle_by_repeat(modes, best) == pytest.approx([205 / 250, 150 / 140])
+    assert report.ratios(modes, best)["adaptive_vs_oracle_median"] == pytest.approx((205 / 250 + 150 / 140) / 2)
+    older = {name: {**mode, "phases": [{k: v for k, v in p.items() if k != "repeat_tokens"} for p in mode["phases"]]}
+             for name, mode in modes.items()}  # a JSON from before repeats' tokens were kept: no median claimed
+    assert report.oracle_by_repeat(older, best) == [] and "adaptive_vs_oracle_median" not in report.ratios(older, best)
     line = report.format_table({"modes": modes, "oracle": best, "phase_ratios": ratios}).splitlines()[-1]
-    assert line == ("adaptive_vs_oracle per phase: 0:low 0.944x (0.900-1.000 over 2 repeats), "
-                    "1:high 0.900x (0.800-1.100 over 2 repeats)")
+    assert line == ("adaptive_vs_oracle per phase: 0:low 0.944x (median 0.950, 0.900-1.000 over 2 repeats), "
+                    "1:high 0.900x (median 0.950, 0.800-1.100 over 2 repeats)")
     assert report.phase_ratios({"static1": modes["static1"]}, best) == []  # no adaptive mode: nothing to pair
 
 

@@ -5,6 +5,7 @@ Everything but ``plot`` is a pure function of the recorded runs (see runner.py f
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 
@@ -39,7 +40,8 @@ def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         phases.append({**phase, "seconds": sum(_phase_seconds(p) for p in same),
                        "requests": [r for p in same for r in p["requests"]],
                        "repeat_throughput_tok_s": [_figures(p["requests"], _phase_seconds(p))["throughput_tok_s"]
-                                                   for p in same]})
+                                                   for p in same],
+                       "repeat_tokens": [_figures(p["requests"], 1.0)["tokens"] for p in same]})
     pooled = {"phases": phases, "trace": runs[0]["trace"], "repeats": len(runs)}
     if any("estimates" in run for run in runs):
         pooled["estimates_by_repeat"] = [run.get("estimates", []) for run in runs]
@@ -53,7 +55,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     for phase in run["phases"]:
         figures = _figures(phase["requests"], _phase_seconds(phase))
         phases.append({"name": phase["name"], **figures,
-                       "repeat_throughput_tok_s": phase.get("repeat_throughput_tok_s", [figures["throughput_tok_s"]])})
+                       "repeat_throughput_tok_s": phase.get("repeat_throughput_tok_s", [figures["throughput_tok_s"]]),
+                       "repeat_tokens": phase.get("repeat_tokens", [figures["tokens"]])})
     all_requests = [r for phase in run["phases"] for r in phase["requests"]]
     overall = _figures(all_requests, sum(p["seconds"] for p in phases))
     rounds_per_tier: dict[str, int] = {}
@@ -107,7 +110,33 @@ def ratios(modes: dict[str, dict[str, Any]], oracle_result: dict[str, Any] | Non
             out["adaptive_vs_best_static"] = adaptive / oracle_result["best_static"]["throughput_tok_s"]
         if oracle_result["overall"]["throughput_tok_s"]:
             out["adaptive_vs_oracle"] = adaptive / oracle_result["overall"]["throughput_tok_s"]
+        by_repeat = oracle_by_repeat(modes, oracle_result)
+        if by_repeat:
+            out["adaptive_vs_oracle_median"] = statistics.median(by_repeat)
     return out
+
+
+def _repeat_overall(phases: list[dict[str, Any]]) -> list[float]:
+    """Per repeat: its tokens over its seconds across ``phases`` (each phase's repeat tokens over its throughput)."""
+    out = []
+    for repeat in range(min(len(p["repeat_tokens"]) for p in phases)):
+        tokens = sum(p["repeat_tokens"][repeat] for p in phases)
+        seconds = sum(p["repeat_tokens"][repeat] / p["repeat_throughput_tok_s"][repeat] for p in phases)
+        out.append(tokens / seconds if seconds > 0 else 0.0)
+    return out
+
+
+def oracle_by_repeat(modes: dict[str, dict[str, Any]], oracle_result: dict[str, Any] | None) -> list[float]:
+    """Adaptive over the oracle overall, repeat by repeat (the oracle: each phase at its mode's same repeat);
+    [] without adaptive, an oracle or per-repeat figures (JSONs from before they were kept)."""
+    adaptive = modes.get("adaptive")
+    if adaptive is None or oracle_result is None:
+        return []
+    theirs = [modes[best["mode"]]["phases"][index] for index, best in enumerate(oracle_result["phases"])]
+    phases = adaptive["phases"] + theirs
+    if not all("repeat_tokens" in p and all(p["repeat_throughput_tok_s"]) for p in phases):
+        return []
+    return [a / b if b else 0.0 for a, b in zip(_repeat_overall(adaptive["phases"]), _repeat_overall(theirs))]
 
 
 def phase_ratios(modes: dict[str, dict[str, Any]], oracle_result: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -123,7 +152,7 @@ def phase_ratios(modes: dict[str, dict[str, Any]], oracle_result: dict[str, Any]
         by_repeat = [a / b if b else 0.0 for a, b in zip(ours["repeat_throughput_tok_s"],
                                                          theirs["repeat_throughput_tok_s"])]
         out.append({"name": best["name"], "mode": best["mode"], "adaptive_vs_oracle": pooled,
-                    "by_repeat": by_repeat})
+                    "by_repeat": by_repeat, "median": statistics.median(by_repeat) if by_repeat else pooled})
     return out
 
 
@@ -176,8 +205,8 @@ def format_table(result: dict[str, Any]) -> str:
         for index, phase in enumerate(result["phase_ratios"]):
             spread = phase["by_repeat"]
             cells.append(f"{index}:{phase['name']} {phase['adaptive_vs_oracle']:.3f}x"
-                         + (f" ({min(spread):.3f}-{max(spread):.3f} over {len(spread)} repeats)"
-                            if len(spread) > 1 else ""))
+                         + (f" (median {statistics.median(spread):.3f}, {min(spread):.3f}-{max(spread):.3f} over "
+                            f"{len(spread)} repeats)" if len(spread) > 1 else ""))
         lines.append("adaptive_vs_oracle per phase: " + ", ".join(cells))
     return "\n".join(lines)
 
