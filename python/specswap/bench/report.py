@@ -37,11 +37,11 @@ def pool_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     phases = []
     for index, phase in enumerate(runs[0]["phases"]):
         same = [run["phases"][index] for run in runs]
+        each = [_figures(p["requests"], _phase_seconds(p)) for p in same]
         phases.append({**phase, "seconds": sum(_phase_seconds(p) for p in same),
                        "requests": [r for p in same for r in p["requests"]],
-                       "repeat_throughput_tok_s": [_figures(p["requests"], _phase_seconds(p))["throughput_tok_s"]
-                                                   for p in same],
-                       "repeat_tokens": [_figures(p["requests"], 1.0)["tokens"] for p in same]})
+                       "repeat_throughput_tok_s": [figures["throughput_tok_s"] for figures in each],
+                       "repeat_tokens": [figures["tokens"] for figures in each]})
     pooled = {"phases": phases, "trace": runs[0]["trace"], "repeats": len(runs)}
     if any("estimates" in run for run in runs):
         pooled["estimates_by_repeat"] = [run.get("estimates", []) for run in runs]
@@ -205,7 +205,7 @@ def format_table(result: dict[str, Any]) -> str:
         for index, phase in enumerate(result["phase_ratios"]):
             spread = phase["by_repeat"]
             cells.append(f"{index}:{phase['name']} {phase['adaptive_vs_oracle']:.3f}x"
-                         + (f" (median {statistics.median(spread):.3f}, {min(spread):.3f}-{max(spread):.3f} over "
+                         + (f" (median {phase['median']:.3f}, {min(spread):.3f}-{max(spread):.3f} over "
                             f"{len(spread)} repeats)" if len(spread) > 1 else ""))
         lines.append("adaptive_vs_oracle per phase: " + ", ".join(cells))
     return "\n".join(lines)
