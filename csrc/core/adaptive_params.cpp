@@ -117,10 +117,20 @@ void AdaptiveSpeculativeParams::set_row_costs(RowCosts row_costs) {
   row_costs_ = std::move(row_costs);
 }
 
+void AdaptiveSpeculativeParams::set_tier_surcharges(std::span<const double> seconds) {
+  if (seconds.size() != candidates_.size()) {
+    throw std::invalid_argument("set_tier_surcharges: " + std::to_string(seconds.size()) + " values for " +
+                                std::to_string(candidates_.size()) + " candidate tiers");
+  }
+  policy_->set_tier_surcharges(seconds);
+}
+
 std::vector<double> AdaptiveSpeculativeParams::cost_estimates(int batch_size, bool sampled) const {
   std::vector<double> out(candidates_.size());
   const GoodputPolicy& estimates = policy_->estimates();
   estimates.costs().estimate(batch_size > 0 ? table_of(batch_size, sampled) : estimates.last_table(), out.data());
+  const std::vector<double>& surcharges = estimates.surcharges();  // as decisions price the tiers
+  for (std::size_t j = 0; j < out.size() && j < surcharges.size(); ++j) out[j] += surcharges[j];
   return out;
 }
 

@@ -62,6 +62,9 @@ class AdaptiveSpeculativeParams {
   const RowCosts& row_costs() const noexcept { return row_costs_; }
   // The drafter sends shadows at tier 0 (goodput then leaves blind_zero_margin off and runs no tier-0 probes).
   void expect_shadows() noexcept { policy_->expect_shadows(); }
+  // Seconds added to each candidate's estimated cost (Policy::set_tier_surcharges), one per candidate in order.
+  // Throws std::invalid_argument on another count. No allocation.
+  void set_tier_surcharges(std::span<const double> seconds);
 
   int current_tier() const noexcept { return candidates_[index_]; }
   // EMA of the batch-mean accepted draft tokens (sglang's signal; kept for

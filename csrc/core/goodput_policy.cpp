@@ -75,6 +75,7 @@ GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> cand
       costs_(widths_of(candidates_), config),
       phase_change_tier_(initial_index),
       scratch_(candidates_.size(), 0.0),
+      surcharge_(candidates_.size(), 0.0),
       zero_wait_(first_zero_wait()),
       position_scratch_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0) {
   for (std::size_t j = 0; j < candidates_.size(); ++j) tree_[j] = is_tree_key(candidates_[j]);
@@ -164,7 +165,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     // speculative tier for probe_rounds batches (at least one). A drafter that sends shadows is not
     // blind there: rounds without them are rounds it had nothing to check, where a drafting tier
     // would have gained nothing either.
-    costs_.estimate(last_table_, scratch_.data());
+    estimate_costs();
     std::size_t best = index_;
     double best_goodput = -1.0;
     for (std::size_t j = 0; j < candidates_.size(); ++j) {
@@ -295,7 +296,7 @@ bool GoodputPolicy::drafting_can_pay() const noexcept {
   if (zero == candidates_.end() || num_batches_ == 0) return true;
   const auto z = static_cast<std::size_t>(zero - candidates_.begin());
   if (costs_.timed_at(last_table_, z) == 0) return true;  // a plain decode's cost unknown here: nothing to tell by
-  costs_.estimate(last_table_, scratch_.data());
+  estimate_costs();
   for (std::size_t j = 0; j < candidates_.size(); ++j) {
     if (j != z && (depth_[j] + 1.0) * scratch_[z] > scratch_[j]) return true;
   }
@@ -315,11 +316,23 @@ double GoodputPolicy::credited(std::size_t j, double goodput) const noexcept {
   return goodput / (1.0 + config_.blind_zero_margin);
 }
 
+void GoodputPolicy::set_tier_surcharges(std::span<const double> seconds) noexcept {
+  for (std::size_t j = 0; j < surcharge_.size(); ++j) {
+    const double value = j < seconds.size() ? seconds[j] : 0.0;
+    surcharge_[j] = std::isfinite(value) && value > 0.0 ? value : 0.0;
+  }
+}
+
+void GoodputPolicy::estimate_costs() const noexcept {
+  costs_.estimate(last_table_, scratch_.data());
+  for (std::size_t j = 0; j < scratch_.size(); ++j) scratch_[j] += surcharge_[j];
+}
+
 std::size_t GoodputPolicy::phase_change_target() const noexcept {
   // The short-memory estimate must predict kPhaseChangeGain over the current
   // tier. (It forgets positions the recent batches did not reach, so after a
   // phase change their old rates do not hold a move back.)
-  costs_.estimate(last_table_, scratch_.data());
+  estimate_costs();
   const double fast_current = predicted(fast_, index_) / scratch_[index_];
   std::size_t best = index_;
   double best_goodput = fast_current * kPhaseChangeGain;
@@ -378,7 +391,7 @@ std::size_t GoodputPolicy::collapse_target() {
   if (!(config_.collapse_evidence > 0.0 && collapse_llr_ >= config_.collapse_evidence)) return index_;
   collapse_fast_ = fast_;  // same sizes: no allocation
   to_segment(collapse_fast_);
-  costs_.estimate(last_table_, scratch_.data());
+  estimate_costs();
   const double current = predicted(collapse_fast_, index_) / scratch_[index_];
   std::size_t best = index_;
   double best_goodput = current * (1.0 + config_.min_gain);
@@ -416,7 +429,7 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
   const bool stale_zero = current_tier() == 0 && shadow_seen_ && !shadow_fresh_;
   shadow_fresh_ = false;
   const bool allow_up = decisions_ >= up_blocked_until_;
-  costs_.estimate(last_table_, scratch_.data());
+  estimate_costs();
   const double current = predicted(slow_, index_) / scratch_[index_];
   std::size_t best = index_;
   double best_goodput = current;
@@ -449,7 +462,7 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
 bool GoodputPolicy::start_refresh() {
   if (current_tier() == 0 || config_.probe_rounds <= 0 || config_.refresh_interval <= 0) return false;
   const auto wait = static_cast<std::uint64_t>(config_.refresh_interval);
-  costs_.estimate(last_table_, scratch_.data());
+  estimate_costs();
   const double current = predicted(slow_, index_) / scratch_[index_];
   std::size_t oldest = index_;
   std::uint64_t oldest_at = num_batches_;

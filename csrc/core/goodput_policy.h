@@ -34,6 +34,9 @@ class GoodputPolicy final : public Policy {
   // The drafter will send shadow observations at tier 0 (it is not blind there): blind_zero_margin is off,
   // tier 0 runs no probes, and with row costs set start-up probing runs the initial tier alone.
   void expect_shadows() noexcept override { shadow_seen_ = true; }
+  void set_tier_surcharges(std::span<const double> seconds) noexcept override;
+  // Per candidate: the seconds set_tier_surcharges() added to its estimated cost (0 until set).
+  const std::vector<double>& surcharges() const noexcept { return surcharge_; }
   const GoodputPolicy& estimates() const noexcept override { return *this; }
 
   std::size_t index() const noexcept { return index_; }
@@ -197,6 +200,9 @@ class GoodputPolicy final : public Policy {
   std::uint64_t phase_change_requests_ = 0;  // requests in those batches
   std::uint64_t shadow_requests_ = 0;        // shadow observations since the last update (tier 0's evidence)
   mutable std::vector<double> scratch_;      // candidates_.size(): costs
+  std::vector<double> surcharge_;            // candidates_.size(): set_tier_surcharges()
+  // scratch_ = the last batch's table's cost estimates plus the surcharges
+  void estimate_costs() const noexcept;
   int last_table_ = 0;
   bool deciding_probe_ = false;          // the refresh probe running is a decision's, of an untimed tier
   std::uint64_t probe_batches_ = 0;      // start-up probing: startup_probe_batches(), set at the first batch

@@ -63,6 +63,11 @@ class Policy {
   virtual void set_row_costs(const RowCosts& row_costs) = 0;
   // The drafter sends shadow observations at tier 0 (it is not blind there).
   virtual void expect_shadows() noexcept = 0;
+  // Seconds added to each candidate's estimated round cost where decisions price it (per candidate index): a cost
+  // some of a tier's rounds pay whose rate moves faster than the tier is timed (a hybrid's model drafter, at its
+  // current share of rounds), reported by the caller apart from the rounds' timings. Ignored by policies that
+  // price no tier. No allocation.
+  virtual void set_tier_surcharges(std::span<const double> /*seconds*/) noexcept {}
   // The acceptance and cost estimates the statistics report (alpha, model_tokens, costs): goodput's own; a
   // policy that learns none reports those of a goodput policy never fed (its priors).
   virtual const GoodputPolicy& estimates() const noexcept = 0;

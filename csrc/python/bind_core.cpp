@@ -406,6 +406,11 @@ void bind_policy(py::module_& m) {
              return row_costs_dict(params.row_costs());
            },
            "The row costs set_row_costs() gave, divided by the cost at 1 row ({} if none).")
+      .def("set_tier_surcharges", [](AdaptiveSpeculativeParams& params, const std::vector<double>& seconds) {
+             params.set_tier_surcharges(seconds);
+           }, py::arg("seconds"),
+           "Seconds added to each candidate's estimated round cost (one per candidate, in order) where the goodput "
+           "policy prices tiers: a hybrid's model drafter at its current share of rounds. Others ignore them.")
       .def("expect_shadows", &AdaptiveSpeculativeParams::expect_shadows,
            "The drafter sends shadow observations at tier 0 (every built-in drafter): it is not blind there, so "
            "goodput does not hold tier 0 back by blind_zero_margin and never probes out of tier 0.");

@@ -52,6 +52,7 @@ class AdaptiveController:
         # the lookups of plain decodes run in the active tier's place since its last verify: charged to its next
         # verify, so a tier's cost is what being at it costs (see observe)
         self._carried_seconds, self._carried_tier = 0.0, None
+        self._shapes = [Tier.from_key(key) for key in self.params.candidate_tiers]  # for RoundResult.tier_surcharge
         pool.activate(self.params.current_tier)
         if row_costs:
             self.set_row_costs(row_costs)
@@ -116,6 +117,8 @@ class AdaptiveController:
             self._carried_seconds += result.lookup_seconds
         else:
             round_ = self._verify(result, shadow)
+        if result.tier_surcharge is not None:  # a cost kept out of the rounds' timings, at its current rate
+            self.params.set_tier_surcharges([result.tier_surcharge(shape) for shape in self._shapes])
         if not self.params.observe(round_):
             return None
         self.pool.activate(self.params.current_tier)
@@ -126,6 +129,8 @@ class AdaptiveController:
         # at most a quarter of the verify's own time: well below the cost model's outlier bar (1.6x), which
         # would drop the round (a long run of plain rounds then charges the tier less than it cost)
         seconds = result.round_seconds + min(self._carried_seconds, CARRY_LIMIT * result.round_seconds)
+        if result.tier_surcharge is not None:  # priced at decision time instead (set_tier_surcharges in observe)
+            seconds -= result.surcharge_seconds
         self._carried_seconds = 0.0
         on = [i for i, speculated in enumerate(result.speculating) if speculated]
         parts = {}

@@ -172,6 +172,28 @@ def test_round_seconds_reach_the_goodput_policy_and_stats():
     assert stats["cost_estimates"][3] == 0.25
 
 
+def test_a_surcharge_leaves_the_timing_and_prices_every_tier_at_its_current_rate():
+    """RoundResult.tier_surcharge (the hybrid's model drafter at its share of rounds now): the controller takes the
+    round's own surcharge out of its timing and has the policy add each tier's current one where it decides."""
+    config = {"policy": "goodput", "probe_rounds": 0, "warmup_batches": 100}
+    controller, twin = AdaptiveController(pool_of(), config), AdaptiveController(pool_of(), config)
+    rates = [lambda tier: 0.01 * tier.steps, lambda tier: 0.01 if tier.steps == 7 else 0.0]
+    for rate, own, model_free in zip(rates, (0.03, 0.0), (0.22, 0.25)):
+        result = verified([3, 1], 3, seconds=model_free + own)
+        result.tier_surcharge, result.surcharge_seconds = rate, own
+        controller.observe(result)
+        twin.observe(verified([3, 1], 3, seconds=model_free))  # the same rounds timed without the model
+        assert controller.stats()["measured_costs"] == twin.stats()["measured_costs"]
+        assert controller.stats()["cost_estimates"] == {
+            k: pytest.approx(cost + rate(Tier(k))) for k, cost in twin.stats()["cost_estimates"].items()}
+    # tier 7, never timed, is priced at the surcharge now (0.01), not the one before (0.07)
+    assert controller.stats()["cost_estimates"][7] == pytest.approx(twin.stats()["cost_estimates"][7] + 0.01)
+    # a round without one (data parallelism's merged rounds) is timed as reported, its surcharges kept as set
+    controller.observe(verified([3, 1], 3, seconds=0.25))
+    twin.observe(verified([3, 1], 3, seconds=0.25))
+    assert controller.stats()["measured_costs"] == twin.stats()["measured_costs"]
+
+
 def test_a_drafter_with_shadows_is_not_held_back_from_tier_zero():
     # tier 1 at alpha 0 and 1.15x tier 0's cost: tier 0 predicts 15% more goodput, under the blind margin (25%)
     config = {"policy": "goodput", "candidate_steps": [0, 1], "probe_rounds": 0, "blind_zero_margin": 0.25,

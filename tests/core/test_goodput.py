@@ -152,6 +152,25 @@ def test_jumps_three_to_seven_in_one_decision():
     assert params.current_tier == 7
 
 
+def test_tier_surcharges_price_the_tiers_where_decisions_do():
+    """set_tier_surcharges: seconds added to each candidate's estimate (a hybrid's model drafter at its share now)."""
+    fast = dict(quiet(ema_alpha=1.0), warmup_batches=0, update_interval=1, candidate_steps=[3, 7])
+    params = goodput(3, **fast)
+    params.set_tier_surcharges([0.0, 1.0])  # tier 7: its estimate + 1.0
+    assert params.cost_estimates() == {3: pytest.approx(1.3), 7: pytest.approx(2.7)}
+    params.update([3, 3, 3, 3], 1.0)  # tier 3 timed at 1.0, 7 priced 1.7 / 1.3 + 1.0: 8 / 2.31 loses to 4 / 1.0
+    assert params.current_tier == 3  # without the surcharge the same round jumps to 7 (as just below)
+    params.set_tier_surcharges([float("nan"), -1.0])  # not a cost: none; tier 3 now timed at 1.0, 7 along the prior
+    assert params.cost_estimates() == {3: pytest.approx(1.0), 7: pytest.approx(1.7 / 1.3)}
+    params.update([3, 3, 3, 3], 1.0)
+    assert params.current_tier == 7
+    with pytest.raises(ValueError, match="1 values for 2 candidate tiers"):
+        params.set_tier_surcharges([0.0])
+    sglang = AdaptiveSpeculativeParams(3, AdaptiveConfig(policy="sglang", candidate_steps=[3, 7]))
+    sglang.set_tier_surcharges([0.0, 1.0])  # prices no tier: ignored
+    assert sglang.cost_estimates() == {3: pytest.approx(1.3), 7: pytest.approx(1.7)}
+
+
 def test_untimed_updates_use_the_cost_prior():
     params = goodput(3, **dict(quiet(ema_alpha=1.0, cost_prior_slope=0.25), warmup_batches=0))
     params.update([3, 2, 3, 3])  # no round_seconds

@@ -339,6 +339,15 @@ def test_the_worker_reports_a_slow_model_s_rounds_at_the_model_s_share():
     assert share == pytest.approx((1 - MODEL_COST_ALPHA) ** 10, abs=1e-3)
     assert suffix_rounds[0] >= 0.9 * 0.05  # priced with the model's share, though no model ran
     assert suffix_rounds[-1] < min(model_rounds) - 0.025  # the share fell
+    # the share's part travels apart (RoundResult.surcharge_seconds), for the policy to price every tier at it
+    result = worker.decode_round([0])
+    model_cost = drafter.model_cost
+    assert result.tier_surcharge == drafter.tier_surcharge
+    assert result.surcharge_seconds > 0.0
+    assert result.surcharge_seconds == pytest.approx(model_cost.share * model_cost.cost[Tier(3)])
+    assert result.round_seconds - result.surcharge_seconds < 0.05  # the round's own time: no model ran
+    assert drafter.tier_surcharge(Tier(7)) == pytest.approx(model_cost.share * model_cost.model_seconds(Tier(7)))
+    assert drafter.tier_surcharge(Tier(0)) == 0.0
 
 
 def name_algorithm(name):

@@ -20,11 +20,12 @@ the round driver see a chain either way.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from specswap.sampling import RoundSampling, argmax, draw_uniform_, logits_to_probs, sample_from_probs
+from specswap.tier import Tier
 from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import DraftStage, EagerForward, Forwards, TierStages
 
@@ -128,6 +129,9 @@ class Drafter:
     # after begin_round: which of round_graph_drafters()' whole-round graphs a greedy batch of this round may
     # replay (None: none; the round runs its stages)
     round_graph = 0
+    # Tier -> the seconds round_cost() adds to a round at that tier at the current rate, a cost the policy prices at
+    # decision time rather than as timed (RoundResult.tier_surcharge); None: round_cost() adds none
+    tier_surcharge: Callable[[Tier], float] | None = None
 
     def round_graph_drafters(self, steps: int) -> tuple["Drafter", ...]:
         """What tier ``steps``'s whole-round graphs record (graph mode, small targets), one graph each: this

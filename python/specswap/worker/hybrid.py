@@ -79,7 +79,10 @@ class ModelCost:
     as the next (an EAGLE chain of 6 on Gemma 3 270M: 84 ms with the model's draft, about 35 without). Priced by
     its wall time alone, a tier timed in a model round keeps that price while the suffix drafts nearly every round
     there. ``price`` gives a round's wall time less its model part plus the model's cost at the tier times its
-    share of drafting rounds lately: every round of a tier then prices it at the running mix.
+    share of drafting rounds lately: every round of a tier then prices it at the running mix. That last part goes to
+    the policy apart too (``HybridDrafter.tier_surcharge``, ``RoundResult.surcharge_seconds``), which prices every
+    tier at the share now: a tier last timed at another mix (tier 7 in resampled text, share 0.5) is not held to it
+    (in verbatim text, share 0.05).
 
     The model part is host-timed around the model drafter's calls: exact on a CPU; on an accelerator it times the
     launches alone, and the tier is priced near its wall time, as without this."""
@@ -426,6 +429,11 @@ class HybridDrafter(Drafter):
             in_step = self._draft_len[slot] >= self._start[slot] - model.lag  # when the round began
             if not (self._run_model and in_step) or (self._rewinds and self._chosen[slot] == "suffix"):
                 model.draft_len[slot] = self._draft_len[slot]
+
+    def tier_surcharge(self, tier: Tier) -> float:
+        """The model's part of a round's price at ``tier`` (``ModelCost.price``) at its current share: the policy
+        prices every tier at it where it decides, so a tier last timed at another share is not held to it."""
+        return self.model_cost.share * self.model_cost.model_seconds(tier) if tier.steps else 0.0
 
     def round_cost(self, tier: TierStages, seconds: float) -> float:
         if not tier.speculative_num_steps:

@@ -64,6 +64,13 @@ class RoundResult:
     # a chain round that checked one draft past the chain (Drafter.take_deep_checks), per request: 1 / 0 what the
     # next deeper chain would have accepted there, -1 unchecked (the request fell short of the chain); else None
     deep_checks: list[int] | None = None
+    # a cost some rounds of a tier pay at a rate that moves faster than the tier is timed (Drafter.tier_surcharge:
+    # the hybrid's model drafter at its current share of rounds), Tier -> seconds; None: none. ``round_seconds``
+    # includes it at this round's tier (``surcharge_seconds`` of it): a policy fed the round alone (data parallelism's
+    # merged rounds carry no surcharge) prices the tier as timed; the controller takes it out and has the policy
+    # price every tier at its current surcharge where it decides
+    tier_surcharge: Callable[[Tier], float] | None = None
+    surcharge_seconds: float = 0.0
 
     @property
     def measured_tier(self) -> bool:
@@ -408,6 +415,7 @@ class SpeculativeWorker:
             chain_accepted = layout.chain_accepted[:len(slots)].tolist()
             chain_depths = layout.chain_depth[:len(slots)].tolist()
         seconds = self.drafter.round_cost(stages, time.perf_counter() - round_start)
+        surcharge = self.drafter.tier_surcharge
         return RoundResult(new_tokens, accept_list, active.stages.tier, stages.tier, seconds,
                            not all_greedy, speculating, shadow, lookup_seconds, chain_accepted, chain_depths,
-                           deep_checks)
+                           deep_checks, surcharge, 0.0 if surcharge is None else surcharge(stages.tier))
