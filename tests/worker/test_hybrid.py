@@ -85,8 +85,8 @@ def test_switching_among_chains_trees_and_tier_zero_is_lossless(name, graphs):
     tokens, _, used = run_to_completion(worker, REPEATED, MAX_NEW, switch=lambda i: pattern[i % len(pattern)])
     assert tokens == target_only(target, REPEATED, MAX_NEW)
     assert {0, 1, 2, 3} <= set(used) and min(choices(worker)) > 0
-    assert Tier(3, 2, 6) in worker.drafter.expected  # each tier's own mean
-    assert set(worker.drafter.expected) <= {Tier(1), Tier(3), Tier(3, 2, 6), Tier(2, 3, 7)}
+    assert (Tier(3, 2, 6), 0) in worker.drafter.expected  # each tier's own mean (greedy: band 0)
+    assert {tier for tier, _ in worker.drafter.expected} <= {Tier(1), Tier(3), Tier(3, 2, 6), Tier(2, 3, 7)}
 
 
 @pytest.mark.parametrize("name", ["eagle_partial", "standalone_copy"])
@@ -197,7 +197,7 @@ def test_sampled_continuations_follow_the_target_law(device, model, steps, param
         found = speculate(slot, tokens, tree)
         return found if (slot + len(table.host_tokens[slot])) % 2 else SimpleNamespace(token_ids=[], score=0.0)
     worker.drafter.suffix._speculate = alternate
-    worker.drafter.model_expected = lambda tier: 0.0
+    worker.drafter.model_expected = lambda tier, heat=0: 0.0
     # a row without a suffix draft takes the model's, or (fillers) its last token repeated
     worker.drafter.model_cost.pays = lambda tier, gain: not fillers
     counts = sample_continuations(worker, params, num_samples=1200 if biased else 4000, seed=11)
@@ -231,7 +231,7 @@ def test_a_model_row_s_law_has_no_mass_left_by_an_earlier_suffix_row_outside_the
     speculate = drafter.suffix._speculate
     drafter.suffix._speculate = lambda slot, tokens, tree: speculate(slot, tokens, tree) if len(seen) % 2 else \
         SimpleNamespace(token_ids=[], score=0.0)  # suffix rows and model rows by turns
-    drafter.model_expected = lambda tier: 0.0
+    drafter.model_expected = lambda tier, heat=0: 0.0
     sample_continuations(worker, SamplingParams(max_new_tokens=3, temperature=1.0), num_samples=400, seed=5)
     assert any(placed > 0 for _, placed in seen)  # suffix rows did put mass outside the draft vocabulary
     assert all(left == 0 for left, _ in seen)
@@ -363,9 +363,9 @@ def test_the_rule_compares_the_suffix_score_with_the_model_s_mean_at_the_tier():
     worker.slots.host_tokens[0] = list(prompt)  # the context ends in a match: 4, 5 follow
     found = drafter.suffix._speculate(0, 3, tree=False)
     assert found.score > 0 and list(found.token_ids)
-    drafter.expected[Tier(3)] = found.score  # a tie goes to the model
+    drafter.expected[Tier(3), 0] = found.score  # a tie goes to the model (greedy: band 0)
     assert drafter.suffix_draft(0, Tier(3)) is None
-    drafter.expected[Tier(3)] = found.score - 0.01
+    drafter.expected[Tier(3), 0] = found.score - 0.01
     draft, parents, _ = drafter.suffix_draft(0, Tier(3))
     assert draft[:len(found.token_ids)] == list(found.token_ids) and len(draft) == 3 and parents is None
 
@@ -388,25 +388,55 @@ def test_the_suffix_score_is_calibrated_by_what_its_drafts_got_accepted():
             taken.append(drafter._chosen[0])
     wrong = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0)  # noqa: E731 (a token the target never emits first)
     drafter.suffix_candidate = wrong
-    drafter.expected[tier] = 0.3
-    drafter.model_expected = lambda t: 0.3  # the model's mean held where it is
+    drafter.expected[tier, 0] = 0.3
+    drafter.model_expected = lambda t, heat=0: 0.3  # the model's mean held where it is
     drafter.model_cost.pays = lambda t, gain: True  # the choice alone (its cost: the next tests)
     assert drafter.suffix_expected(tier, 3.0) == pytest.approx(3.0)  # uncalibrated: the score as it is
     rounds(40)
-    accepted, scored = drafter.calibration[tier]
+    accepted, scored = drafter.calibration[tier, 0]
     first = taken.index("model")  # the calibration moved far enough: 3 x accepted / scored < 0.3
     assert 0 < first and set(taken[:first]) == {"suffix"}
     decay = (1 - SUFFIX_EMA_ALPHA) ** first  # EMAs from 1.0: accepted toward 0, scored toward 3
     assert accepted == pytest.approx(decay) and scored == pytest.approx(3 - 2 * decay)
     assert 3 * (1 - SUFFIX_EMA_ALPHA) ** (first - 1) / (3 - 2 * (1 - SUFFIX_EMA_ALPHA) ** (first - 1)) >= 0.3
     assert drafter.suffix_expected(tier, 3.0) < 0.3
-    assert drafter.stats()["hybrid"]["suffix_calibration"] == {"3": round(accepted / scored, 3)}
+    assert drafter.stats()["hybrid"]["suffix_calibration"] == {"3": {"greedy": round(accepted / scored, 3)}}
     # from here, the model's draft REFRESH times in a row, then the suffix draft once
     rounds(2 * (REFRESH + 1))
     run = taken[first:first + REFRESH + 1]
     assert run == ["model"] * REFRESH + ["suffix"], run
     # a tier never calibrated is not moved by another's rounds
     assert drafter.suffix_expected(Tier(1), 2.0) == pytest.approx(2.0)
+
+
+def test_the_means_are_kept_per_temperature_band():
+    """A deterministic draft's acceptance falls with the temperature: the suffix calibration and the model's mean are
+    kept per band (greedy, T < 0.5, T < 1, T >= 1), a band not seen yet at a tier starting from the nearest seen."""
+    worker, _ = hybrid_worker("eagle_partial", 3)
+    drafter, tier = worker.drafter, Tier(3)
+    bands = []
+    for temperature in (0.0, 0.3, 0.5, 0.7, 1.0, 1.5):
+        worker.prefill([0], [[7, 3, 11, 5, 9, 2]], [SamplingParams(max_new_tokens=4, temperature=temperature)])
+        bands.append(drafter.heat(0))
+        worker.release(0)
+    assert bands == [0, 1, 2, 2, 3, 3]
+    assert drafter.suffix_expected(tier, 2.0, 3) == pytest.approx(2.0)  # nothing seen: the score as it is
+    drafter.calibration[tier, 2] = [0.5, 1.0]
+    assert drafter.suffix_expected(tier, 2.0, 3) == pytest.approx(1.0)  # the nearest band's
+    drafter.calibration[tier, 0] = [1.0, 1.0]
+    assert drafter.suffix_expected(tier, 2.0, 1) == pytest.approx(2.0)  # two as near: the cooler
+    assert drafter.suffix_expected(Tier(1), 2.0, 2) == pytest.approx(2.0)  # another tier's: not read
+    # wrong suffix drafts verified by a request at T = 1: band 3's calibration falls from band 2's, the others stay
+    drafter.suffix_candidate = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0)
+    drafter.model_expected = lambda t, heat=0: 0.0  # the suffix draft is always taken
+    worker.prefill([0], [[7, 3, 11, 5, 9, 2]], [SamplingParams(max_new_tokens=20, temperature=1.0)])
+    for _ in range(5):
+        worker.decode_round([0])
+    assert drafter.calibration[tier, 0] == [1.0, 1.0] and drafter.calibration[tier, 2] == [0.5, 1.0]
+    accepted, scored = drafter.calibration[tier, 3]
+    assert accepted < 0.5 < 1.0 < scored  # toward what the drafts got (about 0) and scored (3)
+    stats = drafter.stats()["hybrid"]["suffix_calibration"]["3"]
+    assert list(stats) == ["greedy", "T<1", "T>=1"] and stats["T>=1"] == round(accepted / scored, 3)
 
 
 def test_the_model_drafts_only_where_its_gain_pays_for_its_draft_steps():
@@ -433,7 +463,7 @@ def test_a_slow_model_that_gains_little_stops_drafting_but_for_its_turns():
         time.sleep(0.05)
         return draft(*args, **kwargs)
     model.draft = slow_draft
-    drafter.model_expected = lambda t: 0.2
+    drafter.model_expected = lambda t, heat=0: 0.2
     drafter.suffix_candidate = lambda slot, t: ([worker.slots.host_tokens[slot][-1]] * 3, None, 0.1)
     prompt, ran, outputs = [7, 3, 11, 5, 9, 2], [], []
     for _ in range(3):  # three requests in turn: 2 * (REFRESH + 1) rounds and more
@@ -455,7 +485,7 @@ def test_a_long_run_of_suffix_drafts_gives_the_model_its_turn():
     worker, _ = hybrid_worker("eagle_partial", 3)
     drafter, tier = worker.drafter, Tier(3)
     drafter.suffix_candidate = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0)  # never accepted: a token a round
-    drafter.model_expected = lambda t: 0.0
+    drafter.model_expected = lambda t, heat=0: 0.0
     taken = []
     for _ in range(2):  # one request a run of rounds, before the cache fills
         worker.prefill([0], [[7, 3, 11, 5, 9, 2]], [SamplingParams(max_new_tokens=3 * REFRESH)])
@@ -481,12 +511,12 @@ def test_a_tree_tier_compares_the_suffix_tree_s_score_and_pads_the_tree():
     narrow = drafter.suffix.scored_suffix_tree(0, 3, 1, 6)
     assert narrow[0] == list(chain.token_ids) and narrow[2] == pytest.approx(chain.score)
     tree = Tier(3, 2, 7)
-    drafter.expected[tree] = score - 0.01
+    drafter.expected[tree, 0] = score - 0.01
     draft, padded, _ = drafter.suffix_draft(0, tree)
     assert len(draft) == 6 and len(padded) == 7 and padded[0] == 0
     assert draft[:len(tokens)] == tokens and draft[len(tokens):] == [prompt[-1]] * (6 - len(tokens))
     assert padded[1:1 + len(parents)] == parents and set(padded[1 + len(parents):]) <= {0}
-    drafter.expected[tree] = score
+    drafter.expected[tree, 0] = score
     assert drafter.suffix_draft(0, tree) is None
 
 
@@ -519,7 +549,7 @@ def test_a_turn_is_one_request_round_not_a_whole_batch():
     worker, _ = hybrid_worker("eagle_partial", 3, max_batch_size=4)
     drafter, slots = worker.drafter, [0, 1, 2, 3]
     drafter.suffix_candidate = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0)  # preferred, never accepted
-    drafter.model_expected = lambda t: 0.0
+    drafter.model_expected = lambda t, heat=0: 0.0
     worker.prefill(slots, [[7, 3, 11, 5, 9, 2]] * 4, [SamplingParams(max_new_tokens=40)] * 4)
     per_round = []
     for _ in range(12):  # 48 request-rounds: one turn after the first 32 suffix drafts

@@ -6,7 +6,10 @@ probabilities) calibrated at the tier (times what the suffix drafts verified the
 scored, EMAs over those request-rounds: on sampled prose the trees' scores promise several times what they get)
 against what the model's drafts accepted per round at this tier (an EMA over the requests that verified them, from
 MODEL_PRIOR x the tier's depth): the suffix draft is verified where its calibrated score is higher, the model's
-elsewhere. The model then drafts in the round only if it pays for its draft steps: what the requests that chose
+elsewhere. Both means are kept per request temperature band (``heat``: greedy, below 0.5, below 1, 1 and above;
+a band not seen yet at the tier starts from the nearest one seen): a deterministic draft's acceptance falls with
+the temperature (a suffix draft scoring 0.55 at tier 1 got 0.80 of its score accepted at 0.7 and 0.32 at 1.0, the
+tune prompts' mixed workload), so a calibration learned in one band misprices the other. The model then drafts in the round only if it pays for its draft steps: what the requests that chose
 its draft expect from it over their suffix drafts, as a share of what the round emits without it, beats those
 steps' seconds over the rest of the round's (``ModelCost.pays``); else they verify their suffix drafts (the last
 token repeated where the trees have none). After REFRESH drafts of one kind in a row at a tier (where the other
@@ -67,6 +70,9 @@ REFRESH = 32
 # which starts at the score as it is (SUFFIX_PRIOR accepted per SUFFIX_PRIOR scored)
 SUFFIX_EMA_ALPHA = 0.05
 SUFFIX_PRIOR = 1.0
+# temperature band edges (``heat``): greedy is band 0, a temperature below HEAT_EDGES[i] band i + 1, the rest last
+HEAT_EDGES = (0.5, 1.0)
+HEAT_LABELS = ("greedy", "T<0.5", "T<1", "T>=1")
 TIER_ONE = Tier(1)  # what tier 0's checks stand for
 # weight of each drafting round in the model drafter's share of rounds and in its cost per round at a tier (EMAs)
 MODEL_COST_ALPHA = 0.1
@@ -147,8 +153,10 @@ class HybridDrafter(Drafter):
         if self._keeps_features:
             model.keep_features()
         size = len(slots.host_tokens)
-        self.expected: dict[Tier, float] = {}         # tier -> the model's accepted drafts per round (EMA)
-        self.calibration: dict[Tier, list[float]] = {}  # tier -> the suffix drafts' [accepted, score] a round (EMAs)
+        # (tier, heat) -> the model's accepted drafts per round (EMA)
+        self.expected: dict[tuple[Tier, int], float] = {}
+        # (tier, heat) -> the suffix drafts' [accepted, score] a round (EMAs)
+        self.calibration: dict[tuple[Tier, int], list[float]] = {}
         self._streak: dict[Tier, tuple[str, int]] = {}  # tier -> the kind taken in a row (where both had one), times
         self._score: list[float | None] = [0.0] * size  # per slot this round: its suffix draft's score (None: filler)
         self._candidate: list[tuple | None] = [None] * size  # per slot this round: the suffix draft it had, if any
@@ -226,14 +234,24 @@ class HybridDrafter(Drafter):
 
     # ---- the choice ----
 
-    def model_expected(self, tier: Tier) -> float:
-        """The model's accepted drafts per round at ``tier`` so far (MODEL_PRIOR x its depth before any)."""
-        return self.expected.get(tier, MODEL_PRIOR * tier.steps)
+    def heat(self, slot: int) -> int:
+        """The temperature band of ``slot``'s request (HEAT_EDGES): 0 greedy, then 1, 2, 3."""
+        params = self.slots.params[slot]
+        if params.greedy:
+            return 0
+        temperature = params.temperature
+        return 1 + next((i for i, edge in enumerate(HEAT_EDGES) if temperature < edge), len(HEAT_EDGES))
 
-    def suffix_expected(self, tier: Tier, score: float) -> float:
-        """What a suffix draft of ``score`` is expected to get accepted at ``tier``: the score times the tier's
-        calibration (accepted over scored, from SUFFIX_PRIOR each)."""
-        accepted, scored = self.calibration.get(tier, (SUFFIX_PRIOR, SUFFIX_PRIOR))
+    def model_expected(self, tier: Tier, heat: int = 0) -> float:
+        """The model's accepted drafts per round at ``tier`` in band ``heat`` so far (``_nearest``; MODEL_PRIOR x
+        its depth before any)."""
+        mean = _nearest(self.expected, tier, heat)
+        return MODEL_PRIOR * tier.steps if mean is None else mean
+
+    def suffix_expected(self, tier: Tier, score: float, heat: int = 0) -> float:
+        """What a suffix draft of ``score`` is expected to get accepted at ``tier`` in band ``heat``: the score
+        times the calibration there (accepted over scored, ``_nearest``; from SUFFIX_PRIOR each)."""
+        accepted, scored = _nearest(self.calibration, tier, heat) or (SUFFIX_PRIOR, SUFFIX_PRIOR)
         return score * accepted / scored
 
     def suffix_candidate(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None, float] | None:
@@ -258,9 +276,11 @@ class HybridDrafter(Drafter):
             return tokens + (tokens[-1:] or [last]) * pad, None
         return tokens + [last] * pad, [0] + (parents or []) + [0] * pad
 
-    def _prefers_suffix(self, tier: Tier, score: float) -> bool:
-        """Whether a suffix draft of ``score`` is expected to get more accepted at ``tier`` than the model's."""
-        return self.suffix_expected(tier, score) > self.model_expected(tier)
+    def _prefers_suffix(self, tier: Tier, score: float, slot: int) -> bool:
+        """Whether a suffix draft of ``score`` is expected to get more accepted at ``tier`` than the model's, for
+        ``slot``'s request (its temperature band)."""
+        heat = self.heat(slot)
+        return self.suffix_expected(tier, score, heat) > self.model_expected(tier, heat)
 
     def suffix_draft(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None, float] | None:
         """The suffix draft at ``tier`` (``suffix_candidate``) where its calibrated score beats the model's
@@ -269,7 +289,7 @@ class HybridDrafter(Drafter):
         found = self._candidate[slot] = self.suffix_candidate(slot, tier)
         if found is None:
             return None
-        wins = self._prefers_suffix(tier, found[2])
+        wins = self._prefers_suffix(tier, found[2], slot)
         kind, count = self._streak.get(tier, ("", 0))
         if count >= REFRESH:  # the other kind's turn, whichever is preferred: its mean is refreshed
             wins = kind == "model"
@@ -349,10 +369,10 @@ class HybridDrafter(Drafter):
         (REFRESH) always runs it."""
         if any(self._turn[slot] for slot in model_slots):
             return True
-        model = self.model_expected(tier)
-        suffix = {slot: 0.0 if self._candidate[slot] is None else self.suffix_expected(tier, self._candidate[slot][2])
+        suffix = {slot: 0.0 if self._candidate[slot] is None
+                  else self.suffix_expected(tier, self._candidate[slot][2], self.heat(slot))
                   for slot in slots if self._chosen[slot] is not None}
-        gain = sum(max(model - suffix[slot], 0.0) for slot in model_slots)
+        gain = sum(max(self.model_expected(tier, self.heat(slot)) - suffix[slot], 0.0) for slot in model_slots)
         return self.model_cost.pays(tier, gain / sum(1.0 + value for value in suffix.values()))
 
     def round_graph_drafters(self, steps: int) -> tuple[Drafter, ...]:
@@ -417,11 +437,15 @@ class HybridDrafter(Drafter):
             accepted = self.slots.host_seq_lens[slot] - self._start[slot] - 1
             self.counts[f"{chosen}_rounds"] += 1
             self.counts[f"{chosen}_accepted"] += accepted
+            heat = self.heat(slot)
             if chosen == "model":
-                mean = self.model_expected(shape)
-                self.expected[shape] = mean + MODEL_EMA_ALPHA * (accepted - mean)
+                mean = self.model_expected(shape, heat)
+                self.expected[shape, heat] = mean + MODEL_EMA_ALPHA * (accepted - mean)
             elif self._score[slot] is not None:  # (a filler, the last token repeated, has no score)
-                means = self.calibration.setdefault(shape, [SUFFIX_PRIOR, SUFFIX_PRIOR])
+                means = self.calibration.get((shape, heat))
+                if means is None:  # from the nearest band's
+                    means = self.calibration[shape, heat] = list(_nearest(self.calibration, shape, heat)
+                                                                 or (SUFFIX_PRIOR, SUFFIX_PRIOR))
                 means[0] += SUFFIX_EMA_ALPHA * (accepted - means[0])
                 means[1] += SUFFIX_EMA_ALPHA * (self._score[slot] - means[1])
         for slot in slots:  # left behind: no draft-extend ran, or it ran over a request already behind
@@ -465,7 +489,7 @@ class HybridDrafter(Drafter):
                 continue
             # the hybrid's preference at tier 1 (a check takes no turn: turns are drafting rounds')
             found = self.suffix_candidate(slot, TIER_ONE)
-            if found is not None and self._prefers_suffix(TIER_ONE, found[2]):
+            if found is not None and self._prefers_suffix(TIER_ONE, found[2], slot):
                 self._shadow_suffix[slot] = (check[0], found[0][0])
 
     def take_shadow(self, slots: Sequence[int], drafting: bool):
@@ -489,9 +513,9 @@ class HybridDrafter(Drafter):
             "drafter": self.parts[1].name if self.parts else None,
             "suffix_rounds": counts["suffix_rounds"], "model_rounds": counts["model_rounds"],
             "suffix_accepted": counts["suffix_accepted"], "model_accepted": counts["model_accepted"],
-            "model_expected": _by_tier(self.expected, 3),
-            "suffix_calibration": _by_tier({tier: accepted / scored for tier, (accepted, scored)
-                                            in self.calibration.items()}, 3),  # accepted per scored
+            "model_expected": _by_heat(self.expected),
+            "suffix_calibration": _by_heat({key: accepted / scored for key, (accepted, scored)
+                                            in self.calibration.items()}),  # accepted per scored
             "model_share": round(self.model_cost.share, 3),  # of drafting rounds lately, the policy's price
             "model_seconds": _by_tier(self.model_cost.cost, 6)}}
 
@@ -536,3 +560,22 @@ def _ema(values: dict[Tier, float], tier: Tier, value: float) -> None:
 
 def _by_tier(values: dict[Tier, float], digits: int) -> dict[str, float]:
     return {tier.label: round(value, digits) for tier, value in sorted(values.items(), key=lambda item: item[0].key)}
+
+
+def _by_heat(values: dict[tuple[Tier, int], float]) -> dict[str, dict[str, float]]:
+    """{tier label: {band label: value}} of a mean kept per (tier, heat)."""
+    out: dict[str, dict[str, float]] = {}
+    for (tier, heat), value in sorted(values.items(), key=lambda item: (item[0][0].key, item[0][1])):
+        out.setdefault(tier.label, {})[HEAT_LABELS[heat]] = round(value, 3)
+    return out
+
+
+def _nearest(values: dict[tuple[Tier, int], Any], tier: Tier, heat: int) -> Any:
+    """``values[tier, heat]``, else the value at ``tier`` of the nearest band seen there (the cooler of two as near),
+    else None."""
+    found = values.get((tier, heat))
+    if found is None:
+        bands = [(abs(band - heat), band) for shape, band in values if shape == tier]
+        if bands:
+            found = values[tier, min(bands)[1]]
+    return found
