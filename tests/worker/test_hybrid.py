@@ -494,6 +494,17 @@ def test_a_long_run_of_suffix_drafts_gives_the_model_its_turn():
             taken.append(drafter._chosen[0])
         worker.release(0)
     assert taken == (["suffix"] * REFRESH + ["model"]) * 2
+    # a suffix draft expected to get all its drafts accepted takes no turn for the model: none could win it
+    drafter.suffix_expected = lambda t, score, heat=0: float(t.steps)
+    taken.clear()
+    worker.prefill([0], [[7, 3, 11, 5, 9, 2]], [SamplingParams(max_new_tokens=3 * REFRESH)])
+    for _ in range(REFRESH + 4):
+        worker.decode_round([0])
+        taken.append(drafter._chosen[0])
+    assert taken == ["suffix"] * (REFRESH + 4)
+    drafter.suffix_expected = lambda t, score, heat=0: t.steps - 0.1  # the turn it waited for, at once
+    worker.decode_round([0])
+    assert drafter._chosen[0] == "model"
 
 
 def test_a_tree_tier_compares_the_suffix_tree_s_score_and_pads_the_tree():

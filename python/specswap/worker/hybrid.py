@@ -13,7 +13,8 @@ tune prompts' mixed workload), so a calibration learned in one band misprices th
 its draft expect from it over their suffix drafts, as a share of what the round emits without it, beats those
 steps' seconds over the rest of the round's (``ModelCost.pays``); else they verify their suffix drafts (the last
 token repeated where the trees have none). After REFRESH drafts of one kind in a row at a tier (where the other
-had one too), the other's is taken once, the model's even where it does not pay, so neither mean goes stale.
+had one too), the other's is taken once, the model's even where it does not pay, so neither mean goes stale (the
+model's turn waits while the suffix draft is expected to get every draft accepted: no mean could beat that).
 At a chain tier of k the suffix draft is its best path, at most k tokens, padded as SUFFIX pads it; at a tree
 tier it is SUFFIX's tree for the tier's shape (``SuffixDrafter.scored_suffix_tree``: its best path as the first
 children, padded with copies of the last token under the root), its nodes and parents written over
@@ -284,14 +285,20 @@ class HybridDrafter(Drafter):
 
     def suffix_draft(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None, float] | None:
         """The suffix draft at ``tier`` (``suffix_candidate``) where its calibrated score beats the model's
-        expectation there, or where the model's draft was taken REFRESH times in a row against one (``_taken``),
-        unless the suffix's was; else None."""
+        expectation there, else None; after REFRESH request-rounds in a row of one kind where both had a draft
+        (``_taken``), the other's turn: the suffix draft after the model's, None after the suffix's, but not where
+        the suffix draft is expected to get every draft accepted (no mean of the model's could win that choice:
+        the turn waits for a request-round where it could)."""
         found = self._candidate[slot] = self.suffix_candidate(slot, tier)
         if found is None:
             return None
-        wins = self._prefers_suffix(tier, found[2], slot)
+        heat = self.heat(slot)
+        expected = self.suffix_expected(tier, found[2], heat)
+        wins = expected > self.model_expected(tier, heat)
         kind, count = self._streak.get(tier, ("", 0))
-        if count >= REFRESH:  # the other kind's turn, whichever is preferred: its mean is refreshed
+        # the other kind's turn, whichever is preferred: its mean is refreshed; but not the model's where the
+        # suffix draft is expected to get every draft accepted (no mean of the model's could win that choice)
+        if count >= REFRESH and not (kind == "suffix" and expected >= tier.steps):
             wins = kind == "model"
             self._turn[slot] = kind == "suffix"
             self._streak[tier] = ("", 0)  # one request-round's turn, not every request's of this round
