@@ -9,9 +9,10 @@ MODEL_PRIOR x the tier's depth): the suffix draft is verified where its calibrat
 elsewhere. Both means are kept per request temperature band (``heat``: greedy, below 0.5, below 1, 1 and above;
 a band not seen yet at the tier starts from the nearest one seen): a deterministic draft's acceptance falls with
 the temperature (a suffix draft scoring 0.55 at tier 1 got 0.80 of its score accepted at 0.7 and 0.32 at 1.0, the
-tune prompts' mixed workload), so a calibration learned in one band misprices the other. The model then drafts in the round only if it pays for its draft steps: what the requests that chose
-its draft expect from it over their suffix drafts, as a share of what the round emits without it, beats those
-steps' seconds over the rest of the round's (``ModelCost.pays``); else they verify their suffix drafts (the last
+tune prompts' mixed workload), so a calibration learned in one band misprices the other. The model then drafts
+in the round only if it pays for its draft steps: what the requests that chose its draft expect from it over
+their suffix drafts, as a share of what the round emits without it, beats those steps' seconds over the rest of
+the round's (``ModelCost.pays``); else they verify their suffix drafts (the last
 token repeated where the trees have none). After REFRESH drafts of one kind in a row at a tier (where the other
 had one too), the other's is taken once, the model's even where it does not pay, so neither mean goes stale (the
 model's turn waits while the suffix draft is expected to get every draft accepted: no mean could beat that).
@@ -113,7 +114,11 @@ class ModelCost:
             if drafted:
                 _ema(self.cost, tier, model_seconds)
                 _ema(self.drafting, tier, model_seconds - catch_up_seconds)
-        return seconds - model_seconds + self.share * self.model_seconds(tier)
+        return seconds - model_seconds + self.surcharge(tier)
+
+    def surcharge(self, tier: Tier) -> float:
+        """The model's part of a round's price at ``tier``: its cost there at its share of drafting rounds now."""
+        return self.share * self.model_seconds(tier)
 
     def pays(self, tier: Tier, gain: float) -> bool:
         """Whether the model's drafts, adding ``gain`` to the tokens a round at ``tier`` emits (a share of what
@@ -277,11 +282,16 @@ class HybridDrafter(Drafter):
             return tokens + (tokens[-1:] or [last]) * pad, None
         return tokens + [last] * pad, [0] + (parents or []) + [0] * pad
 
-    def _prefers_suffix(self, tier: Tier, score: float, slot: int) -> bool:
-        """Whether a suffix draft of ``score`` is expected to get more accepted at ``tier`` than the model's, for
+    def _expectations(self, tier: Tier, score: float, slot: int) -> tuple[float, float]:
+        """What a suffix draft of ``score`` and the model's draft are expected to get accepted at ``tier`` for
         ``slot``'s request (its temperature band)."""
         heat = self.heat(slot)
-        return self.suffix_expected(tier, score, heat) > self.model_expected(tier, heat)
+        return self.suffix_expected(tier, score, heat), self.model_expected(tier, heat)
+
+    def _prefers_suffix(self, tier: Tier, score: float, slot: int) -> bool:
+        """Whether a suffix draft of ``score`` is expected to get more accepted at ``tier`` than the model's."""
+        suffix, model = self._expectations(tier, score, slot)
+        return suffix > model
 
     def suffix_draft(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None, float] | None:
         """The suffix draft at ``tier`` (``suffix_candidate``) where its calibrated score beats the model's
@@ -292,9 +302,8 @@ class HybridDrafter(Drafter):
         found = self._candidate[slot] = self.suffix_candidate(slot, tier)
         if found is None:
             return None
-        heat = self.heat(slot)
-        expected = self.suffix_expected(tier, found[2], heat)
-        wins = expected > self.model_expected(tier, heat)
+        expected, model = self._expectations(tier, found[2], slot)
+        wins = expected > model
         kind, count = self._streak.get(tier, ("", 0))
         # the other kind's turn, whichever is preferred: its mean is refreshed; but not the model's where the
         # suffix draft is expected to get every draft accepted (no mean of the model's could win that choice)
@@ -464,7 +473,7 @@ class HybridDrafter(Drafter):
     def tier_surcharge(self, tier: Tier) -> float:
         """The model's part of a round's price at ``tier`` (``ModelCost.price``) at its current share: the policy
         prices every tier at it where it decides, so a tier last timed at another share is not held to it."""
-        return self.model_cost.share * self.model_cost.model_seconds(tier) if tier.steps else 0.0
+        return self.model_cost.surcharge(tier)
 
     def round_cost(self, tier: TierStages, seconds: float) -> float:
         if not tier.speculative_num_steps:
