@@ -128,9 +128,7 @@ void AdaptiveSpeculativeParams::set_tier_surcharges(std::span<const double> seco
 std::vector<double> AdaptiveSpeculativeParams::cost_estimates(int batch_size, bool sampled) const {
   std::vector<double> out(candidates_.size());
   const GoodputPolicy& estimates = policy_->estimates();
-  estimates.costs().estimate(batch_size > 0 ? table_of(batch_size, sampled) : estimates.last_table(), out.data());
-  const std::vector<double>& surcharges = estimates.surcharges();  // as decisions price the tiers
-  for (std::size_t j = 0; j < out.size() && j < surcharges.size(); ++j) out[j] += surcharges[j];
+  estimates.estimate_costs(batch_size > 0 ? table_of(batch_size, sampled) : estimates.last_table(), out.data());
   return out;
 }
 

@@ -323,9 +323,9 @@ void GoodputPolicy::set_tier_surcharges(std::span<const double> seconds) noexcep
   }
 }
 
-void GoodputPolicy::estimate_costs() const noexcept {
-  costs_.estimate(last_table_, scratch_.data());
-  for (std::size_t j = 0; j < scratch_.size(); ++j) scratch_[j] += surcharge_[j];
+void GoodputPolicy::estimate_costs(int table, double* out) const noexcept {
+  costs_.estimate(table, out);
+  for (std::size_t j = 0; j < surcharge_.size(); ++j) out[j] += surcharge_[j];
 }
 
 std::size_t GoodputPolicy::phase_change_target() const noexcept {

@@ -35,8 +35,9 @@ class GoodputPolicy final : public Policy {
   // tier 0 runs no probes, and with row costs set start-up probing runs the initial tier alone.
   void expect_shadows() noexcept override { shadow_seen_ = true; }
   void set_tier_surcharges(std::span<const double> seconds) noexcept override;
-  // Per candidate: the seconds set_tier_surcharges() added to its estimated cost (0 until set).
-  const std::vector<double>& surcharges() const noexcept { return surcharge_; }
+  // Per candidate into out (candidates' size): its estimated cost in cost table `table`, plus its surcharge
+  // (set_tier_surcharges), as decisions price it.
+  void estimate_costs(int table, double* out) const noexcept;
   const GoodputPolicy& estimates() const noexcept override { return *this; }
 
   std::size_t index() const noexcept { return index_; }
@@ -201,8 +202,8 @@ class GoodputPolicy final : public Policy {
   std::uint64_t shadow_requests_ = 0;        // shadow observations since the last update (tier 0's evidence)
   mutable std::vector<double> scratch_;      // candidates_.size(): costs
   std::vector<double> surcharge_;            // candidates_.size(): set_tier_surcharges()
-  // scratch_ = the last batch's table's cost estimates plus the surcharges
-  void estimate_costs() const noexcept;
+  // scratch_ = estimate_costs(last_table_)
+  void estimate_costs() const noexcept { estimate_costs(last_table_, scratch_.data()); }
   int last_table_ = 0;
   bool deciding_probe_ = false;          // the refresh probe running is a decision's, of an untimed tier
   std::uint64_t probe_batches_ = 0;      // start-up probing: startup_probe_batches(), set at the first batch
