@@ -202,54 +202,13 @@ def test_tier_zero_checks_lookups_against_the_tokens_emitted_since():
     assert NgramDrafter(table, None).take_shadow([0], drafting=False) is None  # without tier 0: no checks
 
 
-def test_a_new_requests_first_tier_zero_rounds_are_all_checked():
-    """A request's first FRESH_CHECKS tier-0 rounds after its prefill each check a lookup (a new phase of
-    repeating text is seen once one check's drafts are emitted, not up to SHADOW_EVERY - 1 rounds later); then
-    only every SHADOW_EVERY-th round of the batch is."""
-    from types import SimpleNamespace
-
-    import torch
-
-    from specswap.worker.drafter import Shadow
-    from specswap.worker.layout import ChainLayout
-    from specswap.worker.ngram import FRESH_CHECKS, SHADOW_EVERY, NgramDrafter
-    from specswap.worker.slots import SlotTable
-    from specswap.worker.tiers import TierBuffers
-
-    assert FRESH_CHECKS == SHADOW_EVERY == 4
-    table = SlotTable(2, 2, torch.device("cpu"))
-    drafter = NgramDrafter(table, None, shadow_steps=3)
-    tier0 = TierBuffers(2, 3, 16, 16, torch.device("cpu")).build(0, ChainLayout(0, torch.device("cpu")))
-
-    def checks(rounds):  # of `rounds` tier-0 rounds over a looping text, what the checks accepted
-        for _ in range(rounds):
-            table.host_tokens[0] = [4, 4, 4, 4]
-            drafter.begin_round(tier0, [0])
-        table.host_tokens[0] += [4, 4, 4]
-        shadow = drafter.take_shadow([0], drafting=False)
-        return [] if shadow is None else shadow.accept_lengths
-
-    assert checks(1) == [3]                            # tier-0 round 1: the batch's cadence checks it
-    assert checks(3) == []                             # rounds 2-4: neither cadence nor a new request
-    drafter.prefill(SimpleNamespace(slots=[0]))        # a new request in slot 0
-    assert checks(FRESH_CHECKS) == [3] * FRESH_CHECKS  # rounds 5-8: all its first four (5 the cadence's too)
-    assert checks(1) == [3]                            # round 9: the cadence's
-    assert checks(3) == []                             # rounds 10-12: neither
-    drafter.prefill(SimpleNamespace(slots=[1]))        # round 14: a new request in slot 1 checks the whole batch
-    table.host_tokens[0] = [4, 4, 4, 4]
-    table.host_tokens[1] = [5, 6, 7]                   # without a lookup: a padded row, 0 accepted
-    drafter.begin_round(tier0, [0, 1])
-    table.host_tokens[0] += [4, 4, 4]
-    assert drafter.take_shadow([0, 1], drafting=False) == Shadow([3, 0], 3)
-
-
 def test_tier_zero_shadows_are_what_the_largest_tier_would_have_accepted():
     """A static tier-0 NGRAM worker (tiers 0 and 3) on a looping target reports, for every checked round's
     position p with a lookup (batch 1: a request alone without one is a plain decode), how many of its 3 drafts the tokens emitted from p on confirm: computed here from the
     output afterwards, in the order they settle."""
     from spec_helpers import attention_pair, run_to_completion
     from specswap.worker import SpeculativeWorker
-    from specswap.worker.ngram import FRESH_CHECKS, SHADOW_EVERY
+    from specswap.worker.ngram import SHADOW_EVERY
 
     target = attention_pair()[0]
     prompt, new = [1, 5, 9, 2], 120
@@ -268,9 +227,8 @@ def test_tier_zero_shadows_are_what_the_largest_tier_would_have_accepted():
     output = run_to_completion(worker, [prompt], new)[0][0]
     tokens = prompt + output
     expected = []
-    for p in range(len(prompt) + 1, len(tokens)):  # positions a tier-0 round starts from: the first 4, every 4th
-        r = p - len(prompt) - 1
-        drafts = propose_ngram(tokens[:p], 3) if r < FRESH_CHECKS or r % SHADOW_EVERY == 0 else []
+    for p in range(len(prompt) + 1, len(tokens)):  # positions a tier-0 round starts from, every 4th checked
+        drafts = propose_ngram(tokens[:p], 3) if (p - len(prompt) - 1) % SHADOW_EVERY == 0 else []
         if not drafts:
             continue
         emitted = tokens[p:p + 3]

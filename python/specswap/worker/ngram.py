@@ -8,10 +8,10 @@ sampled rounds accept them against keyed draws (sampling.accept_keyed).
 
 At tier 0 nothing is verified, so the policy would be blind there; but a
 lookup's drafts can be checked against the tokens the request goes on to emit,
-for free: every SHADOW_EVERY-th tier-0 round (and each of a new request's first
-FRESH_CHECKS), the drafts of the largest tier are looked up for every request of
-the batch and kept, and once the emitted tokens settle them (a mismatch, or
-all of them matched) what that tier would have accepted is reported as a shadow observation (``take_shadow``; the engine
+for free: every SHADOW_EVERY-th tier-0 round, the drafts of the largest tier
+are looked up for every request of the batch and kept, and once the emitted
+tokens settle them (a mismatch, or all of them matched) what that tier would
+have accepted is reported as a shadow observation (``take_shadow``; the engine
 feeds it to the controller). Since a request's text does not depend on its
 tier (greedy, or keyed draws), this is what the tier would have accepted, and
 the round is checked as that tier would have run it: where no request has a
@@ -45,9 +45,6 @@ from specswap.worker.tiers import TierStages
 
 # tier-0 rounds apart of the lookups checked
 SHADOW_EVERY = 4
-# a new request's first tier-0 rounds, all checked: new traffic (a phase whose text repeats) is seen once a check's
-# drafts are emitted, not up to SHADOW_EVERY - 1 rounds later
-FRESH_CHECKS = SHADOW_EVERY
 
 
 class NgramDrafter(Drafter):
@@ -59,7 +56,6 @@ class NgramDrafter(Drafter):
         # per slot: (position the drafts would continue from, the drafts) not yet settled
         self._pending: list[list[tuple[int, list[int]]]] = [[] for _ in slots.host_tokens]
         self._tier0_rounds = 0  # tier-0 rounds so far: every SHADOW_EVERY-th is checked, the first included
-        self._fresh = [0] * len(slots.host_tokens)  # per slot: its request's tier-0 rounds still all checked
         self._indexes = [NgramIndex() for _ in slots.host_tokens]  # per slot: where its n-grams end
         self._broadcast = None  # tensor parallelism: the leader's drafts to every rank (``lookup_on_leader``)
         self._follower = False
@@ -159,20 +155,11 @@ class NgramDrafter(Drafter):
             tier.verify.layout.parents[:batch].copy_(parents)
         return True
 
-    def prefill(self, batch) -> None:
-        for slot in batch.slots:
-            self._fresh[slot] = FRESH_CHECKS
-
     def _look_up_shadow(self, slots: Sequence[int]) -> None:
         if not self.shadow_steps:
             return
         self._tier0_rounds += 1
-        fresh = False
-        for slot in slots:
-            if self._fresh[slot]:
-                self._fresh[slot] -= 1
-                fresh = True
-        if (self._tier0_rounds - 1) % SHADOW_EVERY and not fresh:
+        if (self._tier0_rounds - 1) % SHADOW_EVERY:
             return
         host_tokens = self.slots.host_tokens
         proposals = [self.propose(slot, self.shadow_steps) for slot in slots]

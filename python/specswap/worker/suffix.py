@@ -104,7 +104,6 @@ class SuffixDrafter(NgramDrafter):
     # ---- the trees follow the requests ----
 
     def prefill(self, batch) -> None:
-        super().prefill(batch)
         if self._follower:  # tensor parallelism: the leader's lookups arrive by broadcast
             return
         for slot, prompt in zip(batch.slots, batch.prompts):
