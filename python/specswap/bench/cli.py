@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -133,7 +134,12 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
     on a shared machine a slow second then hits every mode's copy of a phase alike, where phase-sized turns
     left the modes' ratios to the machine's drift over a phase (an A/A pair: 0.949-1.034 a phase against
     0.998-1.006, results/bench-interleave-aa.json). Each engine still sees its phases in order, so adaptive
-    carries its state across."""
+    carries its state across.
+
+    The collector runs outside the clocks: each repeat's engines are built after the last repeat's are collected,
+    and what they hold is then frozen (``gc.freeze``, as ``serve`` does at start-up), so no generation-2 collection
+    scans them inside a mode's step: there one took 100-760 ms (after engines were built, or dropped), all of it
+    charged to the one mode whose step it landed in, against a high phase of about 2 s."""
     from specswap.bench.runner import EngineRunner, run_interleaved
     from specswap.cli_flags import build_engine
 
@@ -143,6 +149,8 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
     configs: dict[str, dict[str, Any]] = {}  # mode -> the adaptive config its engine ran ("auto" resolved)
     for _ in range(args.repeats):
         runners = {}
+        gc.unfreeze()  # the last repeat's engines (frozen below) collectable again
+        gc.collect()
         for name in names:
             settings = modes[name]
             if args.warmup > 0:  # a throwaway engine: warms the kernels without moving this mode's controller
@@ -160,6 +168,8 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
             runners[name] = EngineRunner(engine, args.concurrency, args.max_new_tokens, args.seed,
                                          on_request_done=lambda: progress.update(1), ignore_eos=args.ignore_eos,
                                          estimates=getattr(args, "trace_estimates", False))
+        gc.collect()
+        gc.freeze()
         for phase_index, phase in enumerate(phases):
             shift = phase_index % len(names)
             progress.set_description(phase.name)
