@@ -94,7 +94,7 @@ def _serve_loaded(args: argparse.Namespace, limits, sock) -> int:
     from specswap.loading import load_models
     from specswap.server.app import create_app, serve
     from specswap.server.limits import max_running_requests
-    from specswap.server.startup import ready_line
+    from specswap.server.startup import freeze_startup_objects, ready_line
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -128,6 +128,7 @@ def _serve_loaded(args: argparse.Namespace, limits, sock) -> int:
         print(f"specswap serve: tier ({tier['speculative_num_steps']}, {tier['speculative_eagle_topk']}, "
               f"{tier['speculative_num_draft_tokens']}): {tier['memory_bytes'] / 2**20:.2f} MiB, built in "
               f"{tier['build_seconds']:.2f} s", flush=True)
+    freeze_startup_objects()  # no generation-2 collection rescans the start-up's objects mid-round
     try:
         if router is not None:
             router.start()

@@ -1,10 +1,12 @@
 """``specswap serve``'s start-up, as operators expect it: every flag checked before the model loads (a ValueError
 naming the flag, which the CLI turns into exit status 2 as argparse does), the port bound before the model loads,
-``--help`` with every default, and one ready line at the default log level."""
+``--help`` with every default, one ready line at the default log level, and the start-up's objects frozen out of
+the collector's way (``freeze_startup_objects``)."""
 
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")   # uvicorn's
@@ -68,3 +70,13 @@ def ready_line(url: str, model: str, weights: str | None, stats: dict) -> str:
     tier = Tier.from_key(stats.get("current_steps", 0)).describe() if algorithm else "none (target only)"
     return (f"specswap serve: ready on {url} | model {model}, weights {weights}, algorithm {algorithm or 'none'}, "
             f"policy {policy_words(stats) if algorithm else 'none'}, tier {tier}")
+
+
+def freeze_startup_objects() -> int:
+    """The start-up's garbage collected, then every object alive moved into the collector's permanent generation
+    (``gc.freeze``, as vLLM does once its engine is up): a generation-2 collection then scans only what serving
+    allocated since, not the ~300k objects loading and capture left, whose scan stalled every running request
+    for 100-150 ms a time (Gemma 3 270M with NGRAM on an AVX-512 EPYC). Returns how many objects were frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
