@@ -9,7 +9,8 @@ its time included) prompts. Every engine's drafter state across requests (SUFFIX
 each timed run and after the warm-up (``Engine.flush_cache``). Each comes in two prompt sets
 (``--prompt-set``): ``tune``, the prompts NGRAM's lookup and the adaptive policy were tuned on, and ``report``
 (the default), prompts of the same kinds written apart from that tuning, for published figures. Every
-configuration runs in the same process on the same loaded weights, interleaved over repeats; the report gives
+configuration runs in the same process on the same loaded weights, interleaved over repeats, the collector run
+between groups of engines, outside the clocks (``timing.collect_outside_clocks``); the report gives
 tokens/s and the ratio to no speculation measured in the same run, and, for greedy sets, how many outputs equal
 target-only output of the same run (identical by construction in fp32; in bf16 near-tie logits may flip, see
 docs/engine.md). ``--json`` writes the rows with the command, the CPU and the commit (specswap.bench.provenance).
@@ -39,6 +40,7 @@ from tqdm import tqdm
 
 from specswap import algorithms as algorithms_registry
 from specswap.bench import provenance
+from specswap.bench.timing import collect_outside_clocks
 from specswap.bench import workloads as phased
 from specswap.capability import cpu_capability
 from specswap.engine import Engine, encode_text, resolve_checkpoint, resolve_dtype
@@ -337,6 +339,7 @@ def bench(target, drafts, tokenizer, args) -> list[dict]:
                 runners.update(hf)
             for runner in runners.values():  # warm-up
                 runner(prompts[:batch_size], 4, temperature, 0)
+            collect_outside_clocks()  # the last group's engines, this one's start-up
             runs = {name: [] for name in runners}
             for repeat in range(args.repeats):  # interleaved, so drift hits every configuration alike
                 for name, runner in runners.items():

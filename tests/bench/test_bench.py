@@ -397,3 +397,38 @@ def test_the_a_a_script_times_each_engine_on_its_own_clock(monkeypatch, step_by_
     phase = build_workload("transition", 2, 1.0, "tune")[0]
     assert aa.one_phase(engines, 0, phase, step_by_step, 2, 4) == pytest.approx(0.5)
     assert log == (["a", "b"] * 4 if step_by_step else ["a"] * 4 + ["b"] * 4)
+
+
+def test_the_collector_runs_between_timed_runs_and_frees_what_it_froze_before():
+    """collect_outside_clocks frees start-up garbage, freezes what is alive (no generation-2 collection scans it
+    in a timed step), and on its next call frees what the last call froze that was dropped since (a repeat's
+    engines): it never keeps a dropped engine alive."""
+    import gc
+    import weakref
+
+    from specswap.bench.timing import collect_outside_clocks
+
+    class Node:
+        pass
+
+    def cycle():
+        node = Node()
+        node.self = node
+        return node
+
+    garbage = cycle()
+    freed = weakref.ref(garbage)
+    del garbage
+    kept = cycle()
+    frozen_then_dropped = weakref.ref(kept)
+    try:
+        collect_outside_clocks()
+        assert freed() is None and frozen_then_dropped() is not None
+        assert gc.get_freeze_count() > 1000
+        del kept
+        gc.collect()
+        assert frozen_then_dropped() is not None  # frozen: the collector leaves it alone
+        collect_outside_clocks()
+        assert frozen_then_dropped() is None
+    finally:
+        gc.unfreeze()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import time
@@ -136,11 +135,11 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
     0.998-1.006, results/bench-interleave-aa.json). Each engine still sees its phases in order, so adaptive
     carries its state across.
 
-    The collector runs outside the clocks: each repeat's engines are built after the last repeat's are collected,
-    and what they hold is then frozen (``gc.freeze``, as ``serve`` does at start-up), so no generation-2 collection
-    scans them inside a mode's step: there one took 100-760 ms (after engines were built, or dropped), all of it
-    charged to the one mode whose step it landed in, against a high phase of about 2 s."""
+    The collector runs outside the clocks (``timing.collect_outside_clocks``): each repeat's engines are built
+    after the last repeat's are collected, and frozen before the phases: a generation-2 collection in a mode's
+    step took 100-760 ms there, against a high phase of about 2 s."""
     from specswap.bench.runner import EngineRunner, run_interleaved
+    from specswap.bench.timing import collect_outside_clocks
     from specswap.cli_flags import build_engine
 
     batch_size = min(args.max_batch_size, args.concurrency)
@@ -149,8 +148,7 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
     configs: dict[str, dict[str, Any]] = {}  # mode -> the adaptive config its engine ran ("auto" resolved)
     for _ in range(args.repeats):
         runners = {}
-        gc.unfreeze()  # the last repeat's engines (frozen below) collectable again
-        gc.collect()
+        collect_outside_clocks()  # the last repeat's engines
         for name in names:
             settings = modes[name]
             if args.warmup > 0:  # a throwaway engine: warms the kernels without moving this mode's controller
@@ -168,8 +166,7 @@ def run_in_process(models, args, modes: dict[str, dict[str, Any]], phases, progr
             runners[name] = EngineRunner(engine, args.concurrency, args.max_new_tokens, args.seed,
                                          on_request_done=lambda: progress.update(1), ignore_eos=args.ignore_eos,
                                          estimates=getattr(args, "trace_estimates", False))
-        gc.collect()
-        gc.freeze()
+        collect_outside_clocks()  # this repeat's start-up
         for phase_index, phase in enumerate(phases):
             shift = phase_index % len(names)
             progress.set_description(phase.name)
