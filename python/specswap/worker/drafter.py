@@ -19,7 +19,6 @@ the round driver see a chain either way.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -146,10 +145,6 @@ class Drafter:
         return seconds
 
     shadow_steps = 0  # the tier take_shadow's observations are for (0: it makes none)
-    # wall time of this round's tier-0 check (ModelDrafter: a catch-up and a draft step), which the round's cost
-    # leaves out: all of the first CONFIRM_ROUNDS tier-0 rounds check, 1 in SHADOW_EVERY after, so a probe of
-    # tier 0 timed with them would price it near a drafting tier
-    check_seconds = 0.0
     checks_paused = False  # pause_checks(True): no drafting tier could pay now, so no tier-0 check could matter
 
     def pause_checks(self, paused: bool) -> None:
@@ -287,7 +282,6 @@ class ModelDrafter(Drafter):
 
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         self.deep_check_due = False
-        self.check_seconds = 0.0
         if tier.speculative_num_steps:
             self.catch_up(slots)
             self._tier0_rounds = 0
@@ -297,9 +291,7 @@ class ModelDrafter(Drafter):
         elif self.shadow_steps and not self.checks_paused:
             self._tier0_rounds += 1
             if self._tier0_rounds <= CONFIRM_ROUNDS or (self._tier0_rounds - CONFIRM_ROUNDS) % SHADOW_EVERY == 0:
-                start = time.perf_counter()
                 self._check(slots)
-                self.check_seconds = time.perf_counter() - start
         return True
 
     def _first_draft_logits(self, slots: Sequence[int]) -> torch.Tensor:

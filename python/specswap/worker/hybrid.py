@@ -318,10 +318,6 @@ class HybridDrafter(Drafter):
         last, count = self._streak.get(tier, ("", 0))
         self._streak[tier] = (kind, count + 1 if last == kind else 1)
 
-    @property
-    def check_seconds(self) -> float:  # the model drafter's tier-0 check (the suffix's are lookups)
-        return self.model_drafter.check_seconds
-
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         shape, model = tier.tier, self.model_drafter
         self._suffix_rows, self._drafted_eagerly, self.round_graph = [], False, 0

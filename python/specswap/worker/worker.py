@@ -415,8 +415,6 @@ class SpeculativeWorker:
             chain_accepted = layout.chain_accepted[:len(slots)].tolist()
             chain_depths = layout.chain_depth[:len(slots)].tolist()
         seconds = self.drafter.round_cost(stages, time.perf_counter() - round_start)
-        if not steps:  # tier 0 priced as it runs between checks (Drafter.check_seconds)
-            seconds -= self.drafter.check_seconds
         surcharge = self.drafter.tier_surcharge
         return RoundResult(new_tokens, accept_list, active.stages.tier, stages.tier, seconds,
                            not all_greedy, speculating, shadow, lookup_seconds, chain_accepted, chain_depths,
