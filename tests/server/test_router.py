@@ -194,10 +194,18 @@ def test_the_router_names_the_model_and_reads_loads(fleet):
                                                                                json=body) as response:
         lines = response.iter_lines()  # held: a closed iterator closes the connection, and so ends the request
         next(lines)
-        loads = [httpx.get(w + "/get_load", headers=AUTH, timeout=10).json() for w in fleet.workers]
-        busy = [load for [load] in loads if load["num_reqs"]]
+        # a worker's load is its scheduler's snapshot, refreshed every 50 ms, and the router polls the workers: the
+        # first token can come back before either counts the request, so both are read until they do (or 10 s)
+        deadline = time.monotonic() + 10.0
+        while True:
+            loads = [httpx.get(w + "/get_load", headers=AUTH, timeout=10).json() for w in fleet.workers]
+            busy = [load for [load] in loads if load["num_reqs"]]
+            routed = httpx.get(fleet.url + "/get_loads", headers=AUTH, timeout=10).json()["workers"]
+            counted = len(busy) == 1 and busy[0]["num_tokens"] > 0 and max(w["load"] for w in routed) > 0
+            if counted or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
         assert len(busy) == 1 and busy[0]["num_tokens"] > len(PROMPT) // 4 and busy[0]["dp_rank"] == 0, loads
-        routed = httpx.get(fleet.url + "/get_loads", headers=AUTH, timeout=10).json()["workers"]
         assert sorted(w["worker"] for w in routed) == sorted(fleet.workers)
         assert sorted(w["load"] for w in routed)[0] == 0 and sorted(w["load"] for w in routed)[1] > 0, routed
     for index in range(2):  # the router probed each with gRPC first: answered, not logged as an invalid request
