@@ -74,10 +74,12 @@ def test_help_has_a_line_and_a_default_for_every_flag_and_version_is_there(capsy
 
 
 SHARED_FAULT = """
+import gc
 import sys
 from specswap.worker.worker import SpeculativeWorker
 
 def broken(self, slots):
+    print("frozen objects at the first round:", gc.get_freeze_count(), flush=True)
     raise RuntimeError("injected fault in the shared forward")
 
 SpeculativeWorker.decode_round = broken
@@ -107,6 +109,9 @@ def test_the_ready_line_and_a_fault_in_shared_state_exits_non_zero():
         for words in ("model tiny", "algorithm NGRAM", "policy static", "tier a chain of 3 draft tokens"):
             assert words in ready[0], ready[0]
         assert "exiting with status 1" in output
+        # serve froze the start-up's objects before it served (freeze_startup_objects)
+        [frozen] = [line for line in output.splitlines() if line.startswith("frozen objects at the first round:")]
+        assert int(frozen.rsplit(" ", 1)[1]) > 1000, frozen
     finally:
         if process.poll() is None:
             process.kill()
