@@ -44,6 +44,7 @@ from specswap.bench.timing import collect_outside_clocks
 from specswap.bench import workloads as phased
 from specswap.capability import cpu_capability
 from specswap.engine import Engine, encode_text, resolve_checkpoint, resolve_dtype
+from specswap.loading import resolve_weights
 
 TUNE_CODE_PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -189,7 +190,9 @@ def load_models(name: str, algorithms: list[str], dtype: torch.dtype, draft_quan
     draft_paths = draft_paths or {}
     from specswap.models import EagleConfig, EagleHead, LlamaConfig, LlamaForCausalLM
     from specswap.loading import resolve_draft_quantization
-    quantization = resolve_draft_quantization(draft_quantization, "EAGLE", dtype, "cpu")
+    # "auto" as the Engine resolves it: beside a native target, the head's linears as ggml blocks (q8_0)
+    quantization = resolve_draft_quantization(draft_quantization, "EAGLE", dtype, "cpu",
+                                              native_target=weights == "native")
     if name == "random":
         if draft_paths:
             raise ValueError("--model random builds its drafts; --draft needs a real model")
@@ -429,8 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="engines run every prompt to --max-new-tokens (equal work per configuration: an output "
                              "that leaves greedy at a bf16 near-tie and hits EOS early cannot shrink the batch); "
                              "transformers rows still stop at EOS")
-    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8"],
-                        help="EAGLE head weights: int8 weight-only or as stored (auto: int8 in bf16 on CPU)")
+    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "none", "int8", "q8_0"],
+                        help="EAGLE head weights: int8 weight-only, q8_0 blocks (native targets) or as stored (auto: "
+                             "as the Engine, q8_0 beside a native target, int8 in bf16 on CPU)")
     parser.add_argument("--ngram-copy", action="store_true",
                         help="also run NGRAM's static tiers with numbers copied instead of extrapolated (copy-K)")
     parser.add_argument("--disable-graphs", action="store_true", help="run the engines eagerly (default: stage graphs)")
@@ -448,7 +452,9 @@ def main() -> None:
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
     print(cpu_capability().describe(), flush=True)
-    dtype = resolve_dtype(args.dtype, "cpu")
+    # native weights: activations as the Engine runs them ("auto": fp32), not --dtype's dense default
+    dtype = resolve_weights("native", args.model, args.dtype, "cpu")[1] if args.weights == "native" else \
+        resolve_dtype(args.dtype, "cpu")
     draft_paths = dict(item.split("=", 1) for item in args.draft)
     unknown = sorted(set(draft_paths) - set(args.algorithm))
     if unknown or not all("=" in item for item in args.draft):
