@@ -288,9 +288,14 @@ class RowCosts:
         self.ratios = dict(sorted(ratios.items()))
 
     @classmethod
-    def from_json(cls, path: str) -> "RowCosts":
+    def from_json(cls, path: str, weights: str = "native") -> "RowCosts":
+        """The rows of ``weights`` (the streams' target: a JSON may hold several kinds, each its own table)."""
         results = json.loads(Path(path).read_text())["results"]
-        return cls({int(r["tokens"]): float(r["forward_ratio_to_one"]) for r in results})
+        kinds = sorted({r.get("weights", weights) for r in results})
+        chosen = [r for r in results if r.get("weights", weights) == weights]
+        if not chosen:
+            raise SystemExit(f"{path} has no forward costs for weights {weights!r} (it has {', '.join(kinds)})")
+        return cls({int(r["tokens"]): float(r["forward_ratio_to_one"]) for r in chosen})
 
     def __call__(self, rows: int) -> float:
         if rows in self.ratios:
@@ -569,7 +574,7 @@ def main() -> None:
     streams = load_streams(args)
     started = time.perf_counter()
     if args.bound:
-        rows = bound_rows(streams, RowCosts.from_json(args.row_costs), args.workloads)
+        rows = bound_rows(streams, RowCosts.from_json(args.row_costs, args.weights), args.workloads)
         print(f"replay: {time.perf_counter() - started:.1f} s")
         if args.json:
             provenance.write_report(args.json, {

@@ -2,6 +2,7 @@
 NGRAM replays against what the worker itself accepts on the same requests (a tiny target that falls into loops,
 requests one at a time in one slot, the global tree kept across them)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -140,6 +141,20 @@ def _at(lookup=None, trees=None, path=None):
 def test_row_costs_interpolate_between_measured_counts():
     costs = replay_script.RowCosts({1: 1.0, 2: 1.1, 4: 1.3, 8: 2.1})
     assert costs(2) == 1.1 and costs(3) == pytest.approx(1.2) and costs(6) == pytest.approx(1.7)
+
+
+def test_row_costs_read_only_the_streams_weights(tmp_path):
+    # bench_gemma_forward.py --weights native,fp32 writes both tables into one JSON: the fp32 rows must not
+    # overwrite the native ones (they did: the bound was modelled at dense weights' costs)
+    rows = [{"weights": w, "tokens": n, "forward_ratio_to_one": r}
+            for w, table in (("native", {1: 1.0, 2: 1.09, 4: 1.27}), ("fp32", {1: 1.0, 2: 1.99, 4: 1.52}))
+            for n, r in table.items()]
+    path = tmp_path / "forward.json"
+    path.write_text(json.dumps({"results": rows}))
+    assert replay_script.RowCosts.from_json(str(path)).ratios == {1: 1.0, 2: 1.09, 4: 1.27}
+    assert replay_script.RowCosts.from_json(str(path), "fp32").ratios == {1: 1.0, 2: 1.99, 4: 1.52}
+    with pytest.raises(SystemExit, match="no forward costs for weights 'bf16'"):
+        replay_script.RowCosts.from_json(str(path), "bf16")
 
 
 def test_clairvoyant_time_is_the_shortest_path():
