@@ -12,12 +12,14 @@ the emitted token equals d with that probability), so at each of EAGLE's round s
 acceptances bounds what a choice made before the round could expect (Jensen: the best choice's mean is at most
 the mean of the better one).
 
-Speeds are modelled by forward cost (``--row-costs``: the verify of k + 1 rows relative to one row) plus EAGLE's
-draft steps (``--draft-step-cost`` per step and round, relative to one row; "measured": fitted here from the
-rounds' wall time at each k against target-only's, on an idle machine only). The hybrid's bound pays the draft
-steps only in the rounds where EAGLE's draft wins, its choice free (no calibration, no misses). SUFFIX alone is
-modelled on the same streams at each fixed tier (``suffix_replay.fixed_time``). Each drafter at its best fixed
-tier per phase (the hybrid at least as fast as either alone: it may always draft as one does); the mixed
+All three drafters are judged at the same positions, EAGLE's round starts at each tier: EAGLE, SUFFIX as built
+(prompt lookup's chain, else the trees'; a plain decode where neither drafts) and the hindsight hybrid (the
+longest accepted of EAGLE's, lookup's and the trees' chains), so the ratio of their speeds says what a per-round
+choice adds; the positions a drafter's own rounds would visit differ (a long accepted run skips positions), which
+moves every speed here away from its own by the same sampling. Speeds are modelled by forward cost
+(``--row-costs``: the verify of k + 1 rows relative to one row) plus, in EAGLE's rounds, its draft cost per step
+and per round (``--draft-cost``; by default fitted from the rounds' wall time at each k against target-only's, on
+an idle machine only); SUFFIX's lookups are free. Each drafter at its best fixed tier per phase; the mixed
 workload's time is the phases' sum (each emits the same tokens).
 
     PYTHONPATH=python python bench/hybrid_bound.py --json results/hybrid-bound-mixed-epyc.json
@@ -26,6 +28,7 @@ workload's time is the phases' sum (each emits the same tokens).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -38,10 +41,10 @@ from specswap.worker.suffix import SuffixConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suffix_replay  # noqa: E402  (the suffix trees' replay, the row costs)
 
-WHAT = ("An upper bound for the hybrid (EAGLE + SUFFIX) on the mixed workload: at each of EAGLE's round starts, "
-        "served at a fixed chain tier, the better of EAGLE's accepted drafts and SUFFIX's (replayed over the same "
-        "outputs) taken in hindsight; speeds modelled by the verify's cost by rows plus EAGLE's draft steps, each "
-        "drafter at its best fixed tier per phase")
+WHAT = ("What a per-round choice between EAGLE's draft and SUFFIX's adds on the mixed workload: EAGLE served at "
+        "each fixed chain tier; at its round starts EAGLE, SUFFIX as built (replayed over the same outputs) and the "
+        "better of the two in hindsight, judged at the same positions; speeds modelled by the verify's cost by rows "
+        "plus EAGLE's draft cost, each at its best fixed tier per phase")
 
 
 def serve(args, steps: int | None, phases) -> tuple[list[dict], float]:
@@ -76,43 +79,46 @@ def round_starts(accept_lengths: list[int], length: int) -> list[tuple[int, int]
     return out
 
 
-def phase_figures(rows: list[dict], positions, k: int, costs, draft_step: float) -> dict:
-    """One phase at tier k: modelled time (one-row forwards) of EAGLE, SUFFIX and the hindsight hybrid, and their
-    tokens per round at EAGLE's round starts."""
+def phase_figures(rows: list[dict], positions, k: int, costs, draft: tuple[float, float]) -> dict:
+    """One phase at tier k, at EAGLE's round starts (every drafter judged at the same positions): tokens per round
+    and modelled time per output token (one-row forwards; renewal: a round's mean cost over its mean tokens) of
+    EAGLE, SUFFIX as built (prompt lookup's chain, else the trees'; a plain decode where neither drafts) and the
+    hindsight hybrid (the longest accepted of EAGLE's, lookup's and the trees' chains). ``draft``: EAGLE's cost
+    per draft step and per round (its draft-extend, host work), added to its rounds' verify."""
     verify = costs(k + 1)
-    eagle_time = hybrid_time = hybrid_free = 0.0
+    eagle_round = verify + k * draft[0] + draft[1]
+    eagle_time = suffix_time = hybrid_time = 0.0
     eagle_tokens = suffix_tokens = hybrid_tokens = rounds = chose_suffix = 0
     for row, at in zip(rows, positions):
         for position, accepted in round_starts(row["accept_lengths"], len(row["output_ids"])):
             here = at[position - 1]  # stream_positions starts at output position 1
-            suffix = max(a for a in (here.lookup[k], here.trees[k], -1) if a is not None)
+            built = here.lookup[k] if here.lookup[k] is not None else here.trees[k]
+            either = max(a for a in (here.lookup[k], here.trees[k], -1) if a is not None)
             rounds += 1
             eagle_tokens += accepted + 1
-            suffix_tokens += max(suffix, 0) + 1
-            best = max(accepted, suffix)
-            hybrid_tokens += best + 1
-            chose_suffix += suffix > accepted
-            eagle_time += verify + k * draft_step
-            hybrid_time += verify + (0.0 if suffix > accepted else k * draft_step)
-            hybrid_free += verify
+            eagle_time += eagle_round
+            suffix_tokens += (built or 0) + 1
+            suffix_time += 1.0 if built is None else verify
+            hybrid_tokens += max(accepted, either) + 1
+            chose_suffix += either > accepted
+            hybrid_time += verify if either > accepted else eagle_round
     return {"rounds": rounds, "eagle_tokens_per_round": eagle_tokens / rounds,
             "suffix_tokens_per_round": suffix_tokens / rounds, "hybrid_tokens_per_round": hybrid_tokens / rounds,
             "suffix_share": chose_suffix / rounds,
-            # per output token, in one-row forwards (renewal: a round's mean cost over its mean tokens)
-            "eagle": eagle_time / eagle_tokens, "hybrid": hybrid_time / hybrid_tokens,
-            "hybrid_free_drafts": hybrid_free / hybrid_tokens}
+            "eagle": eagle_time / eagle_tokens, "suffix": suffix_time / suffix_tokens,
+            "hybrid": hybrid_time / hybrid_tokens}
 
 
-def fit_draft_step(seconds: dict, rounds: dict, tokens: int, costs) -> float:
-    """EAGLE's draft step relative to one row: least squares of round_seconds(k) / plain_seconds - rows(k + 1)
-    = c k + h over the tiers served (h: the round's fixed host cost)."""
+def fit_draft_cost(seconds: dict, rounds: dict, tokens: int, costs) -> tuple[float, float]:
+    """EAGLE's draft cost relative to one row, (per step, per round): least squares of
+    round_seconds(k) / plain_seconds - rows(k + 1) = step k + fixed over the tiers served."""
     plain = seconds[None] / tokens
     points = [(k, seconds[k] / rounds[k] / plain - costs(k + 1)) for k in seconds if k is not None]
-    n = len(points)
-    mean_k = sum(k for k, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
+    mean_k = sum(k for k, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
     var = sum((k - mean_k) ** 2 for k, _ in points)
-    return sum((k - mean_k) * (y - mean_y) for k, y in points) / var if var else mean_y / mean_k
+    step = sum((k - mean_k) * (y - mean_y) for k, y in points) / var if var else 0.0
+    return step, mean_y - step * mean_k
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,9 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--row-costs", default="results/gemma-forward-t1.json",
                         help="bench/bench_gemma_forward.py's JSON: the verify's cost by rows")
-    parser.add_argument("--draft-step-cost", default="measured",
-                        help="EAGLE's draft step per round, relative to one row; 'measured': fitted from the "
-                             "rounds' wall time here (idle machine only)")
+    parser.add_argument("--draft-cost", type=float, nargs=2, default=None, metavar=("PER_STEP", "PER_ROUND"),
+                        help="EAGLE's draft cost relative to one row (default: fitted from the rounds' wall time "
+                             "here against target-only's; idle machine only)")
+    parser.add_argument("--streams", default=None,
+                        help="cache the served outputs and timings here (reused when the settings match)")
     parser.add_argument("--json", default=None)
     return parser
 
@@ -141,15 +149,27 @@ def main() -> None:
     costs = suffix_replay.RowCosts.from_json(args.row_costs, args.weights)
     phases = phased.build_workload("mixed", args.requests_per_phase, prompt_set=args.prompt_set)
     started = time.perf_counter()
-    served, seconds = {}, {}
-    for steps in [None, *args.tiers]:
-        served[steps], seconds[steps] = serve(args, steps, phases)
-        print(f"{'target-only' if steps is None else f'EAGLE static-{steps}'}: {seconds[steps]:.1f} s "
-              f"({time.perf_counter() - started:.0f} s)", flush=True)
+    settings = {key: getattr(args, key) for key in ("model", "weights", "prompt_set", "requests_per_phase",
+                                                     "max_new_tokens", "tiers", "threads")}
+    cached = json.loads(Path(args.streams).read_text()) if args.streams and Path(args.streams).exists() else None
+    if cached and cached["settings"] == settings:
+        print(f"streams and timings from {args.streams}")
+        served = {None if k == "plain" else int(k): v for k, v in cached["served"].items()}
+        seconds = {None if k == "plain" else int(k): v for k, v in cached["seconds"].items()}
+    else:
+        served, seconds = {}, {}
+        for steps in [None, *args.tiers]:
+            served[steps], seconds[steps] = serve(args, steps, phases)
+            print(f"{'target-only' if steps is None else f'EAGLE static-{steps}'}: {seconds[steps]:.1f} s "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+        if args.streams:
+            provenance.write_report(args.streams, {
+                "settings": settings, "served": {"plain" if k is None else str(k): v for k, v in served.items()},
+                "seconds": {"plain" if k is None else str(k): v for k, v in seconds.items()}})
     tokens = sum(len(r["output_ids"]) for r in served[None])
     rounds = {k: sum(len(r["accept_lengths"]) for r in served[k]) for k in args.tiers}
-    measured = fit_draft_step(seconds, rounds, tokens, costs)
-    draft_step = measured if args.draft_step_cost == "measured" else float(args.draft_step_cost)
+    measured = fit_draft_cost(seconds, rounds, tokens, costs)
+    draft = measured if args.draft_cost is None else tuple(args.draft_cost)
     from specswap.engine import Engine  # the tokenizer's digit tokens, as NGRAM's lookup extrapolates them
     numbers = NumberTokens.from_tokenizer(Engine(args.model, weights=args.weights, max_batch_size=1).tokenizer)
     names = [phase.name for phase in phases]
@@ -160,45 +180,36 @@ def main() -> None:
                                                    SuffixConfig())
         for name in names:
             chosen = [i for i, r in enumerate(rows) if r["phase"] == name]
-            figures = phase_figures([rows[i] for i in chosen], [positions[i] for i in chosen], k, costs, draft_step)
-            streams = [positions[i] for i in chosen]
-            phase_tokens = sum(len(p) for p in streams)
-            figures["suffix"] = min(suffix_replay.fixed_time(streams, costs, j, "lookup, then trees")
-                                    for j in suffix_replay.BOUND_TIERS) / phase_tokens
-            per_phase[name][k] = figures
-    report = {"phases": [], "draft_step_cost": round(draft_step, 4), "draft_step_cost_measured": round(measured, 4)}
-    totals = dict.fromkeys(("eagle", "suffix", "hybrid", "hybrid_free_drafts"), 0.0)
+            per_phase[name][k] = phase_figures([rows[i] for i in chosen], [positions[i] for i in chosen], k, costs,
+                                               draft)
+    report = {"draft_cost": [round(x, 4) for x in draft], "draft_cost_measured": [round(x, 4) for x in measured],
+              "phases": []}
+    kinds = ("eagle", "suffix", "hybrid")
+    totals = dict.fromkeys(kinds, 0.0)
     for name in names:
         by_tier = per_phase[name]
-        best = {kind: min(by_tier, key=lambda k: by_tier[k][kind]) for kind in totals if kind != "suffix"}
-        time_per_token = {kind: by_tier[best[kind]][kind] for kind in best}
-        # SUFFIX's best fixed tier on each tier's stream (sampled phases differ), averaged: a minimum over the
-        # streams would credit SUFFIX with the luckiest sample
-        time_per_token["suffix"] = sum(f["suffix"] for f in by_tier.values()) / len(by_tier)
-        for kind in ("hybrid", "hybrid_free_drafts"):  # the hybrid may always draft as either drafter alone
-            time_per_token[kind] = min(time_per_token[kind], time_per_token["eagle"], time_per_token["suffix"])
-        for kind in totals:  # every phase emits the same tokens (ignore_eos): its time is per token x tokens
+        best = {kind: min(by_tier, key=lambda k: by_tier[k][kind]) for kind in kinds}
+        time_per_token = {kind: by_tier[best[kind]][kind] for kind in kinds}
+        for kind in kinds:  # every phase emits the same tokens (ignore_eos): the mixed time is the phases' sum
             totals[kind] += time_per_token[kind]
-        better = min(time_per_token["eagle"], time_per_token["suffix"])
         entry = {"phase": name, "best_tier": best,
                  "speed_vs_plain": {kind: round(1.0 / value, 3) for kind, value in time_per_token.items()},
-                 "hybrid_vs_better": round(better / time_per_token["hybrid"], 3),
-                 "hybrid_free_drafts_vs_suffix": round(time_per_token["suffix"] / time_per_token["hybrid_free_drafts"], 3),
+                 "hybrid_vs_better": round(min(time_per_token["eagle"], time_per_token["suffix"])
+                                           / time_per_token["hybrid"], 3),
                  "tiers": {k: {key: round(value, 3) for key, value in f.items()} for k, f in by_tier.items()}}
         report["phases"].append(entry)
-        print(f"{name}: {entry['speed_vs_plain']} hybrid / better {entry['hybrid_vs_better']}", flush=True)
-    better = min(totals["eagle"], totals["suffix"])
+        print(f"{name}: {entry['speed_vs_plain']} (tiers {best}) hybrid / better {entry['hybrid_vs_better']}",
+              flush=True)
     report["mixed"] = {"speed_vs_plain": {kind: round(len(names) / value, 3) for kind, value in totals.items()},
-                       "hybrid_vs_better": round(better / totals["hybrid"], 3),
-                       "hybrid_free_drafts_vs_suffix": round(totals["suffix"] / totals["hybrid_free_drafts"], 3)}
-    print(f"mixed: {report['mixed']}")
+                       "hybrid_vs_better": round(min(totals["eagle"], totals["suffix"]) / totals["hybrid"], 3)}
+    print(f"mixed: {report['mixed']}; EAGLE's draft (per step, per round) {report['draft_cost']}")
     if args.json:
         provenance.write_report(args.json, {
             **provenance.stamp(), "what": WHAT, "model": args.model, "weights": args.weights,
             "prompt_set": args.prompt_set, "requests_per_phase": args.requests_per_phase,
             "max_new_tokens": args.max_new_tokens, "threads": args.threads, "row_costs": args.row_costs,
             "tiers": args.tiers, "suffix_settings": SuffixConfig().__dict__,
-            "served_seconds": {str(k): round(v, 2) for k, v in seconds.items()}, **report})
+            "served_seconds": {"plain" if k is None else str(k): round(v, 2) for k, v in seconds.items()}, **report})
 
 
 if __name__ == "__main__":
