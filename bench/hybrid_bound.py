@@ -12,15 +12,16 @@ the emitted token equals d with that probability), so at each of EAGLE's round s
 acceptances bounds what a choice made before the round could expect (Jensen: the best choice's mean is at most
 the mean of the better one).
 
-All three drafters are judged at the same positions, EAGLE's round starts at each tier: EAGLE, SUFFIX as built
-(prompt lookup's chain, else the trees'; a plain decode where neither drafts) and the hindsight hybrid (the
-longest accepted of EAGLE's, lookup's and the trees' chains), so the ratio of their speeds says what a per-round
-choice adds; the positions a drafter's own rounds would visit differ (a long accepted run skips positions), which
-moves every speed here away from its own by the same sampling. Speeds are modelled by forward cost
-(``--row-costs``: the verify of k + 1 rows relative to one row) plus, in EAGLE's rounds, its draft cost per step
-and per round (``--draft-cost``; by default fitted from the rounds' wall time at each k against target-only's, on
-an idle machine only); SUFFIX's lookups are free. Each drafter at its best fixed tier per phase; the mixed
-workload's time is the phases' sum (each emits the same tokens).
+All three are judged at the same positions, EAGLE's round starts at each tier k: EAGLE, SUFFIX as built (prompt
+lookup's chain, else the trees'; a plain decode where neither drafts) and the hindsight hybrid (the longest
+accepted of EAGLE's, lookup's and the trees' chains). Per phase, what the per-round choice adds over the drafter
+that ``--measured`` (``specswap bench --workload mixed``'s JSON with modes ``adaptive``, EAGLE, and
+``adaptive@SUFFIX``) found faster there, taken at the tier where it adds most: over SUFFIX, the hybrid's tokens per
+round over SUFFIX's (its rounds with EAGLE's draft priced as SUFFIX's: the draft free); over EAGLE, its tokens per
+second with EAGLE's rounds at EAGLE's measured seconds per round at k and its suffix rounds at the verify alone
+(k + 1 rows, ``--row-costs``, times target-only's seconds per token). Each phase's measured speed times that gain
+gives the bound's mixed speed (each phase emits the same tokens), against the better drafter's measured over the
+whole workload. Generous on every count: the choice is clairvoyant and free, the tier the best for the gain.
 
     PYTHONPATH=python python bench/hybrid_bound.py --json results/hybrid-bound-mixed-epyc.json
 """
@@ -41,10 +42,9 @@ from specswap.worker.suffix import SuffixConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suffix_replay  # noqa: E402  (the suffix trees' replay, the row costs)
 
-WHAT = ("What a per-round choice between EAGLE's draft and SUFFIX's adds on the mixed workload: EAGLE served at "
-        "each fixed chain tier; at its round starts EAGLE, SUFFIX as built (replayed over the same outputs) and the "
-        "better of the two in hindsight, judged at the same positions; speeds modelled by the verify's cost by rows "
-        "plus EAGLE's draft cost, each at its best fixed tier per phase")
+WHAT = ("An upper bound for the hybrid on the mixed workload: EAGLE served at each fixed chain tier; at its round "
+        "starts EAGLE, SUFFIX as built (replayed over the same outputs) and the better of the two in hindsight; per "
+        "phase what that choice adds over the drafter measured faster there, times its measured speed")
 
 
 def serve(args, steps: int | None, phases) -> tuple[list[dict], float]:
@@ -79,46 +79,44 @@ def round_starts(accept_lengths: list[int], length: int) -> list[tuple[int, int]
     return out
 
 
-def phase_figures(rows: list[dict], positions, k: int, costs, draft: tuple[float, float]) -> dict:
-    """One phase at tier k, at EAGLE's round starts (every drafter judged at the same positions): tokens per round
-    and modelled time per output token (one-row forwards; renewal: a round's mean cost over its mean tokens) of
-    EAGLE, SUFFIX as built (prompt lookup's chain, else the trees'; a plain decode where neither drafts) and the
-    hindsight hybrid (the longest accepted of EAGLE's, lookup's and the trees' chains). ``draft``: EAGLE's cost
-    per draft step and per round (its draft-extend, host work), added to its rounds' verify."""
-    verify = costs(k + 1)
-    eagle_round = verify + k * draft[0] + draft[1]
-    eagle_time = suffix_time = hybrid_time = 0.0
-    eagle_tokens = suffix_tokens = hybrid_tokens = rounds = chose_suffix = 0
+def phase_figures(rows: list[dict], positions, k: int) -> dict:
+    """One phase at tier k, at EAGLE's round starts: tokens per round of EAGLE, SUFFIX as built and the hindsight
+    hybrid, and the share of rounds where the suffix chain accepted more than EAGLE's."""
+    eagle = suffix = hybrid = rounds = chose_suffix = 0
     for row, at in zip(rows, positions):
         for position, accepted in round_starts(row["accept_lengths"], len(row["output_ids"])):
             here = at[position - 1]  # stream_positions starts at output position 1
             built = here.lookup[k] if here.lookup[k] is not None else here.trees[k]
             either = max(a for a in (here.lookup[k], here.trees[k], -1) if a is not None)
             rounds += 1
-            eagle_tokens += accepted + 1
-            eagle_time += eagle_round
-            suffix_tokens += (built or 0) + 1
-            suffix_time += 1.0 if built is None else verify
-            hybrid_tokens += max(accepted, either) + 1
+            eagle += accepted + 1
+            suffix += (built or 0) + 1  # no draft: a plain decode, one token
+            hybrid += max(accepted, either) + 1
             chose_suffix += either > accepted
-            hybrid_time += verify if either > accepted else eagle_round
-    return {"rounds": rounds, "eagle_tokens_per_round": eagle_tokens / rounds,
-            "suffix_tokens_per_round": suffix_tokens / rounds, "hybrid_tokens_per_round": hybrid_tokens / rounds,
-            "suffix_share": chose_suffix / rounds,
-            "eagle": eagle_time / eagle_tokens, "suffix": suffix_time / suffix_tokens,
-            "hybrid": hybrid_time / hybrid_tokens}
+    return {"rounds": rounds, "eagle_tokens_per_round": eagle / rounds, "suffix_tokens_per_round": suffix / rounds,
+            "hybrid_tokens_per_round": hybrid / rounds, "suffix_share": chose_suffix / rounds}
 
 
-def fit_draft_cost(seconds: dict, rounds: dict, tokens: int, costs) -> tuple[float, float]:
-    """EAGLE's draft cost relative to one row, (per step, per round): least squares of
-    round_seconds(k) / plain_seconds - rows(k + 1) = step k + fixed over the tiers served."""
-    plain = seconds[None] / tokens
-    points = [(k, seconds[k] / rounds[k] / plain - costs(k + 1)) for k in seconds if k is not None]
-    mean_k = sum(k for k, _ in points) / len(points)
-    mean_y = sum(y for _, y in points) / len(points)
-    var = sum((k - mean_k) ** 2 for k, _ in points)
-    step = sum((k - mean_k) * (y - mean_y) for k, y in points) / var if var else 0.0
-    return step, mean_y - step * mean_k
+def gain_over(figures: dict, over: str, eagle_round: float, verify: float) -> float:
+    """What the hindsight hybrid adds at one tier over ``over`` ("SUFFIX": tokens per round; "EAGLE": tokens per
+    second, its EAGLE rounds at ``eagle_round`` seconds and its suffix rounds at ``verify``)."""
+    hybrid = figures["hybrid_tokens_per_round"]
+    if over == "SUFFIX":
+        return hybrid / figures["suffix_tokens_per_round"]
+    share = figures["suffix_share"]
+    return hybrid / ((1.0 - share) * eagle_round + share * verify) / (figures["eagle_tokens_per_round"] / eagle_round)
+
+
+def measured_speeds(path: str) -> tuple[list[dict], dict]:
+    """``specswap bench --workload mixed``'s JSON: per phase its name and each drafter's tokens per second (EAGLE:
+    mode ``adaptive`` of an EAGLE run; SUFFIX: ``adaptive@SUFFIX``), and the whole workload's."""
+    data = json.loads(Path(path).read_text())
+    if data.get("speculative_algorithm") != "EAGLE" or "adaptive@SUFFIX" not in data["modes"]:
+        raise SystemExit(f"{path}: needs an EAGLE run of specswap bench with modes adaptive and adaptive@SUFFIX")
+    modes = {"EAGLE": data["modes"]["adaptive"], "SUFFIX": data["modes"]["adaptive@SUFFIX"]}
+    phases = [{"phase": phase["name"], **{name: mode["phases"][i]["throughput_tok_s"] for name, mode in modes.items()}}
+              for i, phase in enumerate(modes["EAGLE"]["phases"])]
+    return phases, {name: mode["overall"]["throughput_tok_s"] for name, mode in modes.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,9 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--row-costs", default="results/gemma-forward-t1.json",
                         help="bench/bench_gemma_forward.py's JSON: the verify's cost by rows")
-    parser.add_argument("--draft-cost", type=float, nargs=2, default=None, metavar=("PER_STEP", "PER_ROUND"),
-                        help="EAGLE's draft cost relative to one row (default: fitted from the rounds' wall time "
-                             "here against target-only's; idle machine only)")
+    parser.add_argument("--measured", default="results/hybrid-mixed-epyc.json",
+                        help="specswap bench's JSON of the mixed workload (EAGLE run; modes adaptive, "
+                             "adaptive@SUFFIX): each phase's measured speeds")
     parser.add_argument("--streams", default=None,
                         help="cache the served outputs and timings here (reused when the settings match)")
     parser.add_argument("--json", default=None)
@@ -167,9 +165,8 @@ def main() -> None:
                 "settings": settings, "served": {"plain" if k is None else str(k): v for k, v in served.items()},
                 "seconds": {"plain" if k is None else str(k): v for k, v in seconds.items()}})
     tokens = sum(len(r["output_ids"]) for r in served[None])
+    plain = seconds[None] / tokens  # target-only's seconds per token
     rounds = {k: sum(len(r["accept_lengths"]) for r in served[k]) for k in args.tiers}
-    measured = fit_draft_cost(seconds, rounds, tokens, costs)
-    draft = measured if args.draft_cost is None else tuple(args.draft_cost)
     from specswap.engine import Engine  # the tokenizer's digit tokens, as NGRAM's lookup extrapolates them
     numbers = NumberTokens.from_tokenizer(Engine(args.model, weights=args.weights, max_batch_size=1).tokenizer)
     names = [phase.name for phase in phases]
@@ -180,35 +177,38 @@ def main() -> None:
                                                    SuffixConfig())
         for name in names:
             chosen = [i for i, r in enumerate(rows) if r["phase"] == name]
-            per_phase[name][k] = phase_figures([rows[i] for i in chosen], [positions[i] for i in chosen], k, costs,
-                                               draft)
-    report = {"draft_cost": [round(x, 4) for x in draft], "draft_cost_measured": [round(x, 4) for x in measured],
-              "phases": []}
-    kinds = ("eagle", "suffix", "hybrid")
-    totals = dict.fromkeys(kinds, 0.0)
-    for name in names:
-        by_tier = per_phase[name]
-        best = {kind: min(by_tier, key=lambda k: by_tier[k][kind]) for kind in kinds}
-        time_per_token = {kind: by_tier[best[kind]][kind] for kind in kinds}
-        for kind in kinds:  # every phase emits the same tokens (ignore_eos): the mixed time is the phases' sum
-            totals[kind] += time_per_token[kind]
-        entry = {"phase": name, "best_tier": best,
-                 "speed_vs_plain": {kind: round(1.0 / value, 3) for kind, value in time_per_token.items()},
-                 "hybrid_vs_better": round(min(time_per_token["eagle"], time_per_token["suffix"])
-                                           / time_per_token["hybrid"], 3),
-                 "tiers": {k: {key: round(value, 3) for key, value in f.items()} for k, f in by_tier.items()}}
+            per_phase[name][k] = phase_figures([rows[i] for i in chosen], [positions[i] for i in chosen], k)
+    measured, overall = measured_speeds(args.measured)
+    if [m["phase"] for m in measured] != names:
+        raise SystemExit(f"{args.measured}: phases {[m['phase'] for m in measured]}, not {names}")
+    report = {"measured": args.measured, "measured_overall_tok_s": overall, "phases": []}
+    bound_time = 0.0
+    for name, speeds in zip(names, measured):
+        faster = max(("EAGLE", "SUFFIX"), key=lambda drafter: speeds[drafter])
+        gains = {k: gain_over(f, faster, seconds[k] / rounds[k], costs(k + 1) * plain)
+                 for k, f in per_phase[name].items()}
+        tier = max(gains, key=gains.get)
+        bound_time += 1.0 / (speeds[faster] * gains[tier])  # each phase emits the same tokens
+        entry = {"phase": name, "measured_tok_s": {d: speeds[d] for d in ("EAGLE", "SUFFIX")}, "faster": faster,
+                 "gain": round(gains[tier], 3), "gain_tier": tier,
+                 "tiers": {k: {**{key: round(v, 3) for key, v in f.items()}, "gain": round(gains[k], 3)}
+                           for k, f in per_phase[name].items()}}
         report["phases"].append(entry)
-        print(f"{name}: {entry['speed_vs_plain']} (tiers {best}) hybrid / better {entry['hybrid_vs_better']}",
-              flush=True)
-    report["mixed"] = {"speed_vs_plain": {kind: round(len(names) / value, 3) for kind, value in totals.items()},
-                       "hybrid_vs_better": round(min(totals["eagle"], totals["suffix"]) / totals["hybrid"], 3)}
-    print(f"mixed: {report['mixed']}; EAGLE's draft (per step, per round) {report['draft_cost']}")
+        print(f"{name}: {faster} faster ({speeds[faster]:.1f} tok/s); the hindsight hybrid adds at most "
+              f"{gains[tier]:.3f}x (tier {tier})", flush=True)
+    bound = len(names) / bound_time
+    better = max(overall.values())
+    report["mixed"] = {"bound_tok_s": round(bound, 1), "better_measured_tok_s": better,
+                       "bound_vs_better": round(bound / better, 3)}
+    print(f"mixed: the bound {bound:.1f} tok/s, {bound / better:.3f}x the better drafter's measured {better:.1f}")
     if args.json:
         provenance.write_report(args.json, {
             **provenance.stamp(), "what": WHAT, "model": args.model, "weights": args.weights,
             "prompt_set": args.prompt_set, "requests_per_phase": args.requests_per_phase,
             "max_new_tokens": args.max_new_tokens, "threads": args.threads, "row_costs": args.row_costs,
             "tiers": args.tiers, "suffix_settings": SuffixConfig().__dict__,
+            "eagle_seconds_per_round": {str(k): round(seconds[k] / rounds[k], 5) for k in args.tiers},
+            "plain_seconds_per_token": round(plain, 5),
             "served_seconds": {"plain" if k is None else str(k): round(v, 2) for k, v in seconds.items()}, **report})
 
 

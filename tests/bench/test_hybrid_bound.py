@@ -1,4 +1,6 @@
-"""bench/hybrid_bound.py's counting: where EAGLE's rounds began, the hindsight choice per round, the draft step's fit."""
+"""bench/hybrid_bound.py's counting: where EAGLE's rounds began, the hindsight choice per round, the gains, the measured speeds."""
+
+import json
 
 import pytest
 
@@ -16,31 +18,43 @@ def test_round_starts_follow_the_accepted_drafts():
 
 def test_every_drafter_is_judged_at_eagles_round_starts():
     k = 2
-    costs = replay.RowCosts({1: 1.0, 2: 1.0, 3: 1.5, 4: 2.0})
     # output positions 1..6: the trees' chain accepts 2 at 1 and nothing at odd positions; lookup drafts only at
     # 4 (accepting 1), where it goes first though the trees would accept 2 there
     positions = [replay.Position({k: 1 if p == 4 else None},
                                  {k: 2 if p in (1, 4) else (0 if p % 2 else None)}, {k: None})
                  for p in range(1, 7)]
     row = {"accept_lengths": [0, 1, 2], "output_ids": list(range(7))}  # EAGLE's rounds begin at 1, 2, 4
-    figures = bound.phase_figures([row], [positions], k, costs, draft=(0.25, 0.1))
+    figures = bound.phase_figures([row], [positions], k)
     assert figures["rounds"] == 3
     assert figures["eagle_tokens_per_round"] == pytest.approx((1 + 2 + 3) / 3)
     # SUFFIX as built: the trees at 1 (3 tokens), nothing at 2 (a plain decode), lookup first at 4 (2 tokens)
     assert figures["suffix_tokens_per_round"] == pytest.approx((3 + 1 + 2) / 3)
-    assert figures["suffix"] == pytest.approx((1.5 + 1.0 + 1.5) / 6)
-    # the hybrid in hindsight: the trees at 1 (3), EAGLE at 2 (2), the trees at 4 (3, tying EAGLE: EAGLE's draft)
+    # the hybrid in hindsight: the trees at 1 (3), EAGLE at 2 (2), a tie at 4 (3: EAGLE's draft)
     assert figures["hybrid_tokens_per_round"] == pytest.approx((3 + 2 + 3) / 3)
     assert figures["suffix_share"] == pytest.approx(1 / 3)
-    eagle_round = 1.5 + 2 * 0.25 + 0.1  # EAGLE pays its draft steps and its round's share; the suffix rounds not
-    assert figures["eagle"] == pytest.approx(3 * eagle_round / 6)
-    assert figures["hybrid"] == pytest.approx((1.5 + 2 * eagle_round) / 8)
 
 
-def test_the_draft_cost_is_fitted_from_round_times():
-    costs = replay.RowCosts({1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4})
-    plain = 0.01  # seconds per token target-only
-    step, fixed = 0.3, 0.1
-    rounds = {1: 50, 3: 40, 7: 20}
-    seconds = {None: plain * 100, **{k: n * plain * (costs(k + 1) + step * k + fixed) for k, n in rounds.items()}}
-    assert bound.fit_draft_cost(seconds, rounds, 100, costs) == pytest.approx((step, fixed))
+def test_the_gain_over_each_drafter():
+    figures = {"eagle_tokens_per_round": 1.5, "suffix_tokens_per_round": 2.0, "hybrid_tokens_per_round": 2.5,
+               "suffix_share": 0.4}
+    assert bound.gain_over(figures, "SUFFIX", 0.03, 0.02) == pytest.approx(2.5 / 2.0)
+    # EAGLE's rounds at 30 ms, the hybrid's suffix rounds at the verify alone (20 ms): 2.5 tokens per 26 ms
+    assert bound.gain_over(figures, "EAGLE", 0.03, 0.02) == pytest.approx((2.5 / 0.026) / (1.5 / 0.03))
+
+
+def test_measured_speeds_read_the_mixed_benchmark(tmp_path):
+    phase = lambda name, speed: {"name": name, "throughput_tok_s": speed}  # noqa: E731
+    data = {"speculative_algorithm": "EAGLE", "modes": {
+        "adaptive": {"overall": {"throughput_tok_s": 140.0}, "phases": [phase("resample", 120.0), phase("low", 130.0)]},
+        "adaptive@SUFFIX": {"overall": {"throughput_tok_s": 150.0},
+                            "phases": [phase("resample", 145.0), phase("low", 110.0)]}}}
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps(data))
+    phases, overall = bound.measured_speeds(str(path))
+    assert phases == [{"phase": "resample", "EAGLE": 120.0, "SUFFIX": 145.0},
+                      {"phase": "low", "EAGLE": 130.0, "SUFFIX": 110.0}]
+    assert overall == {"EAGLE": 140.0, "SUFFIX": 150.0}
+    data["speculative_algorithm"] = "NGRAM"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="needs an EAGLE run"):
+        bound.measured_speeds(str(path))
