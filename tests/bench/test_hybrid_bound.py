@@ -34,12 +34,18 @@ def test_every_drafter_is_judged_at_eagles_round_starts():
     assert figures["suffix_share"] == pytest.approx(1 / 3)
 
 
-def test_the_gain_over_each_drafter():
+def test_speeds_and_the_gain_over_each_drafter_at_its_own_best_tier():
     figures = {"eagle_tokens_per_round": 1.5, "suffix_tokens_per_round": 2.0, "hybrid_tokens_per_round": 2.5,
-               "suffix_share": 0.4}
-    assert bound.gain_over(figures, "SUFFIX", 0.03, 0.02) == pytest.approx(2.5 / 2.0)
-    # EAGLE's rounds at 30 ms, the hybrid's suffix rounds at the verify alone (20 ms): 2.5 tokens per 26 ms
-    assert bound.gain_over(figures, "EAGLE", 0.03, 0.02) == pytest.approx((2.5 / 0.026) / (1.5 / 0.03))
+               "suffix_share": 0.4, "suffix_drafted": 0.5}
+    # EAGLE's rounds at 30 ms, a verify alone 20 ms, a plain decode 10 ms
+    speeds = bound.tier_speeds(figures, 0.03, 0.02, 0.01)
+    assert speeds["EAGLE"] == pytest.approx(1.5 / 0.03)
+    assert speeds["SUFFIX"] == pytest.approx(2.0 / 0.015)  # half its rounds drafted, half plain decodes
+    assert speeds["hybrid_vs_EAGLE"] == pytest.approx(2.5 / 0.026)  # its suffix rounds at the verify alone
+    assert speeds["hybrid_vs_SUFFIX"] == pytest.approx(2.5 / 0.02)  # every round at the verify alone
+    # the hybrid at its best tier over the drafter at its own best tier, not at the hybrid's
+    by_tier = {1: {"EAGLE": 100.0, "hybrid_vs_EAGLE": 104.0}, 4: {"EAGLE": 60.0, "hybrid_vs_EAGLE": 108.0}}
+    assert bound.gain_over(by_tier, "EAGLE") == (pytest.approx(1.08), 4, 1)
 
 
 def test_measured_speeds_read_the_mixed_benchmark(tmp_path):
