@@ -126,8 +126,12 @@ def measured_speeds(path: str) -> tuple[list[dict], dict]:
     """``specswap bench --workload mixed``'s JSON: per phase its name and each drafter's tokens per second (EAGLE:
     mode ``adaptive`` of an EAGLE run; SUFFIX: ``adaptive@SUFFIX``), and the whole workload's."""
     data = json.loads(Path(path).read_text())
-    if data.get("speculative_algorithm") != "EAGLE" or "adaptive@SUFFIX" not in data["modes"]:
-        raise SystemExit(f"{path}: needs an EAGLE run of specswap bench with modes adaptive and adaptive@SUFFIX")
+    from specswap import algorithms
+    name = data.get("speculative_algorithm")
+    if name not in algorithms.ALGORITHMS or not algorithms.algorithm(name).needs_draft \
+            or "adaptive@SUFFIX" not in data["modes"]:
+        raise SystemExit(f"{path}: needs a model drafter's run of specswap bench (EAGLE) with modes adaptive and "
+                         "adaptive@SUFFIX")
     modes = {"EAGLE": data["modes"]["adaptive"], "SUFFIX": data["modes"]["adaptive@SUFFIX"]}
     phases = [{"phase": phase["name"], **{name: mode["phases"][i]["throughput_tok_s"] for name, mode in modes.items()}}
               for i, phase in enumerate(modes["EAGLE"]["phases"])]

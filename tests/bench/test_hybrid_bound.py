@@ -62,5 +62,5 @@ def test_measured_speeds_read_the_mixed_benchmark(tmp_path):
     assert overall == {"EAGLE": 140.0, "SUFFIX": 150.0}
     data["speculative_algorithm"] = "NGRAM"
     path.write_text(json.dumps(data))
-    with pytest.raises(SystemExit, match="needs an EAGLE run"):
+    with pytest.raises(SystemExit, match="needs a model drafter's run"):
         bound.measured_speeds(str(path))
