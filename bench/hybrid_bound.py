@@ -49,12 +49,14 @@ WHAT = ("An upper bound for the hybrid on the mixed workload: EAGLE served at ea
         "phase what that choice adds over the drafter measured faster there, times its measured speed")
 
 
-def serve(args, steps: int | None, phases) -> tuple[list[dict], float]:
+def serve(args, steps: int | None, phases) -> tuple[list[dict], float, list[int] | None]:
     """The workload's requests one at a time through an Engine (EAGLE at ``steps``; None: target-only): per request
-    its prompt, output and accepted drafts per round; and the seconds spent in ``generate``."""
+    its prompt, output and accepted drafts per round; the seconds spent in ``generate``; the tokenizer's digit
+    tokens (as NGRAM's lookup extrapolates them)."""
     from specswap.engine import Engine
     algorithm = {} if steps is None else dict(speculative_algorithm="EAGLE", speculative_num_steps=steps)
     engine = Engine(args.model, weights=args.weights, max_batch_size=1, max_seq_len=args.max_seq_len, **algorithm)
+    numbers = NumberTokens.from_tokenizer(engine.tokenizer)
     engine.generate(["Warm up."], 4)
     rows, seconds, seed = [], 0.0, 0
     for phase in phases:
@@ -66,7 +68,12 @@ def serve(args, steps: int | None, phases) -> tuple[list[dict], float]:
             rows.append({"phase": phase.name, "prompt_ids": list(out.prompt_token_ids),
                          "output_ids": list(out.token_ids), "accept_lengths": list(out.accept_lengths)})
             seed += 1
-    return rows, seconds
+    return rows, seconds, list(numbers.ids) if numbers else None
+
+
+def by_tier_key(values: dict) -> dict:
+    """A dict keyed by tier (None: target-only) as JSON keys ("plain", "1", ...)."""
+    return {"plain" if k is None else str(k): v for k, v in values.items()}
 
 
 def round_starts(accept_lengths: list[int], length: int) -> list[tuple[int, int]]:
@@ -169,25 +176,25 @@ def main() -> None:
     settings = {key: getattr(args, key) for key in ("model", "weights", "prompt_set", "requests_per_phase",
                                                      "max_new_tokens", "tiers", "threads")}
     cached = json.loads(Path(args.streams).read_text()) if args.streams and Path(args.streams).exists() else None
-    if cached and cached["settings"] == settings:
+    if cached and cached["settings"] == settings and "number_tokens" in cached:
         print(f"streams and timings from {args.streams} (commit {cached.get('commit')})")
         served = {None if k == "plain" else int(k): v for k, v in cached["served"].items()}
         seconds = {None if k == "plain" else int(k): v for k, v in cached["seconds"].items()}
+        number_ids = cached["number_tokens"]
     else:
         served, seconds = {}, {}
         for steps in [None, *args.tiers]:
-            served[steps], seconds[steps] = serve(args, steps, phases)
+            served[steps], seconds[steps], number_ids = serve(args, steps, phases)
             print(f"{'target-only' if steps is None else f'EAGLE static-{steps}'}: {seconds[steps]:.1f} s "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
         if args.streams:
             provenance.write_report(args.streams, {
-                **provenance.stamp(), "settings": settings, "served": {"plain" if k is None else str(k): v for k, v in served.items()},
-                "seconds": {"plain" if k is None else str(k): v for k, v in seconds.items()}})
+                **provenance.stamp(), "settings": settings, "number_tokens": number_ids,
+                "served": by_tier_key(served), "seconds": by_tier_key(seconds)})
+    numbers = NumberTokens(number_ids) if number_ids else None
     tokens = sum(len(r["output_ids"]) for r in served[None])
     plain = seconds[None] / tokens  # target-only's seconds per token
     rounds = {k: sum(len(r["accept_lengths"]) for r in served[k]) for k in args.tiers}
-    from specswap.engine import Engine  # the tokenizer's digit tokens, as NGRAM's lookup extrapolates them
-    numbers = NumberTokens.from_tokenizer(Engine(args.model, weights=args.weights, max_batch_size=1).tokenizer)
     names = [phase.name for phase in phases]
     per_phase = {name: {} for name in names}
     for k in args.tiers:
@@ -230,7 +237,7 @@ def main() -> None:
             "streams_commit": (cached or {}).get("commit", provenance.git_commit()),
             "eagle_seconds_per_round": {str(k): round(seconds[k] / rounds[k], 5) for k in args.tiers},
             "plain_seconds_per_token": round(plain, 5),
-            "served_seconds": {"plain" if k is None else str(k): round(v, 2) for k, v in seconds.items()}, **report})
+            "served_seconds": by_tier_key({k: round(v, 2) for k, v in seconds.items()}), **report})
 
 
 if __name__ == "__main__":
