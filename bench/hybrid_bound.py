@@ -25,7 +25,14 @@ tokens) is set against the better drafter's measured speed over the whole worklo
 choice is clairvoyant and free, host work is left out of the hybrid's rounds, and a tier's sampled streams (each
 tier serves its own) lift its maximum.
 
+``--workload code`` does the same for ``bench/bench_llamacpp.py``'s greedy code set (``--requests-per-phase``
+prompts of the report code set, one phase, requests free to stop at EOS as there) against that bench's JSON
+(``--measured``: modes ``eagle adaptive`` and ``suffix adaptive``), and sets the bound against OpenVINO's best
+prompt lookup in the same JSON.
+
     PYTHONPATH=python python bench/hybrid_bound.py --json results/hybrid-bound-mixed-epyc.json
+    PYTHONPATH=python python bench/hybrid_bound.py --workload code --requests-per-phase 4 --max-new-tokens 96 \
+        --measured results/peers-gemma-code-epyc.json --json results/hybrid-bound-code-epyc.json
 """
 
 from __future__ import annotations
@@ -43,10 +50,11 @@ from specswap.worker.suffix import SuffixConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suffix_replay  # noqa: E402  (the suffix trees' replay, the row costs)
+from bench_engine import PROMPT_SETS as ENGINE_PROMPT_SETS  # noqa: E402  (the peer bench's code prompts)
 
-WHAT = ("An upper bound for the hybrid on the mixed workload: EAGLE served at each fixed chain tier; at its round "
-        "starts EAGLE, SUFFIX as built (replayed over the same outputs) and the better of the two in hindsight; per "
-        "phase what that choice adds over the drafter measured faster there, times its measured speed")
+WHAT = ("An upper bound for the hybrid on the {workload} workload: EAGLE served at each fixed chain tier; at its "
+        "round starts EAGLE, SUFFIX as built (replayed over the same outputs) and the better of the two in hindsight; "
+        "per phase what that choice adds over the drafter measured faster there, times its measured speed")
 
 
 def serve(args, steps: int | None, phases) -> tuple[list[dict], float, list[int] | None]:
@@ -63,7 +71,7 @@ def serve(args, steps: int | None, phases) -> tuple[list[dict], float, list[int]
         for text in phase.prompts:
             began = time.perf_counter()
             out = engine.generate([text], args.max_new_tokens, temperature=phase.temperature, seed=seed,
-                                  ignore_eos=True)[0]
+                                  ignore_eos=args.workload != "code")[0]  # the peer bench lets requests stop
             seconds += time.perf_counter() - began
             rows.append({"phase": phase.name, "prompt_ids": list(out.prompt_token_ids),
                          "output_ids": list(out.token_ids), "accept_lengths": list(out.accept_lengths)})
@@ -129,10 +137,39 @@ def gain_over(by_tier: dict, over: str) -> tuple[float, int, int]:
     return by_tier[hybrid][f"hybrid_vs_{over}"] / by_tier[alone][over], hybrid, alone
 
 
-def measured_speeds(path: str) -> tuple[list[dict], dict]:
+def workload_phases(args) -> list:
+    """The served phases: ``specswap bench``'s mixed workload, or the peer bench's code set as one greedy phase."""
+    if args.workload == "code":
+        prompts = ENGINE_PROMPT_SETS[args.prompt_set]["code"][0][:args.requests_per_phase]
+        return [phased.Phase("code", tuple(prompts), 0.0)]
+    return phased.build_workload("mixed", args.requests_per_phase, prompt_set=args.prompt_set)
+
+
+PEER_MODES = {"EAGLE": "eagle adaptive", "SUFFIX": "suffix adaptive"}
+
+
+def peer_speeds(data: dict, path: str) -> tuple[list[dict], dict, float | None]:
+    """``bench/bench_llamacpp.py``'s JSON (one set, greedy, one thread): each drafter's tokens per second on its
+    set as one phase, and OpenVINO's best prompt lookup (None: not run)."""
+    rows = [r for r in data["results"] if r.get("temperature") == 0.0]
+    sets = {r["set"] for r in rows}
+    speeds = {r["mode"]: r["tokens_per_second"] for r in rows if r["runtime"] == "specswap"}
+    missing = [mode for mode in PEER_MODES.values() if mode not in speeds]
+    if len(sets) != 1 or missing:
+        raise SystemExit(f"{path}: needs one greedy set (has {sorted(sets)}) with specswap modes "
+                         f"{list(PEER_MODES.values())} (missing {missing})")
+    lookups = [r["tokens_per_second"] for r in rows if r["runtime"] == "openvino" and r["mode"] != "plain"]
+    overall = {name: speeds[mode] for name, mode in PEER_MODES.items()}
+    return [{"phase": sets.pop(), **overall}], overall, max(lookups) if lookups else None
+
+
+def measured_speeds(path: str) -> tuple[list[dict], dict, float | None]:
     """``specswap bench --workload mixed``'s JSON: per phase its name and each drafter's tokens per second (EAGLE:
-    mode ``adaptive`` of an EAGLE run; SUFFIX: ``adaptive@SUFFIX``), and the whole workload's."""
+    mode ``adaptive`` of an EAGLE run; SUFFIX: ``adaptive@SUFFIX``), the whole workload's, and None; or the peer
+    bench's (``peer_speeds``)."""
     data = json.loads(Path(path).read_text())
+    if "results" in data and "modes" not in data:
+        return peer_speeds(data, path)
     from specswap import algorithms
     name = data.get("speculative_algorithm")
     if name not in algorithms.ALGORITHMS or not algorithms.algorithm(name).needs_draft \
@@ -142,12 +179,14 @@ def measured_speeds(path: str) -> tuple[list[dict], dict]:
     modes = {"EAGLE": data["modes"]["adaptive"], "SUFFIX": data["modes"]["adaptive@SUFFIX"]}
     phases = [{"phase": phase["name"], **{name: mode["phases"][i]["throughput_tok_s"] for name, mode in modes.items()}}
               for i, phase in enumerate(modes["EAGLE"]["phases"])]
-    return phases, {name: mode["overall"]["throughput_tok_s"] for name, mode in modes.items()}
+    return phases, {name: mode["overall"]["throughput_tok_s"] for name, mode in modes.items()}, None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="gemma-3-270m")
+    parser.add_argument("--workload", default="mixed", choices=["mixed", "code"],
+                        help="specswap bench's mixed workload, or bench_llamacpp.py's greedy code set")
     parser.add_argument("--weights", default="native", choices=["native", "bf16", "fp32"])
     parser.add_argument("--prompt-set", default="report", choices=sorted(phased.PROMPT_SETS))
     parser.add_argument("--requests-per-phase", type=int, default=8)
@@ -159,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bench/bench_gemma_forward.py's JSON: the verify's cost by rows")
     parser.add_argument("--measured", default="results/hybrid-mixed-epyc.json",
                         help="specswap bench's JSON of the mixed workload (EAGLE run; modes adaptive, "
-                             "adaptive@SUFFIX): each phase's measured speeds")
+                             "adaptive@SUFFIX), or with --workload code bench_llamacpp.py's JSON (modes eagle "
+                             "adaptive, suffix adaptive): each phase's measured speeds")
     parser.add_argument("--streams", default=None,
                         help="cache the served outputs and timings here (reused when the settings match)")
     parser.add_argument("--json", default=None)
@@ -171,10 +211,12 @@ def main() -> None:
     import torch
     torch.set_num_threads(args.threads)
     costs = suffix_replay.RowCosts.from_json(args.row_costs, args.weights)
-    phases = phased.build_workload("mixed", args.requests_per_phase, prompt_set=args.prompt_set)
+    phases = workload_phases(args)
     started = time.perf_counter()
     settings = {key: getattr(args, key) for key in ("model", "weights", "prompt_set", "requests_per_phase",
                                                      "max_new_tokens", "tiers", "threads")}
+    if args.workload != "mixed":  # (the mixed streams cached before the option keep their settings)
+        settings["workload"] = args.workload
     cached = json.loads(Path(args.streams).read_text()) if args.streams and Path(args.streams).exists() else None
     if cached and cached["settings"] == settings and "number_tokens" in cached:
         print(f"streams and timings from {args.streams} (commit {cached.get('commit')})")
@@ -204,7 +246,7 @@ def main() -> None:
         for name in names:
             chosen = [i for i, r in enumerate(rows) if r["phase"] == name]
             per_phase[name][k] = phase_figures([rows[i] for i in chosen], [positions[i] for i in chosen], k)
-    measured, overall = measured_speeds(args.measured)
+    measured, overall, openvino = measured_speeds(args.measured)
     if [m["phase"] for m in measured] != names:
         raise SystemExit(f"{args.measured}: phases {[m['phase'] for m in measured]}, not {names}")
     report = {"measured": args.measured, "measured_overall_tok_s": overall, "phases": []}
@@ -225,12 +267,18 @@ def main() -> None:
               f"{gain:.3f}x (tier {tier} against {alone})", flush=True)
     bound = len(names) / bound_time
     better = max(overall.values())
-    report["mixed"] = {"bound_tok_s": round(bound, 1), "better_measured_tok_s": better,
-                       "bound_vs_better": round(bound / better, 3)}
-    print(f"mixed: the bound {bound:.1f} tok/s, {bound / better:.3f}x the better drafter's measured {better:.1f}")
+    report[args.workload] = {"bound_tok_s": round(bound, 1), "better_measured_tok_s": better,
+                             "bound_vs_better": round(bound / better, 3)}
+    print(f"{args.workload}: the bound {bound:.1f} tok/s, {bound / better:.3f}x the better drafter's measured "
+          f"{better:.1f}")
+    if openvino is not None:
+        report[args.workload].update(openvino_prompt_lookup_tok_s=openvino,
+                                     bound_vs_openvino_prompt_lookup=round(bound / openvino, 3))
+        print(f"{args.workload}: the bound {bound / openvino:.3f}x OpenVINO's best prompt lookup ({openvino:.1f})")
     if args.json:
         provenance.write_report(args.json, {
-            **provenance.stamp(), "what": WHAT, "model": args.model, "weights": args.weights,
+            **provenance.stamp(), "what": WHAT.format(workload=args.workload), "workload": args.workload,
+            "model": args.model, "weights": args.weights,
             "prompt_set": args.prompt_set, "requests_per_phase": args.requests_per_phase,
             "max_new_tokens": args.max_new_tokens, "threads": args.threads, "row_costs": args.row_costs,
             "tiers": args.tiers, "suffix_settings": SuffixConfig().__dict__,

@@ -56,11 +56,31 @@ def test_measured_speeds_read_the_mixed_benchmark(tmp_path):
                             "phases": [phase("resample", 145.0), phase("low", 110.0)]}}}
     path = tmp_path / "mixed.json"
     path.write_text(json.dumps(data))
-    phases, overall = bound.measured_speeds(str(path))
+    phases, overall, openvino = bound.measured_speeds(str(path))
+    assert openvino is None
     assert phases == [{"phase": "resample", "EAGLE": 120.0, "SUFFIX": 145.0},
                       {"phase": "low", "EAGLE": 130.0, "SUFFIX": 110.0}]
     assert overall == {"EAGLE": 140.0, "SUFFIX": 150.0}
     data["speculative_algorithm"] = "NGRAM"
     path.write_text(json.dumps(data))
     with pytest.raises(SystemExit, match="needs a model drafter's run"):
+        bound.measured_speeds(str(path))
+
+
+def test_measured_speeds_read_the_peer_bench_and_openvinos_best_lookup(tmp_path):
+    row = lambda runtime, mode, speed, temperature=0.0: {  # noqa: E731
+        "set": "code", "temperature": temperature, "runtime": runtime, "mode": mode, "tokens_per_second": speed}
+    data = {"results": [row("openvino", "plain", 60.0), row("openvino", "prompt-lookup-3", 100.0),
+                        row("openvino", "prompt-lookup-5", 107.0), row("specswap", "target-only", 77.0),
+                        row("specswap", "eagle adaptive", 130.0), row("specswap", "suffix adaptive", 117.0),
+                        row("specswap", "eagle adaptive", 90.0, temperature=1.0)]}
+    path = tmp_path / "peers.json"
+    path.write_text(json.dumps(data))
+    phases, overall, openvino = bound.measured_speeds(str(path))
+    assert phases == [{"phase": "code", "EAGLE": 130.0, "SUFFIX": 117.0}]  # the greedy rows only
+    assert overall == {"EAGLE": 130.0, "SUFFIX": 117.0}
+    assert openvino == 107.0  # its best lookup, never its plain decoding
+    data["results"] = [r for r in data["results"] if r["mode"] != "suffix adaptive"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="missing \\['suffix adaptive'\\]"):
         bound.measured_speeds(str(path))
