@@ -62,7 +62,8 @@ def serve(args, steps: int | None, phases) -> tuple[list[dict], float, list[int]
     its prompt, output and accepted drafts per round; the seconds spent in ``generate``; the tokenizer's digit
     tokens (as NGRAM's lookup extrapolates them)."""
     from specswap.engine import Engine
-    algorithm = {} if steps is None else dict(speculative_algorithm="EAGLE", speculative_num_steps=steps)
+    algorithm = dict(speculative_algorithm=None) if steps is None else \
+        dict(speculative_algorithm="EAGLE", speculative_num_steps=steps)  # (the Engine's default drafts: EAGLE)
     engine = Engine(args.model, weights=args.weights, max_batch_size=1, max_seq_len=args.max_seq_len, **algorithm)
     numbers = NumberTokens.from_tokenizer(engine.tokenizer)
     engine.generate(["Warm up."], 4)
@@ -218,6 +219,10 @@ def main() -> None:
     if args.workload != "mixed":  # (the mixed streams cached before the option keep their settings)
         settings["workload"] = args.workload
     cached = json.loads(Path(args.streams).read_text()) if args.streams and Path(args.streams).exists() else None
+    if cached and any(any(row["accept_lengths"]) for row in cached["served"].get("plain", [])):
+        print(f"{args.streams}: its target-only streams drafted (served with the Engine's default, EAGLE): "
+              "serving again")
+        cached = None
     if cached and cached["settings"] == settings and "number_tokens" in cached:
         print(f"streams and timings from {args.streams} (commit {cached.get('commit')})")
         served = {None if k == "plain" else int(k): v for k, v in cached["served"].items()}

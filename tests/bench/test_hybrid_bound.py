@@ -84,3 +84,32 @@ def test_measured_speeds_read_the_peer_bench_and_openvinos_best_lookup(tmp_path)
     path.write_text(json.dumps(data))
     with pytest.raises(SystemExit, match="missing \\['suffix adaptive'\\]"):
         bound.measured_speeds(str(path))
+
+
+def test_target_only_is_served_without_a_drafter(monkeypatch):
+    built = []
+
+    class Output:
+        prompt_token_ids, token_ids, accept_lengths = [1, 2], [3, 4], [0]
+
+    class FakeEngine:
+        tokenizer = None
+
+        def __init__(self, model, **keywords):
+            built.append(keywords)
+
+        def generate(self, prompts, max_new_tokens, **keywords):
+            return [Output()]
+
+    import specswap.engine
+    monkeypatch.setattr(specswap.engine, "Engine", FakeEngine)
+    monkeypatch.setattr(bound.NumberTokens, "from_tokenizer", staticmethod(lambda tokenizer: None))
+    args = bound.build_parser().parse_args(["--workload", "code", "--requests-per-phase", "1"])
+    phases = bound.workload_phases(args)
+    assert [(p.name, len(p.prompts), p.temperature) for p in phases] == [("code", 1, 0.0)]
+    rows, _, _ = bound.serve(args, None, phases)
+    bound.serve(args, 3, phases)
+    # the Engine's default algorithm is EAGLE: target-only must say None
+    assert built[0]["speculative_algorithm"] is None
+    assert (built[1]["speculative_algorithm"], built[1]["speculative_num_steps"]) == ("EAGLE", 3)
+    assert rows == [{"phase": "code", "prompt_ids": [1, 2], "output_ids": [3, 4], "accept_lengths": [0]}]
