@@ -16,8 +16,10 @@ All three are judged at the same positions, EAGLE's round starts at each tier k:
 lookup's chain, else the trees'; a plain decode where neither drafts) and the hindsight hybrid (the longest
 accepted of EAGLE's, lookup's and the trees' chains). Their tokens per second there (``tier_speeds``): EAGLE's at
 its measured seconds per round at k; SUFFIX's with each round at the verify alone (k + 1 rows, ``--row-costs``,
-times target-only's seconds per token; a plain decode where it has no draft); the hybrid's, against SUFFIX, with
-every round at the verify alone (EAGLE's draft free), against EAGLE with its suffix rounds at the verify alone.
+times target-only's seconds per token; a plain decode where it has no draft); the hybrid's with each round
+choosing, in hindsight, EAGLE's draft, the suffix chain or a plain decode so as to emit the most tokens per second
+(``best_ratio``), against SUFFIX with EAGLE's draft free (either draft at the verify alone), against EAGLE with its
+suffix rounds at the verify alone.
 Per phase, the hybrid at its best tier over the drafter that ``--measured`` (``specswap bench --workload mixed``'s
 JSON: EAGLE run, modes ``adaptive`` and ``adaptive@SUFFIX``) found faster there, at that drafter's own best tier,
 times that measured speed, gives the bound's speed for the phase; the mixed bound (each phase emits the same
@@ -99,8 +101,10 @@ def round_starts(accept_lengths: list[int], length: int) -> list[tuple[int, int]
 
 def phase_figures(rows: list[dict], positions, k: int) -> dict:
     """One phase at tier k, at EAGLE's round starts: tokens per round of EAGLE, SUFFIX as built and the hindsight
-    hybrid, and the share of rounds where the suffix chain accepted more than EAGLE's."""
+    hybrid (the longer accepted), the share of rounds where the suffix chain accepted more than EAGLE's, and per
+    round (``pairs``, not a figure) EAGLE's accepted drafts and the longer suffix chain's (None: none)."""
     eagle = suffix = hybrid = rounds = chose_suffix = suffix_drafted = 0
+    pairs = []
     for row, at in zip(rows, positions):
         for position, accepted in round_starts(row["accept_lengths"], len(row["output_ids"])):
             here = at[position - 1]  # stream_positions starts at output position 1
@@ -112,22 +116,39 @@ def phase_figures(rows: list[dict], positions, k: int) -> dict:
             suffix_drafted += built is not None
             hybrid += max(accepted, either) + 1
             chose_suffix += either > accepted
+            pairs.append((accepted, None if either < 0 else either))
     return {"rounds": rounds, "eagle_tokens_per_round": eagle / rounds, "suffix_tokens_per_round": suffix / rounds,
             "hybrid_tokens_per_round": hybrid / rounds, "suffix_share": chose_suffix / rounds,
-            "suffix_drafted": suffix_drafted / rounds}
+            "suffix_drafted": suffix_drafted / rounds, "pairs": pairs}
+
+
+def best_ratio(rounds: list[list[tuple[float, float]]]) -> float:
+    """The most tokens per second one option per round can reach (each option: tokens, seconds), by Dinkelbach's
+    iteration: from the first options' ratio, take in every round the option with the most tokens less the ratio
+    times its seconds, until the ratio stops rising (it rises each step, and the choices are finite)."""
+    ratio = sum(options[0][0] for options in rounds) / sum(options[0][1] for options in rounds)
+    while True:
+        picks = [max(options, key=lambda option: option[0] - ratio * option[1]) for options in rounds]
+        better = sum(t for t, _ in picks) / sum(c for _, c in picks)
+        if better <= ratio * (1.0 + 1e-12):
+            return ratio
+        ratio = better
 
 
 def tier_speeds(figures: dict, eagle_round: float, verify: float, plain: float) -> dict:
     """Tokens per second at one tier, at EAGLE's round starts: EAGLE's at its measured ``eagle_round`` seconds per
     round; SUFFIX's with its rounds at the verify alone (``verify``; a plain decode, ``plain``, where it has no
-    draft); the hybrid's against EAGLE (its suffix rounds at the verify alone) and against SUFFIX (every round at
-    the verify alone: EAGLE's draft free)."""
-    share, drafted = figures["suffix_share"], figures["suffix_drafted"]
-    hybrid = figures["hybrid_tokens_per_round"]
+    draft); the hybrid's, each round taking EAGLE's draft, the suffix chain (where there is one) or a plain decode
+    as emits the most tokens per second (``best_ratio``), against EAGLE (its suffix rounds at the verify alone) and
+    against SUFFIX (either draft at the verify alone: EAGLE's draft free)."""
+    drafted = figures["suffix_drafted"]
+
+    def hybrid(eagle_cost: float) -> float:
+        return best_ratio([[(e + 1, eagle_cost), (1, plain)] + ([] if s is None else [(s + 1, verify)])
+                           for e, s in figures["pairs"]])
     return {"EAGLE": figures["eagle_tokens_per_round"] / eagle_round,
             "SUFFIX": figures["suffix_tokens_per_round"] / (drafted * verify + (1.0 - drafted) * plain),
-            "hybrid_vs_EAGLE": hybrid / ((1.0 - share) * eagle_round + share * verify),
-            "hybrid_vs_SUFFIX": hybrid / verify}
+            "hybrid_vs_EAGLE": hybrid(eagle_round), "hybrid_vs_SUFFIX": hybrid(verify)}
 
 
 def gain_over(by_tier: dict, over: str) -> tuple[float, int, int]:
@@ -264,7 +285,7 @@ def main() -> None:
         bound_time += 1.0 / (speeds[faster] * gain)  # each phase emits the same tokens
         entry = {"phase": name, "measured_tok_s": {d: speeds[d] for d in ("EAGLE", "SUFFIX")}, "faster": faster,
                  "gain": round(gain, 3), "hybrid_tier": tier, f"{faster}_tier": alone,
-                 "tiers": {k: {**{key: round(v, 3) for key, v in f.items()},
+                 "tiers": {k: {**{key: round(v, 3) for key, v in f.items() if key != "pairs"},
                                **{f"{key}_tok_s": round(v, 1) for key, v in by_tier[k].items()}}
                            for k, f in per_phase[name].items()}}
         report["phases"].append(entry)

@@ -1,6 +1,8 @@
 """bench/hybrid_bound.py's counting: where EAGLE's rounds began, the hindsight choice per round, the gains, the measured speeds."""
 
+import itertools
 import json
+import random
 
 import pytest
 
@@ -32,17 +34,37 @@ def test_every_drafter_is_judged_at_eagles_round_starts():
     # the hybrid in hindsight: the trees at 1 (3), EAGLE at 2 (2), a tie at 4 (3: EAGLE's draft)
     assert figures["hybrid_tokens_per_round"] == pytest.approx((3 + 2 + 3) / 3)
     assert figures["suffix_share"] == pytest.approx(1 / 3)
+    assert figures["pairs"] == [(0, 2), (1, None), (2, 2)]  # EAGLE's accepted, the longer suffix chain's
+
+
+def brute_force(rounds):
+    return max(sum(t for t, _ in picks) / sum(c for _, c in picks) for picks in itertools.product(*rounds))
+
+
+def test_the_best_ratio_is_the_best_choice_per_round():
+    rng = random.Random(7)
+    for _ in range(50):
+        rounds = [[(rng.randint(1, 8), rng.uniform(0.005, 0.05)) for _ in range(rng.randint(1, 3))]
+                  for _ in range(rng.randint(1, 6))]
+        assert bound.best_ratio(rounds) == pytest.approx(brute_force(rounds))
+    # the most tokens per round is not the most per second: a tie goes to the cheaper round
+    assert bound.best_ratio([[(2, 0.03), (2, 0.02)], [(3, 0.03), (2, 0.02)]]) == pytest.approx(4 / 0.04)
 
 
 def test_speeds_and_the_gain_over_each_drafter_at_its_own_best_tier():
-    figures = {"eagle_tokens_per_round": 1.5, "suffix_tokens_per_round": 2.0, "hybrid_tokens_per_round": 2.5,
-               "suffix_share": 0.4, "suffix_drafted": 0.5}
-    # EAGLE's rounds at 30 ms, a verify alone 20 ms, a plain decode 10 ms
-    speeds = bound.tier_speeds(figures, 0.03, 0.02, 0.01)
-    assert speeds["EAGLE"] == pytest.approx(1.5 / 0.03)
-    assert speeds["SUFFIX"] == pytest.approx(2.0 / 0.015)  # half its rounds drafted, half plain decodes
-    assert speeds["hybrid_vs_EAGLE"] == pytest.approx(2.5 / 0.026)  # its suffix rounds at the verify alone
-    assert speeds["hybrid_vs_SUFFIX"] == pytest.approx(2.5 / 0.02)  # every round at the verify alone
+    # EAGLE's accepted drafts and the longer suffix chain's (None: none), per round
+    figures = {"eagle_tokens_per_round": 2.0, "suffix_tokens_per_round": 2.0, "suffix_drafted": 2 / 3,
+               "pairs": [(0, 2), (2, None), (1, 1)]}
+    # EAGLE's rounds at 30 ms, a verify alone 20 ms, a plain decode 15 ms
+    speeds = bound.tier_speeds(figures, 0.03, 0.02, 0.015)
+    assert speeds["EAGLE"] == pytest.approx(2.0 / 0.03)
+    assert speeds["SUFFIX"] == pytest.approx(2.0 / (2 / 3 * 0.02 + 1 / 3 * 0.015))  # a plain decode where none
+    # against EAGLE: the suffix chain at 1 (3 tokens, 20 ms), EAGLE at 2 (3, 30 ms), the tie at 3 to the suffix
+    # chain's cheaper verify (2, 20 ms); a plain decode (66 tokens a second) pays nowhere
+    assert speeds["hybrid_vs_EAGLE"] == pytest.approx(8 / 0.07)
+    assert bound.tier_speeds(figures, 0.03, 0.02, 0.01)["hybrid_vs_EAGLE"] == pytest.approx(5 / 0.04)  # here it does
+    # against SUFFIX, EAGLE's draft free: every round at the verify alone
+    assert speeds["hybrid_vs_SUFFIX"] == pytest.approx(8 / 0.06)
     # the hybrid at its best tier over the drafter at its own best tier, not at the hybrid's
     by_tier = {1: {"EAGLE": 100.0, "hybrid_vs_EAGLE": 104.0}, 4: {"EAGLE": 60.0, "hybrid_vs_EAGLE": 108.0}}
     assert bound.gain_over(by_tier, "EAGLE") == (pytest.approx(1.08), 4, 1)
