@@ -62,7 +62,9 @@ def test_speeds_and_the_gain_over_each_drafter_at_its_own_best_tier():
     # against EAGLE: the suffix chain at 1 (3 tokens, 20 ms), EAGLE at 2 (3, 30 ms), the tie at 3 to the suffix
     # chain's cheaper verify (2, 20 ms); a plain decode (66 tokens a second) pays nowhere
     assert speeds["hybrid_vs_EAGLE"] == pytest.approx(8 / 0.07)
-    assert bound.tier_speeds(figures, 0.03, 0.02, 0.01)["hybrid_vs_EAGLE"] == pytest.approx(5 / 0.04)  # here it does
+    cheap_plain = bound.tier_speeds(figures, 0.03, 0.02, 0.01)
+    assert cheap_plain["hybrid_vs_EAGLE"] == pytest.approx(5 / 0.04)  # here it does: at 2 and 3
+    assert cheap_plain["drafts_only_vs_EAGLE"] == pytest.approx(8 / 0.07)  # but not choosing between drafts only
     # against SUFFIX, EAGLE's draft free: every round at the verify alone
     assert speeds["hybrid_vs_SUFFIX"] == pytest.approx(8 / 0.06)
     # the hybrid at its best tier over the drafter at its own best tier, not at the hybrid's
