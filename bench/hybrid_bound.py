@@ -57,8 +57,9 @@ import suffix_replay  # noqa: E402  (the suffix trees' replay, the row costs)
 from bench_engine import PROMPT_SETS as ENGINE_PROMPT_SETS  # noqa: E402  (the peer bench's code prompts)
 
 WHAT = ("An upper bound for the hybrid on the {workload} workload: EAGLE served at each fixed chain tier; at its "
-        "round starts EAGLE, SUFFIX as built (replayed over the same outputs) and the better of the two in hindsight; "
-        "per phase what that choice adds over the drafter measured faster there, times its measured speed")
+        "round starts EAGLE, SUFFIX as built (replayed over the same outputs) and, in hindsight, the draft (or a plain "
+        "decode) that emits most per second; per phase what that choice adds over the drafter measured faster there, "
+        "times its measured speed")
 
 
 def serve(args, steps: int | None, phases) -> tuple[list[dict], float, list[int] | None]:
@@ -239,10 +240,8 @@ def main() -> None:
     costs = suffix_replay.RowCosts.from_json(args.row_costs, args.weights)
     phases = workload_phases(args)
     started = time.perf_counter()
-    settings = {key: getattr(args, key) for key in ("model", "weights", "prompt_set", "requests_per_phase",
-                                                     "max_new_tokens", "tiers", "threads")}
-    if args.workload != "mixed":  # (the mixed streams cached before the option keep their settings)
-        settings["workload"] = args.workload
+    settings = {key: getattr(args, key) for key in ("model", "workload", "weights", "prompt_set",
+                                                     "requests_per_phase", "max_new_tokens", "tiers", "threads")}
     cached = json.loads(Path(args.streams).read_text()) if args.streams and Path(args.streams).exists() else None
     if cached and any(any(row["accept_lengths"]) for row in cached["served"].get("plain", [])):
         print(f"{args.streams}: its target-only streams drafted (served with the Engine's default, EAGLE): "
