@@ -24,7 +24,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Sequence
 
-__all__ = ["NGRAM_MAX_MATCH", "NGRAM_MIN_MATCH", "NgramIndex", "NumberTokens", "propose_ngram", "propose_ngram_tree"]
+__all__ = ["NGRAM_MAX_MATCH", "NGRAM_MIN_MATCH", "NgramIndex", "NumberTokens", "lookup_ngram", "propose_ngram",
+           "propose_ngram_tree"]
 
 NGRAM_MAX_MATCH = 4
 NGRAM_MIN_MATCH = 1
@@ -103,6 +104,12 @@ def propose_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATC
     """Up to ``steps`` draft tokens continuing ``tokens`` (see the module docstring); [] when no suffix occurs
     earlier (not even the last token): a guess then would only widen the verify. ``index``: the request's
     ``NgramIndex`` (synced here), the same drafts found faster."""
+    return lookup_ngram(tokens, steps, max_match, min_match, numbers, index)[0]
+
+
+def lookup_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATCH, min_match: int = NGRAM_MIN_MATCH,
+                 numbers: NumberTokens | None = None, index: NgramIndex | None = None) -> tuple[list[int], int]:
+    """``propose_ngram``'s drafts and the length of the match they continue (([], 0): none)."""
     find = _finder(tokens, index)
     length = len(tokens)
     for size in range(min(max_match, length - 1), min_match - 1, -1):
@@ -120,8 +127,8 @@ def propose_ngram(tokens: list[int], steps: int, max_match: int = NGRAM_MAX_MATC
                     before = find(pattern[-2:], end - 1)
                 if before is not None:
                     sources.append(before + skip)
-            return _continue(tokens, sources, steps, numbers)
-    return []
+            return _continue(tokens, sources, steps, numbers), size
+    return [], 0
 
 
 def propose_ngram_tree(tokens: list[int], depth: int, topk: int, max_nodes: int, max_match: int = NGRAM_MAX_MATCH,

@@ -125,7 +125,7 @@ def test_whole_round_graphs_replay_all_model_and_all_suffix_rounds_losslessly(na
             if kind[0] == "model" or (kind[0] == "mixed" and slot % 2):
                 return None
             last = worker.slots.host_tokens[slot][-1]
-            return real(slot, tier) or ([last] * tier.drafts, [0] * (tier.drafts + 1) if tier.is_tree else None, 1.0)
+            return real(slot, tier) or ([last] * tier.drafts, [0] * (tier.drafts + 1) if tier.is_tree else None, 1.0, 0)
         drafter.suffix_draft = forced
         drafter.model_cost.pays = lambda tier, gain: True  # the kinds as forced, whatever the model costs
         for round_ in worker.rounds.values():
@@ -253,6 +253,8 @@ def test_a_repeated_prompt_takes_the_suffix_draft_and_a_right_model_keeps_its_ow
     # a head that is always right: its tier's mean reaches k, which no suffix score (at most k) beats
     exact, _ = hybrid_worker("eagle_exact", 3)
     exact.drafter.model_cost.pays = lambda tier, gain: True  # the choice alone, whatever the model costs
+    # the trees' drafts alone (on this text prompt lookup's are as right as the model's, and taken: no draft steps)
+    exact.drafter.suffix.lookup = lambda slot, steps: ([], 0)
     run_to_completion(exact, REPEATED, MAX_NEW)
     suffix_rounds, model_rounds = choices(exact)
     assert exact.drafter.model_expected(Tier(3)) > 2.5 and model_rounds > 5 * suffix_rounds
@@ -280,7 +282,7 @@ def test_suffix_rounds_leave_the_model_behind_and_its_catch_up_restores_it(name)
     model.extend, model.draft = counted_extend, counted_draft
     prompt = [7, 3, 11, 5, 9, 2]
     worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=40)])
-    suffix = lambda slot, tier: ([worker.slots.host_tokens[slot][-1]] * 3, None, 1.0)  # noqa: E731 (a wrong draft)
+    suffix = lambda slot, tier: ([worker.slots.host_tokens[slot][-1]] * 3, None, 1.0, 0)  # noqa: E731 (a wrong draft)
     drafter.suffix_draft = suffix
     drafter.model_cost.pays = lambda tier, gain: True  # the kinds as forced, whatever the model costs
     for _ in range(4):
@@ -333,7 +335,7 @@ def test_the_worker_reports_a_slow_model_s_rounds_at_the_model_s_share():
     drafter.model_cost.pays = lambda tier, gain: True  # the kinds as forced, whatever the model costs
     model_rounds = [worker.decode_round([0]).round_seconds for _ in range(2)]
     assert min(model_rounds) >= 0.05 and drafter.model_cost.cost[Tier(3)] >= 0.05
-    drafter.suffix_draft = lambda slot, tier: ([worker.slots.host_tokens[slot][-1]] * 3, None, 1.0)
+    drafter.suffix_draft = lambda slot, tier: ([worker.slots.host_tokens[slot][-1]] * 3, None, 1.0, 0)
     suffix_rounds = [worker.decode_round([0]).round_seconds for _ in range(10)]
     share = drafter.stats()["hybrid"]["model_share"]
     assert share == pytest.approx((1 - MODEL_COST_ALPHA) ** 10, abs=1e-3)
@@ -361,13 +363,42 @@ def test_the_rule_compares_the_suffix_score_with_the_model_s_mean_at_the_tier():
     prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
     worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=8)])
     worker.slots.host_tokens[0] = list(prompt)  # the context ends in a match: 4, 5 follow
+    drafter.suffix.lookup = lambda slot, steps: ([], 0)  # prompt lookup finds nothing: the trees' draft
     found = drafter.suffix._speculate(0, 3, tree=False)
     assert found.score > 0 and list(found.token_ids)
     drafter.expected[Tier(3), 0] = found.score  # a tie goes to the model (greedy: band 0)
     assert drafter.suffix_draft(0, Tier(3)) is None
     drafter.expected[Tier(3), 0] = found.score - 0.01
-    draft, parents, _ = drafter.suffix_draft(0, Tier(3))
+    draft, parents, _, match = drafter.suffix_draft(0, Tier(3))
     assert draft[:len(found.token_ids)] == list(found.token_ids) and len(draft) == 3 and parents is None
+    assert match == 0
+
+
+def test_a_chain_tier_offers_prompt_lookup_s_draft_first_at_its_mean_per_match_length():
+    """At a chain tier SUFFIX's own draft is the candidate: prompt lookup's where it finds one, its expectation
+    the mean of what lookups continuing a match of that length got accepted at the tier (untried: the whole
+    chain, so the first is verified), the trees' draft and calibrated score elsewhere."""
+    worker, _ = hybrid_worker("eagle_partial", 3)
+    drafter, tier = worker.drafter, Tier(3)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+    worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=8)])
+    worker.slots.host_tokens[0] = list(prompt)
+    tokens, match = drafter.suffix.lookup(0, 3)
+    assert tokens == [4, 5, 1] and match == 4  # the latest earlier 2 3 4 5 1 2 3... its last four tokens
+    drafter.expected[tier, 0] = 2.9  # the model expects nearly the whole chain: an untried lookup still wins
+    assert drafter.lookup_expected(tier, 4) == 3.0
+    assert drafter.suffix_draft(0, tier) == ([4, 5, 1], None, 0.0, 4)
+    # what such lookups got: a mean from the whole chain counted once, over 1 / LOOKUP_EMA_ALPHA rounds, then an EMA
+    for accepted in (1, 0, 0):
+        drafter._chosen[0], drafter._match[0], drafter._start[0] = "suffix", 4, 0
+        worker.slots.host_seq_lens[0] = accepted + 1
+        drafter._update_means(tier, [0])
+    assert drafter.lookup_expected(tier, 4) == pytest.approx(1.0)
+    assert drafter.lookup_expected(tier, 3) == 3.0 and drafter.lookup_expected(Tier(1), 4) == 1.0  # untried
+    assert drafter.suffix_draft(0, tier) is None  # 1.0 against the model's 2.9
+    drafter.expected[tier, 0] = 0.9
+    assert drafter.suffix_draft(0, tier)[3] == 4
+    assert drafter.stats()["hybrid"]["lookup_expected"] == {"3 greedy match 4": 1.0}
 
 
 def test_the_suffix_score_is_calibrated_by_what_its_drafts_got_accepted():
@@ -386,7 +417,7 @@ def test_the_suffix_score_is_calibrated_by_what_its_drafts_got_accepted():
                 worker.prefill([0], [[7, 3, 11, 5, 9, 2]], [SamplingParams(max_new_tokens=60)])
             worker.decode_round([0])
             taken.append(drafter._chosen[0])
-    wrong = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0)  # noqa: E731 (a token the target never emits first)
+    wrong = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0, 0)  # noqa: E731 (a token the target never emits first)
     drafter.suffix_candidate = wrong
     drafter.expected[tier, 0] = 0.3
     drafter.model_expected = lambda t, heat=0: 0.3  # the model's mean held where it is
@@ -427,7 +458,7 @@ def test_the_means_are_kept_per_temperature_band():
     assert drafter.suffix_expected(tier, 2.0, 1) == pytest.approx(2.0)  # two as near: the cooler
     assert drafter.suffix_expected(Tier(1), 2.0, 2) == pytest.approx(2.0)  # another tier's: not read
     # wrong suffix drafts verified by a request at T = 1: band 3's calibration falls from band 2's, the others stay
-    drafter.suffix_candidate = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0)
+    drafter.suffix_candidate = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0, 0)
     drafter.model_expected = lambda t, heat=0: 0.0  # the suffix draft is always taken
     worker.prefill([0], [[7, 3, 11, 5, 9, 2]], [SamplingParams(max_new_tokens=20, temperature=1.0)])
     for _ in range(5):
@@ -464,7 +495,7 @@ def test_a_slow_model_that_gains_little_stops_drafting_but_for_its_turns():
         return draft(*args, **kwargs)
     model.draft = slow_draft
     drafter.model_expected = lambda t, heat=0: 0.2
-    drafter.suffix_candidate = lambda slot, t: ([worker.slots.host_tokens[slot][-1]] * 3, None, 0.1)
+    drafter.suffix_candidate = lambda slot, t: ([worker.slots.host_tokens[slot][-1]] * 3, None, 0.1, 0)
     prompt, ran, outputs = [7, 3, 11, 5, 9, 2], [], []
     for _ in range(3):  # three requests in turn: 2 * (REFRESH + 1) rounds and more
         first = worker.prefill([0], [prompt], [SamplingParams(max_new_tokens=40)])
@@ -484,7 +515,7 @@ def test_a_slow_model_that_gains_little_stops_drafting_but_for_its_turns():
 def test_a_long_run_of_suffix_drafts_gives_the_model_its_turn():
     worker, _ = hybrid_worker("eagle_partial", 3)
     drafter, tier = worker.drafter, Tier(3)
-    drafter.suffix_candidate = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0)  # never accepted: a token a round
+    drafter.suffix_candidate = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0, 0)  # never accepted: a token a round
     drafter.model_expected = lambda t, heat=0: 0.0
     taken = []
     for _ in range(2):  # one request a run of rounds, before the cache fills
@@ -523,7 +554,7 @@ def test_a_tree_tier_compares_the_suffix_tree_s_score_and_pads_the_tree():
     assert narrow[0] == list(chain.token_ids) and narrow[2] == pytest.approx(chain.score)
     tree = Tier(3, 2, 7)
     drafter.expected[tree, 0] = score - 0.01
-    draft, padded, _ = drafter.suffix_draft(0, tree)
+    draft, padded, _, _ = drafter.suffix_draft(0, tree)
     assert len(draft) == 6 and len(padded) == 7 and padded[0] == 0
     assert draft[:len(tokens)] == tokens and draft[len(tokens):] == [prompt[-1]] * (6 - len(tokens))
     assert padded[1:1 + len(parents)] == parents and set(padded[1 + len(parents):]) <= {0}
@@ -559,7 +590,7 @@ def test_tier_zero_checks_take_the_suffix_draft_where_the_hybrid_would():
 def test_a_turn_is_one_request_round_not_a_whole_batch():
     worker, _ = hybrid_worker("eagle_partial", 3, max_batch_size=4)
     drafter, slots = worker.drafter, [0, 1, 2, 3]
-    drafter.suffix_candidate = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0)  # preferred, never accepted
+    drafter.suffix_candidate = lambda slot, t: ([-1 % VOCAB] * 3, None, 3.0, 0)  # preferred, never accepted
     drafter.model_expected = lambda t, heat=0: 0.0
     worker.prefill(slots, [[7, 3, 11, 5, 9, 2]] * 4, [SamplingParams(max_new_tokens=40)] * 4)
     per_round = []

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specswap.prompt_lookup import NgramIndex, NumberTokens, propose_ngram, propose_ngram_tree
+from specswap.prompt_lookup import NgramIndex, NumberTokens, lookup_ngram, propose_ngram, propose_ngram_tree
 
 NUMBERS = NumberTokens(range(100, 110))  # token 100 + d is the digit d; text tokens are below 100
 ID, EQ, SEMI, NL = 1, 2, 3, 4
@@ -29,6 +29,10 @@ def test_ngram_proposals_continue_the_latest_longest_match():
     assert propose_ngram([5, 6, 5, 6], 5) == [5, 6, 5, 6, 5]          # periodic text: as many steps as asked
     assert propose_ngram([1, 2, 3], 2) == []                           # no match: nothing worth verifying
     assert propose_ngram([4, 8, 4, 6, 4], 1) == [6]                    # the latest occurrence
+    # lookup_ngram: the same drafts and the length of the match they continue (what the hybrid keys its means on)
+    assert lookup_ngram([7, 1, 2, 9, 5, 2, 1, 2], 2) == ([9, 5], 2)
+    assert lookup_ngram([1, 2, 3, 1], 2) == ([2, 3], 1) and lookup_ngram([1, 2, 3], 2) == ([], 0)
+    assert lookup_ngram([8, 1, 2, 3, 4, 5, 1, 2, 3, 4], 3) == ([5, 1, 2], 4)  # at most NGRAM_MAX_MATCH
 
 
 def test_ngram_proposals_skip_a_changed_token_inside_a_repeated_template():
@@ -113,11 +117,11 @@ def test_counter_drafts_leave_the_greedy_output_target_only(steps, monkeypatch):
     extrapolated = []
 
     def spy(tokens, steps, numbers=None, index=None):
-        drafts = propose_ngram(tokens, steps, numbers=numbers, index=index)
+        drafts, match = lookup_ngram(tokens, steps, numbers=numbers, index=index)
         extrapolated.append(drafts != propose_ngram(tokens, steps))
-        return drafts
+        return drafts, match
 
-    monkeypatch.setattr(specswap.worker.ngram, "propose_ngram", spy)
+    monkeypatch.setattr(specswap.worker.ngram, "lookup_ngram", spy)
     worker = SpeculativeWorker(target, None, "NGRAM", steps, max_batch_size=3, max_seq_len=48, number_tokens=numbers)
     tokens, _, _ = run_to_completion(worker, COUNTER_PROMPTS, 12)
     reference, _, _ = run_to_completion(SpeculativeWorker(target, None, None, max_batch_size=3, max_seq_len=48),

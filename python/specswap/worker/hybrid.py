@@ -1,22 +1,27 @@
 """Hybrid drafting: a model drafter (EAGLE, EAGLE3, STANDALONE) and SUFFIX's trees side by side, the better draft
 verified per request each round (Arctic Inference's hybrid; ``Engine(..., hybrid_drafter="SUFFIX")``).
 
-Each drafting round, per request: SUFFIX's draft and its score (the sum of its tokens' estimated path
-probabilities) calibrated at the tier (times what the suffix drafts verified there got accepted over what they
-scored, EMAs over those request-rounds: on sampled prose the trees' scores promise several times what they get)
-against what the model's drafts accepted per round at this tier (an EMA over the requests that verified them, from
-MODEL_PRIOR x the tier's depth): the suffix draft is verified where its calibrated score is higher, the model's
-elsewhere. Both means are kept per request temperature band (``heat``: greedy, below 0.5, below 1, 1 and above;
+Each drafting round, per request: SUFFIX's draft and what it is expected to get accepted, against what the model's
+drafts accepted per round at this tier (an EMA over the requests that verified them, from MODEL_PRIOR x the tier's
+depth): the suffix draft is verified where its expectation is higher, the model's elsewhere. At a chain tier
+SUFFIX's draft is its own: prompt lookup's where it finds one, expected to get what lookups continuing a match of
+that length got at the tier (``lookup_expected``: a mean, from the whole chain counted once, so a length is tried
+before it is judged), else the trees' best path. The trees' draft (a tree tier's always) is expected to get its
+score (the sum of its tokens' estimated path probabilities) calibrated at the tier: times what the trees' drafts
+verified there got accepted over what they scored (EMAs over those request-rounds: on sampled prose the scores
+promise several times what they get). Prompt lookup first, as SUFFIX drafts: on Gemma 3 270M's code its copies
+are right where the trees' best path, the most frequent continuation, is not, at no draft step's cost. All the
+means are kept per request temperature band (``heat``: greedy, below 0.5, below 1, 1 and above;
 a band not seen yet at the tier starts from the nearest one seen): a deterministic draft's acceptance falls with
 the temperature (a suffix draft scoring 0.55 at tier 1 got 0.80 of its score accepted at 0.7 and 0.32 at 1.0, the
 tune prompts' mixed workload), so a calibration learned in one band misprices the other. The model then drafts
 in the round only if it pays for its draft steps: what the requests that chose its draft expect from it over
 their suffix drafts, as a share of what the round emits without it, beats those steps' seconds over the rest of
 the round's (``ModelCost.pays``); else they verify their suffix drafts (the last
-token repeated where the trees have none). After REFRESH drafts of one kind in a row at a tier (where the other
+token repeated where SUFFIX has none). After REFRESH drafts of one kind in a row at a tier (where the other
 had one too), the other's is taken once, the model's even where it does not pay, so neither mean goes stale (the
 model's turn waits while the suffix draft is expected to get every draft accepted: no mean could beat that).
-At a chain tier of k the suffix draft is its best path, at most k tokens, padded as SUFFIX pads it; at a tree
+At a chain tier of k the suffix draft is that chain, at most k tokens, padded as SUFFIX pads it; at a tree
 tier it is SUFFIX's tree for the tier's shape (``SuffixDrafter.scored_suffix_tree``: its best path as the first
 children, padded with copies of the last token under the root), its nodes and parents written over
 the model's tree in that row. The choice reads only what the request emitted so far, never this round's draws, so
@@ -72,6 +77,8 @@ REFRESH = 32
 # which starts at the score as it is (SUFFIX_PRIOR accepted per SUFFIX_PRIOR scored)
 SUFFIX_EMA_ALPHA = 0.05
 SUFFIX_PRIOR = 1.0
+# weight of each lookup-drafted request-round in its (tier, band, match length)'s mean once it has 1 / this many
+LOOKUP_EMA_ALPHA = 0.05
 # temperature band edges (``heat``): greedy is band 0, a temperature below HEAT_EDGES[i] band i + 1, the rest last
 HEAT_EDGES = (0.5, 1.0)
 HEAT_LABELS = ("greedy", "T<0.5", "T<1", "T>=1")
@@ -163,9 +170,13 @@ class HybridDrafter(Drafter):
         self.expected: dict[tuple[Tier, int], float] = {}
         # (tier, heat) -> the suffix drafts' [accepted, score] a round (EMAs)
         self.calibration: dict[tuple[Tier, int], list[float]] = {}
+        # (tier, heat, match length) -> prompt lookup's accepted drafts a round at a chain tier and their count
+        # (a mean, then an EMA: ``lookup_expected``)
+        self.lookups: dict[tuple[Tier, int, int], list[float]] = {}
         self._streak: dict[Tier, tuple[str, int]] = {}  # tier -> the kind taken in a row (where both had one), times
         self._score: list[float | None] = [0.0] * size  # per slot this round: its suffix draft's score (None: filler)
         self._candidate: list[tuple | None] = [None] * size  # per slot this round: the suffix draft it had, if any
+        self._match = [0] * size                      # per slot this round: its lookup draft's match (0: trees')
         self._turn = [False] * size                   # per slot this round: the model's draft taken as its turn
         self._start = [0] * size                      # per slot: its length when the round began
         self._draft_len = [0] * size                  # per slot: the model's draft_len when the round began
@@ -195,7 +206,8 @@ class HybridDrafter(Drafter):
         if not cls.parts:
             raise TypeError("HybridDrafter is built through HybridDrafter.over(model algorithm, SUFFIX)")
         model = cls.parts[0].drafter_class().build(context)
-        suffix = SuffixDrafter(context.slots, SuffixConfig.from_options(context.options))  # tier 0: the model's checks
+        # tier 0: the model's checks
+        suffix = SuffixDrafter(context.slots, SuffixConfig.from_options(context.options), numbers=context.number_tokens)
         return cls(model, suffix, context.slots)
 
     # ---- what the worker asks of the model drafter ----
@@ -260,18 +272,36 @@ class HybridDrafter(Drafter):
         accepted, scored = _nearest(self.calibration, tier, heat) or (SUFFIX_PRIOR, SUFFIX_PRIOR)
         return score * accepted / scored
 
-    def suffix_candidate(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None, float] | None:
-        """The suffix draft at ``tier`` and its score, or None where the trees have none: a chain's k tokens
-        (padded with its last) and None, or a tree's T-1 node tokens and its parents [T] (padded with copies of
-        the request's last token under the root, as SUFFIX pads a tree)."""
+    def lookup_expected(self, tier: Tier, match: int, heat: int = 0) -> float:
+        """What prompt lookup's chain continuing a match of ``match`` tokens got accepted at ``tier`` in band
+        ``heat``: a mean from the whole chain (optimistic: a length never tried is verified where the model's
+        draft is not expected to get every draft accepted) counted as one request-round, over at most
+        1 / LOOKUP_EMA_ALPHA of them, an EMA after."""
+        found = self.lookups.get((tier, heat, match))
+        return float(tier.steps) if found is None else found[0]
+
+    def candidate_expected(self, tier: Tier, candidate: tuple, heat: int = 0) -> float:
+        """What a suffix candidate (``suffix_candidate``) is expected to get accepted at ``tier`` in band ``heat``."""
+        match = candidate[3]
+        return self.lookup_expected(tier, match, heat) if match else self.suffix_expected(tier, candidate[2], heat)
+
+    def suffix_candidate(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None, float, int] | None:
+        """SUFFIX's draft at ``tier``, its score and the length of the prompt-lookup match it continues (0: the
+        trees'), or None where it has none: at a chain tier SUFFIX's chain (prompt lookup's where it finds one, else
+        the trees' best path) padded to k with its last token, and None; at a tree tier the trees' T-1 node tokens
+        and parents [T] (padded with copies of the request's last token under the root, as SUFFIX pads a tree)."""
         if not self.suffix._drafting(slot):
             return None
+        match = 0
         if tier.is_tree:
             tokens, parents, score = self.suffix.scored_suffix_tree(slot, tier.steps, tier.topk, tier.drafts)
         else:
-            found = self.suffix._speculate(slot, tier.steps, tree=False)
-            tokens, parents, score = list(found.token_ids), None, found.score
-        return (*self._padded(slot, tier, tokens, parents), score) if tokens else None
+            tokens, match = self.suffix.lookup(slot, tier.steps)
+            parents, score = None, 0.0
+            if not tokens:
+                found = self.suffix._speculate(slot, tier.steps, tree=False)
+                tokens, score, match = list(found.token_ids), found.score, 0
+        return (*self._padded(slot, tier, tokens, parents), score, match) if tokens else None
 
     def _padded(self, slot: int, tier: Tier, tokens: list[int], parents: list[int] | None):
         """A suffix draft filled to the tier's drafts, as SUFFIX fills it: a chain with its last token (none: the
@@ -282,27 +312,28 @@ class HybridDrafter(Drafter):
             return tokens + (tokens[-1:] or [last]) * pad, None
         return tokens + [last] * pad, [0] + (parents or []) + [0] * pad
 
-    def _expectations(self, tier: Tier, score: float, slot: int) -> tuple[float, float]:
-        """What a suffix draft of ``score`` and the model's draft are expected to get accepted at ``tier`` for
-        ``slot``'s request (its temperature band)."""
+    def _expectations(self, tier: Tier, candidate: tuple, slot: int) -> tuple[float, float]:
+        """What a suffix candidate and the model's draft are expected to get accepted at ``tier`` for ``slot``'s
+        request (its temperature band)."""
         heat = self.heat(slot)
-        return self.suffix_expected(tier, score, heat), self.model_expected(tier, heat)
+        return self.candidate_expected(tier, candidate, heat), self.model_expected(tier, heat)
 
-    def _prefers_suffix(self, tier: Tier, score: float, slot: int) -> bool:
-        """Whether a suffix draft of ``score`` is expected to get more accepted at ``tier`` than the model's."""
-        suffix, model = self._expectations(tier, score, slot)
+    def _prefers_suffix(self, tier: Tier, candidate: tuple, slot: int) -> bool:
+        """Whether a suffix candidate is expected to get more accepted at ``tier`` than the model's draft."""
+        suffix, model = self._expectations(tier, candidate, slot)
         return suffix > model
 
-    def suffix_draft(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None, float] | None:
-        """The suffix draft at ``tier`` (``suffix_candidate``) where its calibrated score beats the model's
-        expectation there, else None; after REFRESH request-rounds in a row of one kind where both had a draft
+    def suffix_draft(self, slot: int, tier: Tier) -> tuple[list[int], list[int] | None, float, int] | None:
+        """The suffix draft at ``tier`` (``suffix_candidate``) where what it is expected to get accepted (its
+        calibrated score; a lookup's mean) beats the model's expectation there, else None; after REFRESH
+        request-rounds in a row of one kind where both had a draft
         (``_taken``), the other's turn: the suffix draft after the model's, None after the suffix's, but not where
         the suffix draft is expected to get every draft accepted (no mean of the model's could win that choice:
         the turn waits for a request-round where it could)."""
         found = self._candidate[slot] = self.suffix_candidate(slot, tier)
         if found is None:
             return None
-        expected, model = self._expectations(tier, found[2], slot)
+        expected, model = self._expectations(tier, found, slot)
         wins = expected > model
         kind, count = self._streak.get(tier, ("", 0))
         # the other kind's turn, whichever is preferred: its mean is refreshed; but not the model's where the
@@ -338,14 +369,14 @@ class HybridDrafter(Drafter):
             if draft is not None:
                 rows.append(row)
                 drafts.append(draft[:2])
-                self._score[slot] = draft[2]
+                self._score[slot], self._match[slot] = draft[2:]
             else:
                 model_slots.append(slot)
                 model_rows.append(row)
         if model_slots and not self._model_pays(shape, slots, model_slots):
             for row, slot in zip(model_rows, model_slots):  # the suffix draft, else the last token repeated
-                filler = (*self._padded(slot, shape, [], None), None)
-                tokens, parents, self._score[slot] = self._candidate[slot] or filler
+                filler = (*self._padded(slot, shape, [], None), None, 0)
+                tokens, parents, self._score[slot], self._match[slot] = self._candidate[slot] or filler
                 self._chosen[slot] = "suffix"
                 rows.append(row)
                 drafts.append((tokens, parents))
@@ -386,7 +417,7 @@ class HybridDrafter(Drafter):
         if any(self._turn[slot] for slot in model_slots):
             return True
         suffix = {slot: 0.0 if self._candidate[slot] is None
-                  else self.suffix_expected(tier, self._candidate[slot][2], self.heat(slot))
+                  else self.candidate_expected(tier, self._candidate[slot], self.heat(slot))
                   for slot in slots if self._chosen[slot] is not None}
         gain = sum(max(self.model_expected(tier, self.heat(slot)) - suffix[slot], 0.0) for slot in model_slots)
         return self.model_cost.pays(tier, gain / sum(1.0 + value for value in suffix.values()))
@@ -445,7 +476,17 @@ class HybridDrafter(Drafter):
         shape = tier.tier
         if not shape.steps:
             return
+        self._update_means(shape, slots)
         model = self.model_drafter
+        for slot in slots:  # left behind: no draft-extend ran, or it ran over a request already behind
+            # (a standalone draft's cache holds its own drafts past m-1 in a suffix row, not the suffix's)
+            in_step = self._draft_len[slot] >= self._start[slot] - model.lag  # when the round began
+            if not (self._run_model and in_step) or (self._rewinds and self._chosen[slot] == "suffix"):
+                model.draft_len[slot] = self._draft_len[slot]
+
+    def _update_means(self, shape: Tier, slots: Sequence[int]) -> None:
+        """What each request's draft got accepted this round at ``shape``: the counts, the model's mean, prompt
+        lookup's means and the trees' calibration."""
         for slot in slots:
             chosen = self._chosen[slot]
             if chosen is None:
@@ -457,6 +498,10 @@ class HybridDrafter(Drafter):
             if chosen == "model":
                 mean = self.model_expected(shape, heat)
                 self.expected[shape, heat] = mean + MODEL_EMA_ALPHA * (accepted - mean)
+            elif self._match[slot]:  # a lookup's chain
+                means = self.lookups.setdefault((shape, heat, self._match[slot]), [float(shape.steps), 1])
+                means[1] += 1
+                means[0] += max(1.0 / means[1], LOOKUP_EMA_ALPHA) * (accepted - means[0])
             elif self._score[slot] is not None:  # (a filler, the last token repeated, has no score)
                 means = self.calibration.get((shape, heat))
                 if means is None:  # from the nearest band's
@@ -464,11 +509,6 @@ class HybridDrafter(Drafter):
                                                                  or (SUFFIX_PRIOR, SUFFIX_PRIOR))
                 means[0] += SUFFIX_EMA_ALPHA * (accepted - means[0])
                 means[1] += SUFFIX_EMA_ALPHA * (self._score[slot] - means[1])
-        for slot in slots:  # left behind: no draft-extend ran, or it ran over a request already behind
-            # (a standalone draft's cache holds its own drafts past m-1 in a suffix row, not the suffix's)
-            in_step = self._draft_len[slot] >= self._start[slot] - model.lag  # when the round began
-            if not (self._run_model and in_step) or (self._rewinds and self._chosen[slot] == "suffix"):
-                model.draft_len[slot] = self._draft_len[slot]
 
     def tier_surcharge(self, tier: Tier) -> float:
         """The model's part of a round's price at ``tier`` (``ModelCost.price``) at its current share: the policy
@@ -505,7 +545,7 @@ class HybridDrafter(Drafter):
                 continue
             # the hybrid's preference at tier 1 (a check takes no turn: turns are drafting rounds')
             found = self.suffix_candidate(slot, TIER_ONE)
-            if found is not None and self._prefers_suffix(TIER_ONE, found[2], slot):
+            if found is not None and self._prefers_suffix(TIER_ONE, found, slot):
                 self._shadow_suffix[slot] = (check[0], found[0][0])
 
     def take_shadow(self, slots: Sequence[int], drafting: bool):
@@ -532,6 +572,9 @@ class HybridDrafter(Drafter):
             "model_expected": _by_heat(self.expected),
             "suffix_calibration": _by_heat({key: accepted / scored for key, (accepted, scored)
                                             in self.calibration.items()}),  # accepted per scored
+            "lookup_expected": {f"{tier.label} {HEAT_LABELS[heat]} match {match}": round(mean, 3)
+                                for (tier, heat, match), (mean, _) in sorted(
+                                    self.lookups.items(), key=lambda item: (item[0][0].key, *item[0][1:]))},
             "model_share": round(self.model_cost.share, 3),  # of drafting rounds lately, the policy's price
             "model_seconds": _by_tier(self.model_cost.cost, 6)}}
 

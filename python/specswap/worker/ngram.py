@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from specswap.prompt_lookup import NgramIndex, NumberTokens, propose_ngram, propose_ngram_tree
+from specswap.prompt_lookup import NgramIndex, NumberTokens, lookup_ngram, propose_ngram_tree
 from specswap.worker.drafter import Drafter, Shadow
 from specswap.worker.slots import SlotTable
 from specswap.worker.tiers import TierStages
@@ -89,7 +89,11 @@ class NgramDrafter(Drafter):
 
     def propose(self, slot: int, steps: int) -> list[int]:
         """The slot's chain of exactly ``steps`` drafts, or [] where nothing is worth verifying."""
-        return propose_ngram(self.slots.host_tokens[slot], steps, numbers=self.numbers, index=self._indexes[slot])
+        return self.lookup(slot, steps)[0]
+
+    def lookup(self, slot: int, steps: int) -> tuple[list[int], int]:
+        """``propose``'s chain and the length of the match it continues (([], 0): none)."""
+        return lookup_ngram(self.slots.host_tokens[slot], steps, numbers=self.numbers, index=self._indexes[slot])
 
     def propose_tree(self, slot: int, depth: int, topk: int, max_nodes: int) -> tuple[list[int], list[int]]:
         """The slot's draft tree (node tokens, parents; nodes numbered from 1, 0 the root, a node's children
