@@ -104,8 +104,10 @@ def _serve_loaded(args: argparse.Namespace, limits, sock) -> int:
     engine = build_engine(models, **{**engine_keywords(args, "serve"), "max_batch_size": max_running_requests(args)})
     router = None
     if args.dp_size > 1:  # one endpoint: the groups behind sglang-router (server/router_launch.py), else a port each
-        from specswap.server.router_launch import front_of_groups
+        from specswap.server.app import bind
+        from specswap.server.router_launch import bind_groups, front_of_groups
         router = front_of_groups(args, engine.group)  # every rank: a collective
+        sock = bind_groups(args.host, args.port, engine.group, bind)  # every rank: a collective
     if not engine.is_leader:  # a tensor-parallel follower: no HTTP, the leader's steps until it shuts down
         rank = engine.group.rank
         print(f"specswap serve: rank {rank} follows its tensor-parallel leader", flush=True)

@@ -64,6 +64,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_port_block(count: int, avoid: tuple[int, ...] = ()) -> int:
+    """A port p with p .. p + count - 1 all free now and none in ``avoid`` (a server that takes the ports after its
+    own, as ``--dp-size`` does for its groups and the router's metrics)."""
+    for _ in range(100):
+        base = free_port()
+        if any(base + i in avoid for i in range(count)):
+            continue
+        with contextlib.ExitStack() as stack:
+            try:
+                for offset in range(count):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", base + offset))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports in 100 tries")
+
+
 @contextlib.contextmanager
 def running_server(app, startup_timeout=30.0):
     """Serve ``app`` on 127.0.0.1:<free port> in a thread; yields the base URL; stops the server on exit."""

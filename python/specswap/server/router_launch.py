@@ -80,6 +80,25 @@ def place_groups(host: str, port: int, group) -> Placement:
     return Placement(port + 1 + group.dp_rank, urls if group.rank == 0 else None)
 
 
+def bind_groups(host: str, port: int, group, bind) -> socket.socket | None:
+    """Each group's leader binds its port (``bind(host, port)``, ``place_groups``' port), and every rank of the job
+    hears whether all did (an all-gather): a port one group cannot bind is an error on every rank (ValueError naming
+    it), where that group alone would have stopped while the others served on, and the job never ended. Returns
+    this rank's socket (None on a tensor-parallel follower)."""
+    sock, error = None, None
+    if group.tp_rank == 0:
+        try:
+            sock = bind(host, port)
+        except OSError as failure:
+            error = f"group {group.dp_rank}: --host {host} port {port} cannot be bound: {failure}"
+    errors = [e for e in group.all_gather_object(error, group="world") if e is not None]
+    if errors:
+        if sock is not None:
+            sock.close()
+        raise ValueError("; ".join(dict.fromkeys(errors)))
+    return sock
+
+
 def router_command(urls: list[str], host: str, port: int, policy: str, api_key: str | None,
                    extra: Sequence[str] = (), log_level: str = "warn") -> list[str]:
     """The router's arguments (``extra``: more of its flags). Workers are polled for health every second at

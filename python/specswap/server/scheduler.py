@@ -218,6 +218,7 @@ class Scheduler:
             except Exception as error:  # noqa: BLE001 - the caller's to answer (the engine is unchanged)
                 self._settle(loop, future, error=error)
             else:
+                self.snapshot = engine.stats()  # a client that reads /server_info after the call's answer sees it
                 self._settle(loop, future, result)
 
     def _abort(self, request_id: int, reason: str, message: str | None) -> None:
