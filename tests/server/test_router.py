@@ -304,16 +304,25 @@ def test_a_killed_replica_costs_only_its_requests_and_is_taken_back(fleet):
         assert response.status_code == 200, response.text
 
 
-def test_a_group_port_taken_ends_the_whole_dp_job_with_an_error_naming_it(tmp_path):
-    """A data-parallel group whose port is taken is an error on every rank, naming the port (exit status 2): the
-    group alone stopping left the others serving and the job running, its router never healthy."""
+def _dp2_job(*extra: str) -> tuple[int, list[str], dict[str, str]]:
+    """``serve --dp-size 2`` of the tiny model under torchrun: (its --port, the command, its environment). The
+    router's port, then each group's and the router's metrics (router_launch): four ports in a row, not the
+    master's (a master port drawn after a lone free port was once the first group's: it could not bind)."""
     require_module("sglang_router", "sglang-router", 'pip install "specswap[router]"')
     master = free_port()
     port = free_port_block(4, avoid=(master,))
     env = dict(os.environ, OMP_NUM_THREADS="1", SPECSWAP_DIST_TIMEOUT="10", PYTHONPATH=_package_path())
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(master),
                "-m", "specswap.cli", "serve", "--dp-size", "2", "--model", "tiny", "--dtype", "float32",
-               "--speculative-algorithm", "NGRAM", "--threads", "1", "--disable-cuda-graph", "--port", str(port)]
+               "--speculative-algorithm", "NGRAM", "--threads", "1", "--disable-cuda-graph", "--port", str(port),
+               *extra]
+    return port, command, env
+
+
+def test_a_group_port_taken_ends_the_whole_dp_job_with_an_error_naming_it(tmp_path):
+    """A data-parallel group whose port is taken is an error on every rank, naming the port (exit status 2): the
+    group alone stopping left the others serving and the job running, its router never healthy."""
+    port, command, env = _dp2_job()
     log = tmp_path / "job.log"
     with socket.socket() as taken, open(log, "w") as output:
         taken.bind(("127.0.0.1", port + 2))  # the second group's
@@ -331,16 +340,7 @@ def test_a_group_port_taken_ends_the_whole_dp_job_with_an_error_naming_it(tmp_pa
 
 
 def test_torchrun_serve_dp2_is_one_endpoint_behind_the_router(tmp_path):
-    require_module("sglang_router", "sglang-router", 'pip install "specswap[router]"')
-    # the router's port, then each group's and the router's metrics (router_launch): four ports in a row, not the
-    # master's (a master port drawn after a lone free port was once the first group's: it could not bind)
-    master = free_port()
-    port = free_port_block(4, avoid=(master,))
-    env = dict(os.environ, OMP_NUM_THREADS="1", SPECSWAP_DIST_TIMEOUT="10", PYTHONPATH=_package_path())
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(master),
-               "-m", "specswap.cli", "serve", "--dp-size", "2", "--model", "tiny", "--dtype", "float32",
-               "--speculative-algorithm", "NGRAM", "--threads", "1", "--disable-cuda-graph", "--port", str(port),
-               "--router-policy", "round_robin"]
+    port, command, env = _dp2_job("--router-policy", "round_robin")
     log = tmp_path / "job.log"
     with open(log, "w") as output:
         job = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
