@@ -292,15 +292,11 @@ class HybridDrafter(Drafter):
         and parents [T] (padded with copies of the request's last token under the root, as SUFFIX pads a tree)."""
         if not self.suffix._drafting(slot):
             return None
-        match = 0
+        parents, match = None, 0
         if tier.is_tree:
             tokens, parents, score = self.suffix.scored_suffix_tree(slot, tier.steps, tier.topk, tier.drafts)
         else:
-            tokens, match = self.suffix.lookup(slot, tier.steps)
-            parents, score = None, 0.0
-            if not tokens:
-                found = self.suffix._speculate(slot, tier.steps, tree=False)
-                tokens, score, match = list(found.token_ids), found.score, 0
+            tokens, score, match = self.suffix.scored_chain(slot, tier.steps)  # (SuffixDrafter.propose's draft)
         return (*self._padded(slot, tier, tokens, parents), score, match) if tokens else None
 
     def _padded(self, slot: int, tier: Tier, tokens: list[int], parents: list[int] | None):

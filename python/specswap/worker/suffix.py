@@ -166,10 +166,21 @@ class SuffixDrafter(NgramDrafter):
         return self._request[slot] is not None and not self.slots.params[slot].disable_speculative_decoding
 
     def propose(self, slot: int, steps: int) -> list[int]:
-        """Prompt lookup's chain (``NgramDrafter.propose``) where it finds one, else the suffix trees'."""
+        """``scored_chain``'s draft, padded to ``steps`` with its last token ([]: none)."""
         if not self._drafting(slot):
             return []
-        return super().propose(slot, steps) or self.suffix_chain(slot, steps)
+        tokens = self.scored_chain(slot, steps)[0]
+        return tokens + tokens[-1:] * (steps - len(tokens)) if tokens else []
+
+    def scored_chain(self, slot: int, steps: int) -> tuple[list[int], float, int]:
+        """SUFFIX's chain of at most ``steps``: prompt lookup's (``NgramDrafter.lookup``) where it finds one, with
+        no score and the length of the match it continues; else the trees' best path, its score and 0 (([], 0.0,
+        0): none)."""
+        tokens, match = self.lookup(slot, steps)
+        if tokens:
+            return tokens, 0.0, match
+        found = self._speculate(slot, steps, tree=False)
+        return list(found.token_ids), found.score, 0
 
     def propose_tree(self, slot: int, depth: int, topk: int, max_nodes: int) -> tuple[list[int], list[int]]:
         """Prompt lookup's trie where it finds one, else the suffix trees'."""
