@@ -68,9 +68,13 @@ GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> cand
       recovered_seen_(2 * candidates_.size(), 0),
       index_(initial_index),
       initial_index_(initial_index),
-      slow_(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false),
-      fast_(std::max(config.ema_alpha, kFastEmaWeight), /*per_request=*/false, /*forget_unreached=*/true),
-      collapse_fast_(fast_),
+      slow_{AcceptanceEstimate(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false),
+            AcceptanceEstimate(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false)},
+      fast_{AcceptanceEstimate(std::max(config.ema_alpha, kFastEmaWeight), /*per_request=*/false,
+                               /*forget_unreached=*/true),
+            AcceptanceEstimate(std::max(config.ema_alpha, kFastEmaWeight), /*per_request=*/false,
+                               /*forget_unreached=*/true)},
+      collapse_fast_(fast_[0]),
       segment_counts_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0),
       costs_(widths_of(candidates_), config),
       phase_change_tier_(initial_index),
@@ -110,6 +114,7 @@ std::uint64_t GoodputPolicy::startup_probe_batches(std::size_t batch_size) const
 }
 
 std::size_t GoodputPolicy::observe(const RoundObservation& round, const PolicyState& /*state*/) {
+  if (round.has_verify() || round.plain_requests > 0) set_kind(round.sampled);  // shadows alone: no kind of their own
   shadow(round.shadow_accept_lengths, round.shadow_steps);
   plain_round(round.plain_requests, round.round_seconds, round.sampled);
   tree_chain(round.chain_accept_lengths, round.chain_depths);
@@ -170,7 +175,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     double best_goodput = -1.0;
     for (std::size_t j = 0; j < candidates_.size(); ++j) {
       if (candidates_[j] == 0) continue;
-      const double goodput = predicted(slow_, j) / scratch_[j];
+      const double goodput = predicted(slow(), j) / scratch_[j];
       if (goodput > best_goodput) best_goodput = goodput, best = j;
     }
     move_to(best, /*is_decision=*/false);
@@ -182,7 +187,7 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   // hardly taken in yet.
   const std::size_t collapse = collapse_target();
   if (collapse != index_) {
-    fast_ = collapse_fast_;
+    fast() = collapse_fast_;
     phase_change_to(collapse);
   } else if ((num_batches_ - warmup) % interval != 0) {
     // Between decisions only a phase change moves the tier (tier 0 observes
@@ -202,6 +207,22 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
   }
   if (index_ != before && current_tier() == 0) zero_wait_ = first_zero_wait();
   return index_;
+}
+
+void GoodputPolicy::set_kind(bool sampled) noexcept {
+  const int kind = sampled ? 1 : 0;
+  if (!kind_seen_[kind]) {
+    kind_seen_[kind] = true;
+    if (kind_seen_[1 - kind]) {  // its first rounds: the other kind's rates until its own come in (same sizes)
+      slow_[kind] = slow_[1 - kind];
+      fast_[kind] = fast_[1 - kind];
+    }
+  }
+  if (kind == kind_) return;
+  kind_ = kind;
+  phase_change_tier_ = index_;
+  phase_change_requests_ = 0;
+  reset_collapse();  // its segment was the other kind's rounds
 }
 
 void GoodputPolicy::observe_acceptance(std::span<const int> accept_lengths, int steps,
@@ -228,8 +249,8 @@ void GoodputPolicy::observe_acceptance(std::span<const int> accept_lengths, int 
   if (own && config_.collapse_evidence > 0.0 && steps > 0) {
     watch_first(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
   }
-  slow_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
-  fast_.observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
+  slow().observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
+  fast().observe(accept_lengths.size(), successes, trials, reached, accepted_at, steps);
 }
 
 void GoodputPolicy::tree_chain(std::span<const int> accept_lengths, std::span<const int> depths) {
@@ -248,8 +269,8 @@ void GoodputPolicy::deep_checks(std::span<const int> outcomes) {
     if (outcome > 0) ++accepted;
   }
   if (checked == 0) return;
-  slow_.observe_position(position, checked, accepted);
-  fast_.observe_position(position, checked, accepted);
+  slow().observe_position(position, checked, accepted);
+  fast().observe_position(position, checked, accepted);
   checked_past_ = true;
 }
 
@@ -258,7 +279,7 @@ void GoodputPolicy::observe_tree(std::span<const int> accept_lengths, bool sampl
   for (int accepted : accept_lengths) total += accepted;
   const double n = static_cast<double>(accept_lengths.size());
   const double tokens = static_cast<double>(total) / n + 1.0;
-  const double chain = slow_.tokens(config_.acceptance_model, observed_depth(), depth_[index_]);
+  const double chain = slow().tokens(config_.acceptance_model, observed_depth(), depth_[index_]);
   const double shortfall = depth_[index_] + 1.0 - chain;
   if (!(shortfall > kMinShortfall)) return;  // the chain accepts (nearly) all: nothing to tell a tree by
   const double recovered = std::clamp((tokens - chain) / shortfall, -1.0, 1.0);
@@ -333,11 +354,11 @@ std::size_t GoodputPolicy::phase_change_target() const noexcept {
   // tier. (It forgets positions the recent batches did not reach, so after a
   // phase change their old rates do not hold a move back.)
   estimate_costs();
-  const double fast_current = predicted(fast_, index_) / scratch_[index_];
+  const double fast_current = predicted(fast(), index_) / scratch_[index_];
   std::size_t best = index_;
   double best_goodput = fast_current * kPhaseChangeGain;
   for (std::size_t j = 0; j < candidates_.size(); ++j) {
-    const double goodput = credited(j, predicted(fast_, j) / scratch_[j]);
+    const double goodput = credited(j, predicted(fast(), j) / scratch_[j]);
     if (goodput >= best_goodput) best_goodput = goodput, best = j;
   }
   return best;
@@ -345,7 +366,7 @@ std::size_t GoodputPolicy::phase_change_target() const noexcept {
 
 void GoodputPolicy::watch_first(std::size_t requests, long long successes, long long trials, const double* reached,
                                 const double* accepted_at, int steps) {
-  const double rate = slow_.first_rate(config_.acceptance_model, observed_depth());
+  const double rate = slow().first_rate(config_.acceptance_model, observed_depth());
   const double p0 = std::clamp(rate, 1.0 - kCollapseRateLimit, kCollapseRateLimit), p1 = p0 / 2.0;
   double accepted = 0.0;
   for (int i = 1; i <= steps; ++i) accepted += accepted_at[i];
@@ -384,12 +405,12 @@ void GoodputPolicy::to_segment(AcceptanceEstimate& estimate) const noexcept {
 void GoodputPolicy::phase_change_to(std::size_t target) noexcept {
   ++decisions_;
   move_to(target, /*is_decision=*/true);
-  slow_.forget(kPhaseChangeMemory);
+  slow().forget(kPhaseChangeMemory);
 }
 
 std::size_t GoodputPolicy::collapse_target() {
   if (!(config_.collapse_evidence > 0.0 && collapse_llr_ >= config_.collapse_evidence)) return index_;
-  collapse_fast_ = fast_;  // same sizes: no allocation
+  collapse_fast_ = fast();  // same sizes: no allocation
   to_segment(collapse_fast_);
   estimate_costs();
   const double current = predicted(collapse_fast_, index_) / scratch_[index_];
@@ -407,15 +428,15 @@ std::size_t GoodputPolicy::collapse_target() {
 double GoodputPolicy::estimate_noise(std::size_t j) const noexcept {
   const AcceptanceModel model = config_.acceptance_model;
   const int depth = observed_depth();
-  const double evidence = slow_.first_evidence(model, depth);
+  const double evidence = slow().first_evidence(model, depth);
   if (!(evidence >= 1.0)) return 0.0;
-  const double rate = std::clamp(slow_.first_rate(model, depth), 0.0, 1.0);
+  const double rate = std::clamp(slow().first_rate(model, depth), 0.0, 1.0);
   constexpr double kStep = 0.01;
   const double low = std::max(0.0, rate - kStep), high = std::min(1.0, rate + kStep);
   // d ln(predicted tokens) / d rate of a candidate; the costs do not depend on the rate
   auto slope = [&](std::size_t k) {
-    const double at = predicted(slow_, k);
-    return at > 0.0 ? (predicted(slow_, k, high) - predicted(slow_, k, low)) / ((high - low) * at) : 0.0;
+    const double at = predicted(slow(), k);
+    return at > 0.0 ? (predicted(slow(), k, high) - predicted(slow(), k, low)) / ((high - low) * at) : 0.0;
   };
   return std::abs(slope(j) - slope(index_)) * std::sqrt(rate * (1.0 - rate) / evidence);
 }
@@ -430,11 +451,11 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
   shadow_fresh_ = false;
   const bool allow_up = decisions_ >= up_blocked_until_;
   estimate_costs();
-  const double current = predicted(slow_, index_) / scratch_[index_];
+  const double current = predicted(slow(), index_) / scratch_[index_];
   std::size_t best = index_;
   double best_goodput = current;
   for (std::size_t j = 0; j < candidates_.size(); ++j) {
-    const double goodput = credited(j, predicted(slow_, j) / scratch_[j]);
+    const double goodput = credited(j, predicted(slow(), j) / scratch_[j]);
     // While up moves are blocked after bounces, only a large predicted gain
     // lifts the block: the guard is for a model that over-promised by a
     // little, not for a workload whose acceptance has changed (a new phase).
@@ -463,7 +484,7 @@ bool GoodputPolicy::start_refresh() {
   if (current_tier() == 0 || config_.probe_rounds <= 0 || config_.refresh_interval <= 0) return false;
   const auto wait = static_cast<std::uint64_t>(config_.refresh_interval);
   estimate_costs();
-  const double current = predicted(slow_, index_) / scratch_[index_];
+  const double current = predicted(slow(), index_) / scratch_[index_];
   std::size_t oldest = index_;
   std::uint64_t oldest_at = num_batches_;
   for (std::size_t j : {index_ - 1, index_ + 1}) {
@@ -482,7 +503,7 @@ bool GoodputPolicy::start_refresh() {
     // probe far above the line is worth timing again.
     const double line = costs_.line_cost(last_table_, j);
     const double cost = std::isnan(line) ? scratch_[j] : std::min(scratch_[j], line);
-    const double goodput = credited(j, predicted(slow_, j) / cost);
+    const double goodput = credited(j, predicted(slow(), j) / cost);
     if (num_batches_ - at >= wait && at < oldest_at && goodput >= current * (1.0 - kRefreshGap)) {
       oldest = j, oldest_at = at;
     }

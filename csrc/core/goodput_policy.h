@@ -4,6 +4,7 @@
 // bounce guard and moves on phase changes between decisions.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -42,11 +43,12 @@ class GoodputPolicy final : public Policy {
 
   std::size_t index() const noexcept { return index_; }
   // The estimate decisions use (EMA weight config.ema_alpha).
-  const AcceptanceEstimate& acceptance() const noexcept { return slow_; }
+  // Kept per kind of round (greedy, sampled): the current kind's.
+  const AcceptanceEstimate& acceptance() const noexcept { return slow(); }
   // Expected tokens per round at `steps` chain drafts under the configured model, as decisions price it now:
   // the positions observed up to observed_depth(), the deepest of them standing in beyond.
   double model_tokens(int steps) const noexcept {
-    return slow_.tokens(config_.acceptance_model, observed_depth(), steps);
+    return slow().tokens(config_.acceptance_model, observed_depth(), steps);
   }
   const CostModel& costs() const noexcept { return costs_; }
   int last_table() const noexcept { return last_table_; }
@@ -186,8 +188,22 @@ class GoodputPolicy final : public Policy {
   std::size_t index_;
   std::size_t initial_index_;
   std::uint64_t num_batches_ = 0;  // batches seen (all non-empty)
-  AcceptanceEstimate slow_;  // config.ema_alpha: what decisions use
-  AcceptanceEstimate fast_;  // kFastEmaWeight: detects phase changes between decisions
+  // The acceptance estimates per kind of round (0 greedy, 1 sampled; kind_ the last round's): a greedy draft's
+  // acceptance says little of a sampled one's (EAGLE on the transition workload: tier 3 pays on greedy code, tier 1
+  // on prose sampled at T = 1), so when the traffic's kind changes the decisions start from what this kind of
+  // round accepted last time, not from the other kind's rates (which held tier 1 for tens of rounds at the start
+  // of each greedy phase and sent the policy to tier 4 at the start of a sampled one). A kind's estimates start
+  // as a copy of the other's the first time it is seen.
+  AcceptanceEstimate& slow() noexcept { return slow_[kind_]; }
+  const AcceptanceEstimate& slow() const noexcept { return slow_[kind_]; }
+  AcceptanceEstimate& fast() noexcept { return fast_[kind_]; }
+  const AcceptanceEstimate& fast() const noexcept { return fast_[kind_]; }
+  // The kind of the round being observed; a change ends the collapse test's segment. No allocation.
+  void set_kind(bool sampled) noexcept;
+  std::array<AcceptanceEstimate, 2> slow_;  // config.ema_alpha: what decisions use
+  std::array<AcceptanceEstimate, 2> fast_;  // kFastEmaWeight: detects phase changes between decisions
+  int kind_ = 0;
+  std::array<bool, 2> kind_seen_{};
   AcceptanceEstimate collapse_fast_;  // scratch for collapse_target(): fast_ rebuilt from the segment
   double collapse_llr_ = 0.0;           // the CUSUM (nats)
   // the segment (the requests since the CUSUM last stood at 0) as one batch for AcceptanceEstimate::observe()
