@@ -712,6 +712,59 @@ def test_checks_past_the_chain_price_the_deeper_tiers_until_a_sampled_round():
         assert h3 < h2 and params.model_tokens(3) == pytest.approx(1 + h1 + h1 * h2 + h1 * h2 * (h2 if sampled else h3))
 
 
+def test_each_kind_of_round_keeps_its_own_acceptance():
+    # greedy and sampled rounds learn apart: a sampled round reads what sampled rounds accepted, a greedy one what
+    # greedy ones did; a kind's first round starts from the other kind's counts
+    params = goodput(3, **quiet(ema_alpha=0.5, candidate_steps=[1, 3, 7]))
+    keep = 0.5 ** (2 / 4)  # what a batch of 2 leaves of the old counts; it adds its own with weight 0.5
+
+    def batch(counts, successes, trials):
+        return keep * counts[0] + 0.5 * successes, keep * counts[1] + 0.5 * trials
+
+    greedy = (0.5 * 6, 0.5 * 6)
+    params.update([3, 3], None, False)
+    assert params.alpha == pytest.approx(1.0)
+    sampled = batch(greedy, 0, 2)  # the first sampled round: the greedy counts, then its own
+    params.update([0, 0], None, True)
+    assert params.alpha == pytest.approx(sampled[0] / sampled[1])
+    greedy = batch(greedy, 5, 6)  # greedy again: the greedy counts, untouched by the sampled round
+    params.update([3, 2], None, False)
+    assert params.alpha == pytest.approx(greedy[0] / greedy[1])
+    sampled = batch(sampled, 1, 3)
+    params.update([1, 0], None, True)
+    assert params.alpha == pytest.approx(sampled[0] / sampled[1])
+
+
+def _alternating_kinds_trace(seed):
+    """Greedy phases (every draft accepted at 0.9) alternating with sampled ones (0.15), 80 batches of 2 each,
+    decisions every 5 batches. Returns per phase the tiers of its rounds."""
+    cost = {1: 1.1, 3: 1.3, 7: 1.8}
+    params = goodput(1, candidate_steps=[1, 3, 7], probe_rounds=0, warmup_batches=0, update_interval=5,
+                     acceptance_model="positional")
+    rng = random.Random(seed)
+    phases = []
+    for phase in range(4):
+        sampled = phase % 2 == 1
+        alpha = 0.15 if sampled else 0.9
+        tiers = []
+        for _ in range(80):
+            steps = params.current_tier
+            tiers.append(steps)
+            params.update([geometric(alpha, steps, rng) for _ in range(2)], cost[steps], sampled)
+        phases.append(tiers)
+    return phases
+
+
+def test_a_kind_seen_before_starts_its_phase_at_its_own_tier():
+    # the second greedy phase starts from what greedy rounds accepted in the first: it leaves tier 1 within a
+    # decision, where one estimate for both kinds held the sampled phase's rates for tens of rounds
+    for seed in range(10):
+        greedy, sampled, greedy_again, _ = _alternating_kinds_trace(seed)
+        assert greedy[-1] == 7 and sampled[-1] == 1, (greedy[-10:], sampled[-10:])
+        assert greedy_again[6] == 7, greedy_again[:10]
+        assert greedy_again.count(1) <= 5, greedy_again[:20]
+
+
 @pytest.mark.parametrize("acceptance_model", ["geometric", "positional"])
 def test_a_phase_change_is_acted_on_between_decisions(acceptance_model):
     # decisions only every 25 batches, yet a jump from prose-like to full acceptance moves up within a few
