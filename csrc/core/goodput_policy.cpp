@@ -57,6 +57,9 @@ std::vector<int> widths_of(const std::vector<int>& keys) {
   return out;
 }
 
+// One estimate for each kind of round (greedy, sampled), both starting as `estimate`.
+std::array<AcceptanceEstimate, 2> per_kind(const AcceptanceEstimate& estimate) { return {estimate, estimate}; }
+
 }  // namespace
 
 GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> candidates, std::size_t initial_index)
@@ -68,12 +71,9 @@ GoodputPolicy::GoodputPolicy(const AdaptiveConfig& config, std::vector<int> cand
       recovered_seen_(2 * candidates_.size(), 0),
       index_(initial_index),
       initial_index_(initial_index),
-      slow_{AcceptanceEstimate(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false),
-            AcceptanceEstimate(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false)},
-      fast_{AcceptanceEstimate(std::max(config.ema_alpha, kFastEmaWeight), /*per_request=*/false,
-                               /*forget_unreached=*/true),
-            AcceptanceEstimate(std::max(config.ema_alpha, kFastEmaWeight), /*per_request=*/false,
-                               /*forget_unreached=*/true)},
+      slow_(per_kind(AcceptanceEstimate(config.ema_alpha, /*per_request=*/true, /*forget_unreached=*/false))),
+      fast_(per_kind(AcceptanceEstimate(std::max(config.ema_alpha, kFastEmaWeight), /*per_request=*/false,
+                                        /*forget_unreached=*/true))),
       collapse_fast_(fast_[0]),
       segment_counts_(2 * (AdaptiveConfig::kMaxSteps + 1), 0.0),
       costs_(widths_of(candidates_), config),
@@ -211,12 +211,10 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
 
 void GoodputPolicy::set_kind(bool sampled) noexcept {
   const int kind = sampled ? 1 : 0;
-  if (!kind_seen_[kind]) {
+  if (!kind_seen_[kind]) {  // its first rounds: the current kind's rates until its own come in (same sizes)
     kind_seen_[kind] = true;
-    if (kind_seen_[1 - kind]) {  // its first rounds: the other kind's rates until its own come in (same sizes)
-      slow_[kind] = slow_[1 - kind];
-      fast_[kind] = fast_[1 - kind];
-    }
+    slow_[kind] = slow_[kind_];  // the very first round: itself, or an unused estimate as empty as its own
+    fast_[kind] = fast_[kind_];
   }
   if (kind == kind_) return;
   kind_ = kind;
