@@ -9,7 +9,8 @@ from spec_helpers import (attention_pair, random_eagle_head, random_target, refe
 from specswap.sampling import RoundSampling, SamplingParams
 from specswap.worker import SpeculativeWorker
 from specswap.worker import drafter as drafter_module
-from specswap.worker.drafter import CONFIRM_ROUNDS, DEEP_CHECK_EVERY, SHADOW_EVERY
+from specswap.worker.drafter import (CONFIRM_ROUNDS, DEEP_CHECK_EVERY, DEEP_CHECK_SETTLE_CHECKS,
+                                     DEEP_CHECK_SETTLED_EVERY, SHADOW_EVERY)
 
 PROMPTS = [[1, 5, 9, 2], [7, 3, 3, 8, 1, 6]]
 
@@ -44,6 +45,12 @@ def reference_standalone_draft(draft, committed):
     cache = draft.make_cache(1, len(committed))
     out = draft(torch.tensor([committed]), torch.arange(len(committed)).unsqueeze(0), cache, torch.tensor([0]))
     return int(out.logits[0, -1].argmax())
+
+
+def check_every_round(monkeypatch):
+    """Checks past the chain in every chain round, however long the stay."""
+    monkeypatch.setattr(drafter_module, "DEEP_CHECK_EVERY", 1)
+    monkeypatch.setattr(drafter_module, "DEEP_CHECK_SETTLE_CHECKS", 10**9)
 
 
 PAIRS = {"EAGLE": lambda: attention_pair(head_noise=0.1), "STANDALONE": standalone_pair}
@@ -220,7 +227,7 @@ def test_greedy_checks_past_the_chain_are_what_the_next_chain_would_have_accepte
     whole-round graph; EAGLE at k = 1, standalone at k = 2, where these pairs' checks see both outcomes): a
     request that accepted all k drafts reports whether chain k + 1's last draft (recomputed from scratch) equals
     the bonus token it emitted; the others report -1. Tokens stay target-only's."""
-    monkeypatch.setattr(drafter_module, "DEEP_CHECK_EVERY", 1)
+    check_every_round(monkeypatch)
     steps = 1 if algorithm == "EAGLE" else 2
     target, draft = attention_pair(head_noise=0.1) if algorithm == "EAGLE" else noisy_standalone_pair()
     worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=steps, tiers=(1, 2, 3),
@@ -251,18 +258,50 @@ def test_chain_rounds_check_past_the_chain_every_few_rounds_and_only_greedy(algo
     rounds = recording_rounds(worker)
     run_to_completion(worker, PROMPTS, 48)
     assert len(rounds) >= 3 * DEEP_CHECK_EVERY
-    assert [result.deep_checks is not None for _, _, result in rounds] == [
-        (index + 1) % DEEP_CHECK_EVERY == 0 for index in range(len(rounds))]
+    assert [result.deep_checks is not None for _, _, result in rounds] == [  # one stay at chain 2
+        (index + 1) % (DEEP_CHECK_EVERY if index < DEEP_CHECK_SETTLE_CHECKS * DEEP_CHECK_EVERY else DEEP_CHECK_SETTLED_EVERY) == 0
+        for index in range(len(rounds))]
     rounds.clear()
     run_to_completion(worker, PROMPTS, 48, params=SamplingParams(temperature=1.0, max_new_tokens=48))
     assert len(rounds) >= DEEP_CHECK_EVERY and all(result.deep_checks is None for _, _, result in rounds)
 
 
 @pytest.mark.parametrize("algorithm", list(PAIRS))
+def test_a_settled_stay_at_a_chain_tier_is_checked_less_often(algorithm, monkeypatch):
+    """Once a stay at a chain tier has made DEEP_CHECK_SETTLE_CHECKS checks, every DEEP_CHECK_SETTLED_EVERY-th
+    round of the chain tiers is checked; a switch starts a new stay (the top chain, tier 3, checks nothing and
+    counts no chain round), and sampled rounds make no check. Here settled after 2 checks, then every 8th: rounds
+    0-19 at chain 2 check 3, 7 (every 4th) and 15 (settled, the 16th chain round); round 20 at chain 3 ends the
+    stay; back at chain 2 the rounds of the chain tiers count on (round 24 is the 24th), so 24 and 28 (every
+    4th), then 32, 40, ... (settled). A stay begun in sampled rounds is not settled when greedy rounds come."""
+    monkeypatch.setattr(drafter_module, "DEEP_CHECK_SETTLE_CHECKS", 2)
+    monkeypatch.setattr(drafter_module, "DEEP_CHECK_SETTLED_EVERY", 8)
+    target, draft = PAIRS[algorithm]()
+    worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=2, tiers=(1, 2, 3), max_seq_len=256)
+    rounds = recording_rounds(worker)
+    outputs = run_to_completion(worker, PROMPTS, 160, switch=lambda i: 3 if i == 20 else 2)[0]
+    assert outputs == [reference_greedy(target, prompt, 160) for prompt in PROMPTS]
+    assert len(rounds) > 40
+    checked = {index for index, (_, _, result) in enumerate(rounds) if result.deep_checks is not None}
+    assert checked == {3, 7, 15, 24, 28} | set(range(32, len(rounds), 8))
+    worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=2, tiers=(1, 2, 3), max_seq_len=256)
+    rounds = recording_rounds(worker)
+    run_to_completion(worker, PROMPTS, 48, params=SamplingParams(temperature=1.0, max_new_tokens=48))
+    sampled = len(rounds)  # chain rounds of the stay, none checked
+    assert sampled >= 16 and all(result.deep_checks is None for _, _, result in rounds)
+    rounds.clear()
+    run_to_completion(worker, PROMPTS, 160)
+    first = (sampled // 4 + 1) * 4  # the stay's first two checks come every 4th chain round, then every 8th
+    expected = {first, first + 4} | set(range((first + 4) // 8 * 8 + 8, sampled + len(rounds) + 1, 8))
+    assert {sampled + index + 1 for index, (_, _, result) in enumerate(rounds)
+            if result.deep_checks is not None} == expected
+
+
+@pytest.mark.parametrize("algorithm", list(PAIRS))
 def test_checks_past_the_chain_in_every_round_keep_switching_tiers_lossless(algorithm, monkeypatch):
     """Checked every round, with the tier switched among chains 1-3 every round, greedy output is target-only's;
     the top chain (no chain one deeper) and sampled rounds check nothing."""
-    monkeypatch.setattr(drafter_module, "DEEP_CHECK_EVERY", 1)
+    check_every_round(monkeypatch)
     target, draft = PAIRS[algorithm]()
     worker = SpeculativeWorker(target, draft, algorithm, speculative_num_steps=1, tiers=(1, 2, 3), max_seq_len=128)
     rounds = recording_rounds(worker)

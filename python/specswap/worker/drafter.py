@@ -211,6 +211,12 @@ SHADOW_EVERY = 8
 # step deeper among the tiers): each costs one batched draft step (about 1.2 ms at batch 2 on Gemma 3 270M's EAGLE
 # head, 6% of a tier-2 round), so every round would cost more than the better-priced deeper tier returns
 DEEP_CHECK_EVERY = 4
+# Checks of a stay at one chain tier made every DEEP_CHECK_EVERY-th round; past them the stay has settled and is
+# checked every DEEP_CHECK_SETTLED_EVERY-th: at tier 3 of the EAGLE transition's code phases every 4th round's check
+# cost about 2% of the tier's time (tier 3 pinned, ms per round over static 3's: 1.010-1.020x checking every 4th,
+# 0.995-1.008x settling after 8 checks, 0.997-1.000x with none; paired medians, two runs of 30 interleaved repeats)
+DEEP_CHECK_SETTLE_CHECKS = 8
+DEEP_CHECK_SETTLED_EVERY = 16
 # Tier-0 rounds after a drafting round (or the first ever) that are all checked: a move to tier 0 on a dip of the
 # acceptance estimate is then confirmed or undone within a decision or two, where checks every SHADOW_EVERY-th
 # round brought the evidence back 8 times slower than the drafting tier it left (stays of 25-120 rounds at tier 0
@@ -234,8 +240,9 @@ class ModelDrafter(Drafter):
     request's temperature and filters. So the policy sees the drafter's acceptance at tier 0, as NGRAM's
     lookups let it see theirs, and is not blind there.
 
-    Checks past the chain (``enable_deep_checks``): every DEEP_CHECK_EVERY-th round of a chain tier k whose
-    chain k + 1 is a tier too, when the round is all greedy, the draft runs one step more and keeps its argmax
+    Checks past the chain (``enable_deep_checks``): every DEEP_CHECK_EVERY-th round of a stay at a chain tier k
+    whose chain k + 1 is a tier too (every DEEP_CHECK_SETTLED_EVERY-th once the stay has made
+    DEEP_CHECK_SETTLE_CHECKS checks: sampled rounds check nothing, so a stay begun in them is not settled), when the round is all greedy, the draft runs one step more and keeps its argmax
     d_{k+1}, what chain k + 1 would have drafted next. A request that accepts all k drafts then emits the target's
     argmax there as its bonus token, so d_{k+1} == bonus is exactly what chain k + 1 would have accepted at
     position k + 1 (``take_deep_checks``). The extra step writes the draft cache one position past the chain,
@@ -264,7 +271,8 @@ class ModelDrafter(Drafter):
         # checks past the chain (enable_deep_checks): the chain tiers checked, their rounds counted, and the
         # round's draft one past its chain [S] (target ids), filled in draft() without a host sync
         self._deep_tiers: frozenset[int] = frozenset()
-        self._chain_rounds = 0
+        self._chain_rounds = 0  # rounds at the chain tiers checked, counted across stays
+        self._stay = (0, 0)  # the tier's chain steps (0: tier 0 or a tree) and its checks since it was switched to
         self._deep_drafts = torch.zeros(len(slots.host_seq_lens), dtype=torch.long, device=slots.device)
         self._deep_drafted = False
 
@@ -282,12 +290,16 @@ class ModelDrafter(Drafter):
 
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         self.deep_check_due = False
+        steps = tier.speculative_num_steps if tier.speculative_eagle_topk == 1 else 0
+        if steps != self._stay[0]:
+            self._stay = (steps, 0)
         if tier.speculative_num_steps:
             self.catch_up(slots)
             self._tier0_rounds = 0
-            if tier.speculative_eagle_topk == 1 and tier.speculative_num_steps in self._deep_tiers:
+            if steps in self._deep_tiers:
                 self._chain_rounds += 1
-                self.deep_check_due = self._chain_rounds % DEEP_CHECK_EVERY == 0
+                every = DEEP_CHECK_EVERY if self._stay[1] < DEEP_CHECK_SETTLE_CHECKS else DEEP_CHECK_SETTLED_EVERY
+                self.deep_check_due = self._chain_rounds % every == 0
         elif self.shadow_steps and not self.checks_paused:
             self._tier0_rounds += 1
             if self._tier0_rounds <= CONFIRM_ROUNDS or (self._tier0_rounds - CONFIRM_ROUNDS) % SHADOW_EVERY == 0:
@@ -365,6 +377,7 @@ class ModelDrafter(Drafter):
         if not self._deep_drafted:
             return None
         self._deep_drafted = False
+        self._stay = (self._stay[0], self._stay[1] + 1)
         drafts = self._deep_drafts[:len(accept_lengths)].tolist()
         return [int(bonus == draft) if accepted == steps else -1
                 for accepted, bonus, draft in zip(accept_lengths, next_tokens, drafts)]
