@@ -22,6 +22,9 @@ constexpr double kFastEmaWeight = 0.5;
 // acted on at once: waiting there keeps each high phase longer at the old tier.
 // At tier 0 the requests counted are those whose shadow observations arrived.
 constexpr std::uint64_t kPhaseChangeRequests = 6;
+// Rounds of one kind (greedy, sampled) after which a return to the other kind, seen before, is a phase of its own
+// (kind_returned_): mixed traffic whose batches flip between the kinds round by round decides on its schedule.
+constexpr std::uint64_t kKindRunRounds = 20;
 // A refresh probe goes to a neighbour tier only when its predicted goodput is
 // within this fraction of the current tier's, with its cost or the line
 // through the other tiers, whichever is lower: a tier predicted far worse
@@ -183,6 +186,12 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     return index_;
   }
   if (num_batches_ <= warmup) return index_;
+  if (kind_returned_) {  // a kind seen before is back: decide on its own estimate now (kind_returned_)
+    shadow_fresh_ = true;
+    if (!decide(config_.min_gain)) start_refresh();
+    if (index_ != before && current_tier() == 0) zero_wait_ = first_zero_wait();
+    return index_;
+  }
   // The collapse test acts on any batch, a decision's included: it weighs evidence the decision's estimate has
   // hardly taken in yet.
   const std::size_t collapse = collapse_target();
@@ -211,12 +220,18 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
 
 void GoodputPolicy::set_kind(bool sampled) noexcept {
   const int kind = sampled ? 1 : 0;
-  if (!kind_seen_[kind]) {  // its first rounds: the current kind's rates until its own come in (same sizes)
+  const bool first = !kind_seen_[kind];
+  if (first) {  // its first rounds: the current kind's rates until its own come in (same sizes)
     kind_seen_[kind] = true;
     slow_[kind] = slow_[kind_];  // the very first round: itself, or an unused estimate as empty as its own
     fast_[kind] = fast_[kind_];
   }
-  if (kind == kind_) return;
+  if (kind == kind_) {
+    ++kind_rounds_;
+    return;
+  }
+  kind_returned_ = !first && kind_rounds_ >= kKindRunRounds;
+  kind_rounds_ = 1;
   kind_ = kind;
   phase_change_tier_ = index_;
   phase_change_requests_ = 0;
@@ -447,6 +462,7 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
   // round where no lookup matched, where a drafting tier would have drafted nothing either.
   const bool stale_zero = current_tier() == 0 && shadow_seen_ && !shadow_fresh_;
   shadow_fresh_ = false;
+  kind_returned_ = false;
   const bool allow_up = decisions_ >= up_blocked_until_;
   estimate_costs();
   const double current = predicted(slow(), index_) / scratch_[index_];

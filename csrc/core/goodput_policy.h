@@ -198,12 +198,20 @@ class GoodputPolicy final : public Policy {
   const AcceptanceEstimate& slow() const noexcept { return slow_[kind_]; }
   AcceptanceEstimate& fast() noexcept { return fast_[kind_]; }
   const AcceptanceEstimate& fast() const noexcept { return fast_[kind_]; }
-  // The kind of the round being observed; a change ends the collapse test's segment. No allocation.
+  // The kind of the round being observed; a change ends the collapse test's segment, and a return to a kind seen
+  // before, after a run of the other kind, asks for a decision at once (kind_returned_). No allocation.
   void set_kind(bool sampled) noexcept;
   std::array<AcceptanceEstimate, 2> slow_;  // config.ema_alpha: what decisions use
   std::array<AcceptanceEstimate, 2> fast_;  // kFastEmaWeight: detects phase changes between decisions
   int kind_ = 0;
   std::array<bool, 2> kind_seen_{};
+  std::uint64_t kind_rounds_ = 0;  // rounds of kind_ since it last changed
+  // A kind seen before came back after at least kKindRunRounds rounds of the other: its own estimate from its last
+  // run is this phase's best prior, so the next batch decides on it (as fresh as a shadow at tier 0) instead of
+  // waiting for a decision batch, a shadow or a 1.5x phase change (NGRAM at tier 0 stayed 7-9 rounds there at the
+  // start of each 47-round greedy phase of the transition, its greedy estimate saying tier 7 pays 2.4x). Cleared
+  // by any decision.
+  bool kind_returned_ = false;
   AcceptanceEstimate collapse_fast_;  // scratch for collapse_target(): fast_ rebuilt from the segment
   double collapse_llr_ = 0.0;           // the CUSUM (nats)
   // the segment (the requests since the CUSUM last stood at 0) as one batch for AcceptanceEstimate::observe()

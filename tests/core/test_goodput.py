@@ -765,6 +765,37 @@ def test_a_kind_seen_before_starts_its_phase_at_its_own_tier():
         assert greedy_again.count(1) <= 5, greedy_again[:20]
 
 
+def _kinds_trace(kinds, seed, batches=60):
+    """Phases of `batches` batches of 2, greedy (False: every draft accepted at 0.8, tier 3 pays 1.31x tier 1) or
+    sampled (True: 0.3, tier 1 pays 1.15x tier 3), decisions every 30 batches; neither gain reaches the 1.5x of a
+    phase change. Returns per phase the tiers of its rounds."""
+    cost = {1: 1.0, 3: 1.25}
+    params = goodput(1, candidate_steps=[1, 3], probe_rounds=0, warmup_batches=0, update_interval=30,
+                     acceptance_model="positional")
+    rng = random.Random(seed)
+    phases = []
+    for sampled in kinds:
+        tiers = []
+        for _ in range(batches):
+            steps = params.current_tier
+            tiers.append(steps)
+            params.update([geometric(0.3 if sampled else 0.8, steps, rng) for _ in range(2)], cost[steps], sampled)
+        phases.append(tiers)
+    return phases
+
+
+def test_a_kind_back_after_a_run_of_the_other_is_decided_on_at_once():
+    # greedy, sampled, greedy, sampled, 60 batches each, decisions every 30: the first sampled phase (its kind
+    # first seen, its estimate a copy of greedy's) leaves tier 3 at a decision if at all; each later phase, its
+    # kind back after 60 rounds of the other, is at its own kind's tier from its second round on, where it waited
+    # for the next decision (the last phase: 29 rounds at tier 3, to batch 210)
+    for seed in range(10):
+        greedy, sampled, greedy_again, sampled_again = _kinds_trace([False, True, False, True], seed)
+        assert greedy[-1] == 3 and sampled[0] == 3, (greedy, sampled)
+        assert set(greedy_again[1:]) == {3}, greedy_again
+        assert sampled_again[0] == 3 and set(sampled_again[1:]) == {1}, sampled_again
+
+
 @pytest.mark.parametrize("acceptance_model", ["geometric", "positional"])
 def test_a_phase_change_is_acted_on_between_decisions(acceptance_model):
     # decisions only every 25 batches, yet a jump from prose-like to full acceptance moves up within a few
