@@ -186,19 +186,17 @@ std::size_t GoodputPolicy::update(std::span<const int> accept_lengths, double ro
     return index_;
   }
   if (num_batches_ <= warmup) return index_;
-  if (kind_returned_) {  // a kind seen before is back: decide on its own estimate now (kind_returned_)
-    shadow_fresh_ = true;
-    if (!decide(config_.min_gain)) start_refresh();
-    if (index_ != before && current_tier() == 0) zero_wait_ = first_zero_wait();
-    return index_;
-  }
+  // A kind seen before is back (kind_returned_): this batch is a decision on its own estimate, as fresh as a
+  // shadow, before any collapse test.
+  const bool returned = kind_returned_;
+  if (returned) shadow_fresh_ = true;
   // The collapse test acts on any batch, a decision's included: it weighs evidence the decision's estimate has
   // hardly taken in yet.
-  const std::size_t collapse = collapse_target();
+  const std::size_t collapse = returned ? index_ : collapse_target();
   if (collapse != index_) {
     fast() = collapse_fast_;
     phase_change_to(collapse);
-  } else if ((num_batches_ - warmup) % interval != 0) {
+  } else if (!returned && (num_batches_ - warmup) % interval != 0) {
     // Between decisions only a phase change moves the tier (tier 0 observes
     // no acceptance unless shadowed: its probes above handle it).
     if (current_tier() == 0 && !shadowed()) return index_;

@@ -258,8 +258,9 @@ def test_chain_rounds_check_past_the_chain_every_few_rounds_and_only_greedy(algo
     rounds = recording_rounds(worker)
     run_to_completion(worker, PROMPTS, 48)
     assert len(rounds) >= 3 * DEEP_CHECK_EVERY
-    assert [result.deep_checks is not None for _, _, result in rounds] == [  # one stay at chain 2
-        (index + 1) % (DEEP_CHECK_EVERY if index < DEEP_CHECK_SETTLE_CHECKS * DEEP_CHECK_EVERY else DEEP_CHECK_SETTLED_EVERY) == 0
+    settled = DEEP_CHECK_SETTLE_CHECKS * DEEP_CHECK_EVERY  # one stay at chain 2: its checks every 4th round, then
+    assert [result.deep_checks is not None for _, _, result in rounds] == [
+        (index + 1) % (DEEP_CHECK_EVERY if index < settled else DEEP_CHECK_SETTLED_EVERY) == 0
         for index in range(len(rounds))]
     rounds.clear()
     run_to_completion(worker, PROMPTS, 48, params=SamplingParams(temperature=1.0, max_new_tokens=48))

@@ -242,10 +242,11 @@ class ModelDrafter(Drafter):
 
     Checks past the chain (``enable_deep_checks``): every DEEP_CHECK_EVERY-th round of a stay at a chain tier k
     whose chain k + 1 is a tier too (every DEEP_CHECK_SETTLED_EVERY-th once the stay has made
-    DEEP_CHECK_SETTLE_CHECKS checks: sampled rounds check nothing, so a stay begun in them is not settled), when the round is all greedy, the draft runs one step more and keeps its argmax
-    d_{k+1}, what chain k + 1 would have drafted next. A request that accepts all k drafts then emits the target's
-    argmax there as its bonus token, so d_{k+1} == bonus is exactly what chain k + 1 would have accepted at
-    position k + 1 (``take_deep_checks``). The extra step writes the draft cache one position past the chain,
+    DEEP_CHECK_SETTLE_CHECKS checks: sampled rounds check nothing, so a stay begun in them is not settled), when
+    the round is all greedy, the draft runs one step more and keeps its argmax d_{k+1}, what chain k + 1 would
+    have drafted next. A request that accepts all k drafts then emits the target's argmax there as its bonus
+    token, so d_{k+1} == bonus is exactly what chain k + 1 would have accepted at position k + 1
+    (``take_deep_checks``). The extra step writes the draft cache one position past the chain,
     which the next draft-extend (EAGLE) or step 1 (standalone) rewrites before anything reads it.
     """
 
