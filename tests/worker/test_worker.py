@@ -437,3 +437,19 @@ def test_sampled_continuations_follow_the_target_law(device, algorithm, steps, p
         assert pvalue < 1e-4, label
     else:
         assert pvalue > 1e-3, label
+
+
+def test_every_tier_s_vocabulary_buffers_are_contiguous_for_any_batch():
+    """Tier k views the shared draft laws and noise as its own [S, k, V]: any batch's rows [:B] are contiguous,
+    so the sampled accept reads them in place (a [:, :k] slice of one [S, k_max, V] buffer was copied every round
+    at tiers below the largest), and the tiers share one allocation."""
+    from specswap.worker.layout import ChainLayout
+    from specswap.worker.tiers import TierBuffers
+
+    buffers = TierBuffers(4, 5, 32, 16, torch.device("cpu"))
+    stages = {k: buffers.build(k, ChainLayout(k, torch.device("cpu"))) for k in (1, 2, 3, 5)}
+    for k, tier in stages.items():
+        probs, noise = tier.draft.draft_probs, tier.draft.draft_noise
+        assert probs.shape == (4, k, 32) and noise.shape == (4, k, 16)
+        assert all(probs[:batch].is_contiguous() and noise[:batch].is_contiguous() for batch in range(1, 5)), k
+        assert probs.data_ptr() == stages[5].draft.draft_probs.data_ptr()
