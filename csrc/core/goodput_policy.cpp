@@ -415,8 +415,15 @@ void GoodputPolicy::to_segment(AcceptanceEstimate& estimate) const noexcept {
 
 void GoodputPolicy::phase_change_to(std::size_t target) noexcept {
   ++decisions_;
-  move_to(target, /*is_decision=*/true);
+  if (!untimed_probe(target)) move_to(target, /*is_decision=*/true);  // untimed: probed first, as by decide()
   slow().forget(kPhaseChangeMemory);
+}
+
+bool GoodputPolicy::untimed_probe(std::size_t index) noexcept {
+  if (!costs_.has_prior() || costs_.timed_at(last_table_, index) != 0) return false;
+  refresh_probe(index);
+  deciding_probe_ = true;
+  return true;
 }
 
 std::size_t GoodputPolicy::collapse_target() {
@@ -480,12 +487,12 @@ bool GoodputPolicy::decide(double min_gain, bool with_noise) {
     if (allow_up && bounces_ > 0 && decisions_ > last_switch_decision_ + 2) --bounces_;
     return false;
   }
-  if (candidates_[best] != 0 && costs_.has_prior() && costs_.timed_at(last_table_, best) == 0) {
-    // A drafting tier no round has timed in this table is chosen on the row-cost table's word alone: time it
-    // first (a refresh probe: probe_rounds batches there, back, and decide again with its own cost). A noisy
-    // table that calls it cheap otherwise holds it until the next decision.
-    refresh_probe(best);
-    deciding_probe_ = true;
+  if (untimed_probe(best)) {
+    // A tier no round has timed in this table is chosen on the row-cost table's word alone, or on the line
+    // through the timed ones: time it first (a refresh probe: probe_rounds batches there, back, and decide again
+    // with its own cost). A noisy table that calls it cheap otherwise holds it until the next decision; tier 0
+    // included: the line through tiers 3 and 4, the first two timed, put it at zero (a round's cost is convex in
+    // its drafts) and held it for 7 rounds of greedy code where tier 3 paid 2.5x.
     return true;
   }
   move_to(best, /*is_decision=*/true);

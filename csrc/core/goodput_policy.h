@@ -170,6 +170,9 @@ class GoodputPolicy final : public Policy {
   // A refresh probe of candidate ``index``: probe_rounds batches (at least one) there, then back to the current
   // tier, which decides again (update's refresh branch).
   void refresh_probe(std::size_t index) noexcept;
+  // A decision for candidate ``index``, untimed in this table where a row-cost table prices it: a refresh probe
+  // of it (then true); false where it was timed or no table exists.
+  bool untimed_probe(std::size_t index) noexcept;
   std::uint64_t first_zero_wait() const noexcept;
   // Batches of start-up probing, fixed at the first batch (of `batch_size` requests): probe_rounds for the
   // initial tier alone (from batch 4 with tier 0) when a measured row-cost table prices the tiers and the

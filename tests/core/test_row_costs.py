@@ -2,9 +2,11 @@
 timed is priced cost_prior_slope per draft step plus the verify at its row count, interpolated between the counts
 measured; two tables make the policy choose differently."""
 
+import random
+
 import pytest
 
-from specswap import AdaptiveConfig, AdaptiveSpeculativeParams
+from specswap import AdaptiveConfig, AdaptiveSpeculativeParams, RoundObservation
 from specswap._core import tier_key
 from specswap.controller import AdaptiveController
 
@@ -99,3 +101,26 @@ def test_the_controller_sets_and_reports_the_table():
     assert controller.stats()["cost_estimates"][3] == pytest.approx(0.3 + 1.18)
     controller.set_row_costs(None)
     assert controller.stats()["row_costs"] == {}
+
+
+def test_an_untimed_tier_zero_is_timed_before_it_is_held():
+    """EAGLE on Gemma 3 270M at batch 2 (this EPYC, ms a round): the cost is convex in the drafts (tier 4's 10 rows
+    jump), so the line through tiers 3 and 4, the first two timed (the initial tier, then tier 4 probed), puts tier 0
+    at zero. Greedy code, where tier 3 pays 2.5x tier 0: a decision for tier 0 on that line is a probe (probe_rounds
+    batches there, back, decide again with its own cost), not a stay; it was 7 rounds at tier 0 at every start."""
+    cost = {0: 0.0122, 1: 0.0130, 3: 0.0173, 4: 0.0250}
+    config = AdaptiveConfig(policy="goodput", candidate_steps=[0, 1, 3, 4], acceptance_model="positional",
+                            probe_interval=100, refresh_interval=50, blind_zero_margin=0.25)
+    for seed in range(3):
+        params = AdaptiveSpeculativeParams(3, config)
+        params.set_row_costs(VNNI)
+        params.expect_shadows()
+        rng, tiers = random.Random(seed), []
+        for _ in range(60):
+            steps = params.current_tier
+            tiers.append(steps)
+            accepted = [sum(1 for _ in iter(lambda: rng.random() < 0.9, False)) for _ in range(2)]
+            shadow = [min(a, 1) for a in accepted] if steps == 0 else []
+            params.observe(RoundObservation(accept_lengths=[min(a, steps) for a in accepted],
+                                            shadow_accept_lengths=shadow, shadow_steps=1, round_seconds=cost[steps]))
+        assert tiers.count(0) <= 2 and tiers[-20:] == [3] * 20, (seed, "".join(map(str, tiers)))
