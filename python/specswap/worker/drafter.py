@@ -211,10 +211,12 @@ SHADOW_EVERY = 8
 # step deeper among the tiers): each costs one batched draft step (about 1.2 ms at batch 2 on Gemma 3 270M's EAGLE
 # head, 6% of a tier-2 round), so every round would cost more than the better-priced deeper tier returns
 DEEP_CHECK_EVERY = 4
-# Checks of a stay at one chain tier made every DEEP_CHECK_EVERY-th round; past them the stay has settled and is
-# checked every DEEP_CHECK_SETTLED_EVERY-th: at tier 3 of the EAGLE transition's code phases every 4th round's check
-# cost about 2% of the tier's time (tier 3 pinned, ms per round over static 3's: 1.010-1.020x checking every 4th,
-# 0.995-1.008x settling after 8 checks, 0.997-1.000x with none; paired medians, two runs of 30 interleaved repeats)
+# A chain tier's first checks come every DEEP_CHECK_EVERY-th round; past them it has settled and is checked every
+# DEEP_CHECK_SETTLED_EVERY-th, across its stays, until a sampled round: at tier 3 of the EAGLE transition's code
+# phases every 4th round's check cost about 2% of the tier's time (tier 3 pinned, ms per round over static 3's:
+# 1.010-1.020x checking every 4th, 0.995-1.008x settling after 8 checks, 0.997-1.000x with none; paired medians,
+# two runs of 30 interleaved repeats), and the count starting over at each stay kept a policy that moves between
+# tiers 1 and 3 checking every 4th (greedy tune code, fresh engines: 1.031x static 3 against 1.000x with no checks)
 DEEP_CHECK_SETTLE_CHECKS = 8
 DEEP_CHECK_SETTLED_EVERY = 16
 # Tier-0 rounds after a drafting round (or the first ever) that are all checked: a move to tier 0 on a dip of the
@@ -240,9 +242,9 @@ class ModelDrafter(Drafter):
     request's temperature and filters. So the policy sees the drafter's acceptance at tier 0, as NGRAM's
     lookups let it see theirs, and is not blind there.
 
-    Checks past the chain (``enable_deep_checks``): every DEEP_CHECK_EVERY-th round of a stay at a chain tier k
-    whose chain k + 1 is a tier too (every DEEP_CHECK_SETTLED_EVERY-th once the stay has made
-    DEEP_CHECK_SETTLE_CHECKS checks: sampled rounds check nothing, so a stay begun in them is not settled), when
+    Checks past the chain (``enable_deep_checks``): every DEEP_CHECK_EVERY-th round at a chain tier k whose chain
+    k + 1 is a tier too (every DEEP_CHECK_SETTLED_EVERY-th once the tier has made DEEP_CHECK_SETTLE_CHECKS checks,
+    over its stays since the last sampled round: sampled rounds check nothing and unsettle every tier), when
     the round is all greedy, the draft runs one step more and keeps its argmax d_{k+1}, what chain k + 1 would
     have drafted next. A request that accepts all k drafts then emits the target's argmax there as its bonus
     token, so d_{k+1} == bonus is exactly what chain k + 1 would have accepted at position k + 1
@@ -273,7 +275,7 @@ class ModelDrafter(Drafter):
         # round's draft one past its chain [S] (target ids), filled in draft() without a host sync
         self._deep_tiers: frozenset[int] = frozenset()
         self._chain_rounds = 0  # rounds at the chain tiers checked, counted across stays
-        self._stay = (0, 0)  # the tier's chain steps (0: tier 0 or a tree) and its checks since it was switched to
+        self._checks: dict[int, int] = {}  # chain steps -> its checks since the last sampled round, across stays
         self._deep_drafts = torch.zeros(len(slots.host_seq_lens), dtype=torch.long, device=slots.device)
         self._deep_drafted = False
 
@@ -292,14 +294,13 @@ class ModelDrafter(Drafter):
     def begin_round(self, tier: TierStages, slots: Sequence[int]) -> bool:
         self.deep_check_due = False
         steps = tier.speculative_num_steps if tier.speculative_eagle_topk == 1 else 0
-        if steps != self._stay[0]:
-            self._stay = (steps, 0)
         if tier.speculative_num_steps:
             self.catch_up(slots)
             self._tier0_rounds = 0
             if steps in self._deep_tiers:
                 self._chain_rounds += 1
-                every = DEEP_CHECK_EVERY if self._stay[1] < DEEP_CHECK_SETTLE_CHECKS else DEEP_CHECK_SETTLED_EVERY
+                settled = self._checks.get(steps, 0) >= DEEP_CHECK_SETTLE_CHECKS
+                every = DEEP_CHECK_SETTLED_EVERY if settled else DEEP_CHECK_EVERY
                 self.deep_check_due = self._chain_rounds % every == 0
         elif self.shadow_steps and not self.checks_paused:
             self._tier0_rounds += 1
@@ -364,8 +365,12 @@ class ModelDrafter(Drafter):
         return Shadow(settled, self.shadow_steps) if settled else None
 
     def _checks_deeper(self, sampling: RoundSampling | None) -> bool:
-        """Whether this round's chain draft runs one step past the chain (due, and all greedy)."""
-        return self.deep_check_due and sampling is None
+        """Whether this round's chain draft runs one step past the chain (due, and all greedy). A sampled round
+        unsettles every chain tier: the greedy rounds after it may be another workload's."""
+        if sampling is not None:
+            self._checks.clear()
+            return False
+        return self.deep_check_due
 
     def _keep_deep_draft(self, logits: torch.Tensor) -> None:
         """The draft one past the chain, from the draft's logits [B, Vd] there: its argmax, in target ids."""
@@ -378,7 +383,7 @@ class ModelDrafter(Drafter):
         if not self._deep_drafted:
             return None
         self._deep_drafted = False
-        self._stay = (self._stay[0], self._stay[1] + 1)
+        self._checks[steps] = self._checks.get(steps, 0) + 1
         drafts = self._deep_drafts[:len(accept_lengths)].tolist()
         return [int(bonus == draft) if accepted == steps else -1
                 for accepted, bonus, draft in zip(accept_lengths, next_tokens, drafts)]
