@@ -9,6 +9,7 @@ import pytest
 from specswap import AdaptiveConfig, AdaptiveSpeculativeParams, RoundObservation
 from specswap._core import tier_key
 from specswap.controller import AdaptiveController
+from test_goodput import geometric
 
 AVX2 = {1: 1.0, 4: 1.39, 8: 2.38}                         # a row costs much: 8 rows 2.38x one
 VNNI = {1: 1.0, 2: 1.07, 4: 1.18, 6: 1.41, 8: 1.71}      # cheaper rows
@@ -119,8 +120,8 @@ def test_an_untimed_tier_zero_is_timed_before_it_is_held():
         for _ in range(60):
             steps = params.current_tier
             tiers.append(steps)
-            accepted = [sum(1 for _ in iter(lambda: rng.random() < 0.9, False)) for _ in range(2)]
-            shadow = [min(a, 1) for a in accepted] if steps == 0 else []
-            params.observe(RoundObservation(accept_lengths=[min(a, steps) for a in accepted],
-                                            shadow_accept_lengths=shadow, shadow_steps=1, round_seconds=cost[steps]))
+            accepted = [geometric(0.9, max(steps, 1), rng) for _ in range(2)]  # at tier 0: what tier 1 would have
+            shadow = accepted if steps == 0 else []
+            params.observe(RoundObservation(accept_lengths=accepted if steps else [0, 0], shadow_accept_lengths=shadow,
+                                            shadow_steps=1, round_seconds=cost[steps]))
         assert tiers.count(0) <= 2 and tiers[-20:] == [3] * 20, (seed, "".join(map(str, tiers)))
